@@ -1,0 +1,55 @@
+"""The ``lensemble`` command line.
+
+Each command group lives in its own module and imports its heavy dependencies (torch, grpc,
+Helm) inside the command, so ``lensemble --help`` and ``lensemble config ...`` stay fast and
+never import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from lensemble import __version__
+from lensemble.cli import config_cmd
+from lensemble.cli.output import report_error
+from lensemble.errors import EXIT_INTERRUPTED, LensembleError
+
+app = typer.Typer(
+    name="lensemble",
+    help="Federated world-model training across sovereign participants (DiLoCo), from one "
+    "validated config to simulation, Compose, Kubernetes and Pulumi.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(config_cmd.app, name="config")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lensemble {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Federated world-model training across sovereign participants."""
+
+
+def main() -> None:
+    """Console entry point: run the app and turn Lensemble errors into exit codes."""
+    try:
+        app()
+    except LensembleError as exc:
+        report_error(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(EXIT_INTERRUPTED)

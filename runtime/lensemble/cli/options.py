@@ -1,0 +1,25 @@
+"""Options shared by every command that reads a config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from lensemble.config import LensembleConfig
+
+SET_HELP = "Override a config field, e.g. --set federation.rounds=5 (repeatable)."
+
+SetOption = typer.Option(None, "--set", "-s", help=SET_HELP, metavar="PATH=VALUE")
+ConfigOption = typer.Option(
+    None, "--config", "-c", help="Config file (default: config/local.yaml).", metavar="FILE"
+)
+
+
+def load(path: Path | None, overrides: list[str] | None) -> LensembleConfig:
+    """Load and validate a config with its overrides (raises ConfigError for the CLI)."""
+    from lensemble.config import load_config
+
+    return load_config(path, overrides or [])

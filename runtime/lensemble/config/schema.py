@@ -1,0 +1,799 @@
+"""``LensembleConfig``: the one validated source of truth that every substrate renders.
+
+Pydantic v2, frozen, ``extra="forbid"``: an unknown key is an error, never silently ignored.
+Every field carries a description with its unit so it shows in the exported JSON Schema
+(``config/lensemble.schema.json``) and in editors through the yaml-language-server modeline.
+
+Cross-field rules live in :func:`_check_rules`; each violation becomes one
+:class:`~lensemble.errors.ConfigProblem` naming the field path, the value, what is expected and
+the fix. All violations are reported together, not only the first.
+
+Shorthands resolved at load time (so ``lensemble config show`` prints the resolved values):
+
+- ``federation.participant_count`` sets the number of participants. Entries listed under
+  ``federation.participants`` come first; the list is truncated to, or extended up to, that count
+  with generated participants whose physics spread over the environment's range.
+- ``federation.quorum`` defaults to a strict majority of participants.
+- ``federation.participants[].trust_domain`` defaults to the participant id.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lensemble.config.physics import KNOWN_PHYSICS, generated_env_params
+from lensemble.errors import ConfigError, ConfigProblem
+
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
+K8S_MEMORY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
+CUDA_TAG = re.compile(r"(^|[-_.])cu[0-9]{3}([-_.]|$)")
+MiB = 1024 * 1024
+
+Environment = Literal["local", "staging", "sovereign-prod"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+# --------------------------------------------------------------------------------------- run
+class RunConfig(_Section):
+    """Identity and output of one run."""
+
+    name: str = Field(
+        "lensemble",
+        pattern=DNS1123_LABEL,
+        max_length=40,
+        description="Name of the run: names the Helm release, Compose project and Pulumi "
+        "resources. A DNS-1123 label of at most 40 characters.",
+    )
+    root_seed: int = Field(
+        0,
+        ge=0,
+        lt=2**63,
+        description="Root of every random seed (data collection, model init, batching), an "
+        "integer in [0, 2^63). The same config and seed give a bit-identical hash chain.",
+    )
+    output_dir: str = Field(
+        "runs/local",
+        min_length=1,
+        description="Directory (path) for checkpoints, ledger, metrics, plots and each "
+        "participant's private data cache; relative paths resolve from the working directory.",
+    )
+
+
+# ------------------------------------------------------------------------------------- model
+class ModelConfig(_Section):
+    """The world model that is federated."""
+
+    kind: Literal["latent-dynamics"] = Field(
+        "latent-dynamics",
+        description="World model architecture. 'latent-dynamics': the built-in small "
+        "action-conditioned latent dynamics model (MLP encoder and predictor, JEPA-style).",
+    )
+    latent_dim: int = Field(16, ge=2, le=4096, description="Latent state size (count).")
+    hidden_dim: int = Field(
+        64, ge=4, le=65536, description="Width of hidden layers in encoder and predictor (count)."
+    )
+    depth: int = Field(
+        2, ge=1, le=32, description="Hidden layers in the encoder and in the predictor (count)."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Parameter dtype. Pseudo-gradients are aggregated in float32 regardless.",
+    )
+    target: Literal["stop_gradient", "ema"] = Field(
+        "stop_gradient",
+        description="JEPA target encoder: 'stop_gradient' (online encoder, no gradient) or "
+        "'ema' (exponential moving average of the online encoder, kept by each participant).",
+    )
+    ema_decay: float = Field(
+        0.99, gt=0.0, lt=1.0, description="Decay of the EMA target per inner step (unitless)."
+    )
+    regularizer: Literal["vicreg", "sigreg"] = Field(
+        "vicreg",
+        description="Anti-collapse regularizer on latents: 'vicreg' (variance + covariance) "
+        "or 'sigreg' (sketched isotropic-Gaussian test, LeJEPA).",
+    )
+    regularizer_weight: float = Field(
+        1.0, ge=0.0, description="Weight of the anti-collapse term in the loss (unitless)."
+    )
+
+
+# -------------------------------------------------------------------------------------- data
+class DataConfig(_Section):
+    """Each participant's private data: trajectories from its own environment physics."""
+
+    env_id: str = Field(
+        "Pendulum-v1",
+        min_length=1,
+        description="Gymnasium environment id each participant collects trajectories from "
+        "(Pendulum-v1, MountainCarContinuous-v0, CartPole-v1, or any registered id).",
+    )
+    episodes: int = Field(
+        24, ge=2, le=100000, description="Episodes each participant collects (count)."
+    )
+    episode_steps: int = Field(
+        100, ge=2, le=100000, description="Environment steps per episode (count)."
+    )
+    window: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="Consecutive transitions per training sample; the predictor is unrolled "
+        "this many steps in latent space (count).",
+    )
+    holdout_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of each participant's episodes held out for evaluation (0-1).",
+    )
+    residency_enforced: bool = Field(
+        True,
+        description="Check every outgoing payload and fail closed if anything but model-shaped "
+        "pseudo-gradients would leave a participant. Must be true for the network transport.",
+    )
+
+
+# -------------------------------------------------------------------------------- federation
+class ParticipantSpec(_Section):
+    """One participant: an organisation that trains on its own data in its own trust domain."""
+
+    id: str = Field(
+        ...,
+        pattern=DNS1123_LABEL,
+        max_length=30,
+        description="Participant id, a DNS-1123 label of at most 30 characters; it names "
+        "services, volumes and certificates.",
+    )
+    trust_domain: str = Field(
+        "",
+        pattern=r"^$|" + DNS1123_LABEL,
+        max_length=30,
+        description="Trust domain (organisation boundary) the participant's data and compute "
+        "stay in; defaults to the participant id. A DNS-1123 label.",
+    )
+    region: str | None = Field(
+        None,
+        pattern=r"^[a-z]{2,4}(-[a-z0-9]+)+$",
+        description="Cloud region the participant's data must stay in, e.g. eu-central-1. "
+        "Required in sovereign-prod.",
+    )
+    env_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="Physics overrides for this participant's environment, e.g. "
+        "{g: 9.0, m: 1.2, l: 0.8} for Pendulum-v1 (units of the environment).",
+    )
+
+
+class InnerOptimizerConfig(_Section):
+    """AdamW run by each participant for ``inner_steps`` steps per round (DiLoCo inner loop)."""
+
+    name: Literal["adamw"] = Field("adamw", description="Inner optimizer (AdamW).")
+    lr: float = Field(3e-3, gt=0.0, le=10.0, description="Learning rate (unitless).")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW moment decay rates (beta1, beta2), each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0.0, description="AdamW denominator epsilon (unitless).")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay (unitless).")
+    batch_size: int = Field(64, ge=1, le=1_000_000, description="Samples per inner step (count).")
+
+
+class OuterOptimizerConfig(_Section):
+    """SGD with Nesterov momentum applied by the coordinator to the mean pseudo-gradient."""
+
+    name: Literal["sgd"] = Field("sgd", description="Outer optimizer (SGD, DiLoCo).")
+    lr: float = Field(0.7, gt=0.0, le=10.0, description="Outer learning rate (unitless).")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="Momentum coefficient (unitless).")
+    nesterov: bool = Field(True, description="Use Nesterov momentum (DiLoCo's default).")
+
+
+class FederationConfig(_Section):
+    """Participants, rounds, optimizers, quorum, timeouts and wire format."""
+
+    participants: list[ParticipantSpec] = Field(
+        default_factory=list,
+        description="The participants. Alternatively give participant_count and let Lensemble "
+        "generate them; listed participants come first.",
+    )
+    participant_count: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Number of participants (count). Shorthand: the participants list is "
+        "truncated or extended with generated participants to this count; 0 means 'as listed' "
+        "(4 if none are listed).",
+    )
+    rounds: int = Field(20, ge=1, le=1_000_000, description="Outer rounds to run (count).")
+    inner_steps: int = Field(
+        25, ge=1, le=1_000_000, description="H: inner AdamW steps per participant per round."
+    )
+    inner_optimizer: InnerOptimizerConfig = Field(default_factory=InnerOptimizerConfig)
+    outer_optimizer: OuterOptimizerConfig = Field(default_factory=OuterOptimizerConfig)
+    quorum: int = Field(
+        0,
+        ge=0,
+        description="Minimum contributors for a round to commit (count). 0 means a strict "
+        "majority of participants.",
+    )
+    round_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Seconds the coordinator collects updates after opening a round before it "
+        "completes with whoever submitted (if at least quorum). Must exceed rpc_timeout_s.",
+    )
+    join_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="Seconds the coordinator waits for quorum participants to join before the "
+        "first round. Must be at least round_timeout_s.",
+    )
+    max_round_retries: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Times an aborted round (quorum not reached) is retried before the run "
+        "stops with an error (count).",
+    )
+    transport: Literal["in_process", "network"] = Field(
+        "in_process",
+        description="How coordinator and participants talk: 'in_process' (deterministic "
+        "simulation in one process) or 'network' (separate processes over gRPC).",
+    )
+    quantization: Literal["none", "fp16", "bf16", "int8"] = Field(
+        "none", description="Wire format of pseudo-gradients: none (float32), fp16, bf16, int8."
+    )
+    int8_chunk: int = Field(
+        0,
+        ge=0,
+        description="Elements per int8 scale; 0 means one scale per tensor (count).",
+    )
+    aggregation: Literal["plain", "masking", "tee"] = Field(
+        "plain",
+        description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "
+        "coordinator. 'masking' and 'tee' are reserved and not yet supported.",
+    )
+
+
+# ----------------------------------------------------------------------------------- network
+class TLSConfig(_Section):
+    """TLS material for the network transport: paths only, never key material inline."""
+
+    enabled: bool = Field(True, description="Encrypt gRPC with TLS.")
+    cert_file: str | None = Field(
+        None,
+        description="PEM certificate of this process (path); '{identity}' in the path becomes "
+        "'coordinator' or the participant id, so one config serves every process.",
+    )
+    key_file: str | None = Field(
+        None, description="PEM private key of this process (path); '{identity}' as for cert_file."
+    )
+    ca_file: str | None = Field(
+        None, description="PEM CA bundle that signs the peers (path); '{identity}' as above."
+    )
+    client_auth: bool = Field(
+        False,
+        description="Mutual TLS: the coordinator requires a client certificate whose SAN or CN "
+        "equals the participant id.",
+    )
+
+
+class NetworkConfig(_Section):
+    """Coordinator address, TLS, authentication and limits of the network transport."""
+
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Host name or address participants dial to reach the coordinator.",
+    )
+    listen_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Address the coordinator binds (0.0.0.0 in containers).",
+    )
+    port: int = Field(50051, ge=1, le=65535, description="Coordinator gRPC port (TCP).")
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+    auth: Literal["mtls", "token", "insecure"] = Field(
+        "mtls",
+        description="Participant authentication: 'mtls' (client certificates), 'token' "
+        "(per-participant bearer tokens from token_file or LENSEMBLE_TOKEN, for development) or "
+        "'insecure' (none; refused in sovereign-prod).",
+    )
+    token_file: str | None = Field(
+        None,
+        description="Path to the bearer token (participant) or to the 'id token' lines of every "
+        "participant (coordinator); '{identity}' as for TLS paths. Tokens never go in the config.",
+    )
+    max_message_bytes: int = Field(
+        512 * MiB,
+        ge=1024,
+        description="Largest payload (bytes) accepted in one FetchModel or SubmitUpdate stream; "
+        "enforced before buffering.",
+    )
+    chunk_bytes: int = Field(
+        1 * MiB,
+        ge=1024,
+        le=64 * MiB,
+        description="Bytes per streamed chunk of a model or pseudo-gradient payload.",
+    )
+    rpc_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="Deadline of every unary RPC and of each streamed chunk (seconds). Must be "
+        "below federation.round_timeout_s.",
+    )
+    connect_backoff_max_s: float = Field(
+        10.0, gt=0.0, description="Cap of the exponential reconnect backoff (seconds)."
+    )
+    metrics_port: int = Field(
+        9090, ge=1, le=65535, description="Prometheus /metrics HTTP port (TCP)."
+    )
+
+
+# ----------------------------------------------------------------------------- observability
+class ObservabilityConfig(_Section):
+    """Logs, metrics and the round ledger."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Minimum level written to stderr."
+    )
+    log_format: Literal["json", "text"] = Field(
+        "text", description="stderr log format; containers use json."
+    )
+    metrics_path: str = Field(
+        "/metrics", pattern=r"^/", description="HTTP path of the Prometheus endpoint."
+    )
+    ledger_path: str = Field(
+        "ledger.jsonl",
+        min_length=1,
+        description="Round ledger file (JSON lines, a hash chain), relative to run.output_dir.",
+    )
+
+
+# -------------------------------------------------------------------------------- evaluation
+class EvaluationConfig(_Section):
+    """Held-out evaluation that shows what federation buys."""
+
+    k_steps: int = Field(
+        5, ge=1, le=1000, description="Horizon of the k-step latent prediction error (steps)."
+    )
+    every_rounds: int = Field(
+        1, ge=1, description="Evaluate the global model every this many rounds (count)."
+    )
+    local_only_baseline: bool = Field(
+        True,
+        description="Also train each participant alone for the same inner steps and report "
+        "its held-out error next to the federated model's.",
+    )
+    probe_ridge: float = Field(
+        1e-3, ge=0.0, description="Ridge penalty of the linear probe latent -> true state."
+    )
+
+
+# -------------------------------------------------------------------------------- deployment
+class ImageConfig(_Section):
+    """Container image every role runs (one image; the role is chosen at run time)."""
+
+    repository: str = Field(
+        "ghcr.io/lensemble/lensemble", min_length=1, description="Image repository."
+    )
+    tag: str = Field(
+        "0.1.0-cpu",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        description="Image tag: '<version>-cpu' or '<version>-cu126' etc., or 'sha-<7 hex>'.",
+    )
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Kubernetes imagePullPolicy."
+    )
+
+
+class RoleResources(_Section):
+    """Requests and limits of one role's container."""
+
+    cpu: str = Field("1", pattern=K8S_CPU, description="CPU cores (Kubernetes quantity).")
+    memory: str = Field(
+        "2Gi", pattern=K8S_MEMORY, description="Memory (Kubernetes quantity, bytes)."
+    )
+    gpu: int = Field(0, ge=0, le=64, description="NVIDIA GPUs (count).")
+
+
+class ResourcesConfig(_Section):
+    """Per-role resources."""
+
+    coordinator: RoleResources = Field(default_factory=RoleResources)
+    participant: RoleResources = Field(default_factory=RoleResources)
+
+
+class NamespaceConfig(_Section):
+    """Kubernetes namespace layout."""
+
+    strategy: Literal["single", "per-trust-domain"] = Field(
+        "single",
+        description="'single': everything in one namespace; 'per-trust-domain': the "
+        "coordinator in '<name>' and each trust domain in '<name>-<trust_domain>'.",
+    )
+    name: str = Field(
+        "lensemble",
+        pattern=DNS1123_LABEL,
+        max_length=30,
+        description="Namespace name (or prefix).",
+    )
+
+
+class Toleration(_Section):
+    """A Kubernetes toleration."""
+
+    key: str = Field(..., min_length=1, description="Taint key.")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Match operator.")
+    value: str | None = Field(None, description="Taint value (with operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect."
+    )
+
+
+class TrustDomainPlacement(_Section):
+    """Where one trust domain's pods may run."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the trust domain's pods require."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the trust domain's pods tolerate."
+    )
+
+
+class StorageConfig(_Section):
+    """Participant private data volumes."""
+
+    class_name: str | None = Field(
+        None, description="StorageClass of participant data volumes; null uses the default."
+    )
+    size: str = Field("1Gi", pattern=K8S_MEMORY, description="Volume size (Kubernetes quantity).")
+
+
+class CloudConfig(_Section):
+    """Cloud account layout for the Pulumi stacks."""
+
+    provider: Literal["aws"] = Field("aws", description="Cloud provider.")
+    partition: Literal["aws", "aws-eusc", "aws-us-gov", "aws-cn"] = Field(
+        "aws", description="AWS partition; ARNs are built from it."
+    )
+    region: str = Field(
+        "eu-central-1",
+        pattern=r"^[a-z]{2,4}(-[a-z0-9]+)+$",
+        description="Region of the coordinator and shared resources.",
+    )
+
+
+class DeploymentConfig(_Section):
+    """How the run is deployed: environment, image, resources, placement, cloud."""
+
+    environment: Environment = Field(
+        "local", description="Target environment: local, staging or sovereign-prod."
+    )
+    image: ImageConfig = Field(default_factory=ImageConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    namespace: NamespaceConfig = Field(default_factory=NamespaceConfig)
+    trust_domains: dict[str, TrustDomainPlacement] = Field(
+        default_factory=dict,
+        description="Node placement per trust domain (keys are trust domain names).",
+    )
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    confidential_compute: bool = Field(
+        False,
+        description="Run the coordinator on a confidential-compute node pool (AMD SEV-SNP).",
+    )
+    confidential_runtime_class: str | None = Field(
+        None, description="RuntimeClass for the coordinator pod on confidential nodes, if any."
+    )
+    kube_context: str | None = Field(
+        None, description="kubeconfig context of an existing cluster (local kind stacks)."
+    )
+    cloud: CloudConfig = Field(default_factory=CloudConfig)
+
+
+# ---------------------------------------------------------------------------------- the root
+class LensembleConfig(_Section):
+    """The whole Lensemble configuration (schema version 1)."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        title="LensembleConfig",
+        json_schema_extra={"$id": "https://lensemble.dev/schema/lensemble-config-v1.json"},
+    )
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    deployment: DeploymentConfig = Field(default_factory=DeploymentConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_shorthands(cls, data: Any) -> Any:
+        return resolve_shorthands(data)
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> LensembleConfig:
+        problems = _check_rules(self)
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    # Convenience views used by every renderer.
+    @property
+    def participant_ids(self) -> list[str]:
+        """Participant ids in canonical (sorted) order, the order of every reduction."""
+        return sorted(p.id for p in self.federation.participants)
+
+    def participant(self, participant_id: str) -> ParticipantSpec:
+        """The participant with this id.
+
+        Raises:
+            KeyError: No participant has that id.
+        """
+        for p in self.federation.participants:
+            if p.id == participant_id:
+                return p
+        raise KeyError(participant_id)
+
+    @property
+    def trust_domains(self) -> list[str]:
+        """Distinct trust domains, sorted."""
+        return sorted({p.trust_domain for p in self.federation.participants})
+
+
+DEFAULT_PARTICIPANTS = 4
+
+
+def resolve_shorthands(data: Any) -> Any:
+    """Expand ``participant_count``, default trust domains and quorum in a raw config mapping.
+
+    Leaves anything it does not understand alone so that field validation reports it.
+
+    Args:
+        data: The raw mapping (from YAML plus overrides).
+
+    Returns:
+        A new mapping with ``federation.participants``, ``participant_count`` and ``quorum``
+        resolved.
+    """
+    if not isinstance(data, dict):
+        return data
+    fed = data.get("federation", {})
+    if not isinstance(fed, dict):
+        return data
+    listed = fed.get("participants", [])
+    if not isinstance(listed, list):
+        return data
+    count = fed.get("participant_count", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return data
+    if count == 0:
+        count = len(listed) or DEFAULT_PARTICIPANTS
+    data_section = data.get("data")
+    env = data_section.get("env_id", "Pendulum-v1") if isinstance(data_section, dict) else ""
+    participants: list[Any] = list(listed[:count])
+    used = {p.get("id") for p in participants if isinstance(p, dict)}
+    index = 0
+    while len(participants) < count:
+        pid = f"site-{index}"
+        if pid not in used:
+            participants.append({"id": pid, "env_params": generated_env_params(str(env), index)})
+            used.add(pid)
+        index += 1
+    resolved = []
+    for p in participants:
+        needs_domain = isinstance(p, dict) and not p.get("trust_domain")
+        resolved.append({**p, "trust_domain": p["id"]} if needs_domain and "id" in p else p)
+    fed = {**fed, "participants": resolved, "participant_count": count}
+    quorum = fed.get("quorum", 0)
+    if quorum in (0, None):
+        fed["quorum"] = count // 2 + 1
+    return {**data, "federation": fed}
+
+
+def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
+    """Every cross-field rule; one problem per violation, with field path and fix."""
+    out: list[ConfigProblem] = []
+
+    def bad(path: str, message: str) -> None:
+        out.append(ConfigProblem(path=path, message=message))
+
+    fed, net, dep = cfg.federation, cfg.network, cfg.deployment
+    n = len(fed.participants)
+    env = dep.environment
+
+    # Participants: unique ids, sensible physics.
+    seen: dict[str, int] = {}
+    for i, p in enumerate(fed.participants):
+        if p.id in seen:
+            bad(
+                f"federation.participants[{i}].id",
+                f"'{p.id}' is already used by participants[{seen[p.id]}]; give every "
+                "participant a unique id.",
+            )
+        seen.setdefault(p.id, i)
+        known = KNOWN_PHYSICS.get(cfg.data.env_id)
+        if known is not None:
+            names = {k.name: k for k in known}
+            for key, value in p.env_params.items():
+                spec = names.get(key)
+                if spec is None:
+                    bad(
+                        f"federation.participants[{i}].env_params.{key}",
+                        f"'{key}' is not a physics parameter of {cfg.data.env_id}; use one of "
+                        f"{', '.join(sorted(names))}.",
+                    )
+                elif not math.isfinite(value) or value <= spec.minimum:
+                    bad(
+                        f"federation.participants[{i}].env_params.{key}",
+                        f"{value} is not a usable value; use a finite number above "
+                        f"{spec.minimum} (default {spec.default}).",
+                    )
+
+    # Quorum.
+    if not 1 <= fed.quorum <= n:
+        bad(
+            "federation.quorum",
+            f"{fed.quorum} is outside 1..{n} (the number of participants); set "
+            f"federation.quorum between 1 and {n}.",
+        )
+
+    # Aggregation backends that exist only as reserved names.
+    if fed.aggregation in ("masking", "tee"):
+        bad(
+            "federation.aggregation",
+            f"'{fed.aggregation}' is not yet supported; use 'plain' (secure aggregation is "
+            "reserved for a later release).",
+        )
+    if fed.int8_chunk and fed.quantization != "int8":
+        bad(
+            "federation.int8_chunk",
+            f"{fed.int8_chunk} only applies to int8; set federation.quantization: int8 or "
+            "federation.int8_chunk: 0.",
+        )
+
+    # Residency is mandatory across a real network boundary (INV-RESIDENCY).
+    if fed.transport == "network" and not cfg.data.residency_enforced:
+        bad(
+            "data.residency_enforced",
+            "false is not allowed with federation.transport 'network'; set "
+            "data.residency_enforced: true.",
+        )
+
+    # Timeout hierarchy that cannot deadlock: rpc < round <= join.
+    if not net.rpc_timeout_s < fed.round_timeout_s:
+        bad(
+            "network.rpc_timeout_s",
+            f"{net.rpc_timeout_s} s must be below federation.round_timeout_s "
+            f"({fed.round_timeout_s} s) so a stuck RPC cannot outlive its round; lower it.",
+        )
+    if not fed.join_timeout_s >= fed.round_timeout_s:
+        bad(
+            "federation.join_timeout_s",
+            f"{fed.join_timeout_s} s must be at least federation.round_timeout_s "
+            f"({fed.round_timeout_s} s); raise it.",
+        )
+
+    # Data split must leave both a train and a held-out episode.
+    held = round(cfg.data.episodes * cfg.data.holdout_fraction)
+    if held < 1 or held >= cfg.data.episodes:
+        bad(
+            "data.holdout_fraction",
+            f"{cfg.data.holdout_fraction} of {cfg.data.episodes} episodes leaves no train or no "
+            "held-out episode; choose a fraction that keeps at least one of each.",
+        )
+    if cfg.data.window >= cfg.data.episode_steps:
+        bad(
+            "data.window",
+            f"{cfg.data.window} must be below data.episode_steps ({cfg.data.episode_steps}); "
+            "lower it.",
+        )
+    if cfg.evaluation.k_steps >= cfg.data.episode_steps:
+        bad(
+            "evaluation.k_steps",
+            f"{cfg.evaluation.k_steps} must be below data.episode_steps "
+            f"({cfg.data.episode_steps}); lower it.",
+        )
+
+    # Network security.
+    if net.metrics_port == net.port:
+        bad(
+            "network.metrics_port",
+            f"{net.metrics_port} is also network.port; give metrics its own port.",
+        )
+    if fed.transport == "network":
+        if net.auth != "insecure" and not net.tls.enabled:
+            bad(
+                "network.tls.enabled",
+                f"false is not allowed with network.auth '{net.auth}'; enable TLS or set "
+                "network.auth: insecure explicitly (never in sovereign-prod).",
+            )
+        if net.tls.enabled:
+            for field in ("ca_file", "cert_file", "key_file"):
+                if getattr(net.tls, field) is None:
+                    bad(
+                        f"network.tls.{field}",
+                        "is required when TLS is on; point it at a PEM file "
+                        "(`lensemble certs init DIR --config FILE` creates a development set).",
+                    )
+        if net.auth == "mtls" and not net.tls.client_auth:
+            bad(
+                "network.tls.client_auth",
+                "false is not allowed with network.auth 'mtls'; set network.tls.client_auth: true.",
+            )
+
+    # Placement refers to real trust domains.
+    domains = {p.trust_domain for p in fed.participants}
+    for key in dep.trust_domains:
+        if key not in domains:
+            bad(
+                f"deployment.trust_domains.{key}",
+                f"'{key}' is not the trust domain of any participant; use one of "
+                f"{', '.join(sorted(domains))}.",
+            )
+
+    # GPUs need a CUDA build of the image.
+    gpus = dep.resources.coordinator.gpu or dep.resources.participant.gpu
+    if gpus and not CUDA_TAG.search(dep.image.tag):
+        bad(
+            "deployment.image.tag",
+            f"'{dep.image.tag}' is not a CUDA build but GPUs are requested; use a tag such as "
+            "'0.1.0-cu126' or set the gpu counts to 0.",
+        )
+    if env != "local" and dep.image.tag == "latest":
+        bad(
+            "deployment.image.tag",
+            f"'latest' is not allowed in {env}; pin a version tag or a 'sha-<7 hex>' tag.",
+        )
+
+    # sovereign-prod: a real trust boundary between every pair of organisations.
+    if env == "sovereign-prod":
+        if fed.transport != "network":
+            bad(
+                "federation.transport",
+                f"'{fed.transport}' is not allowed in sovereign-prod; set it to 'network'.",
+            )
+        if net.auth != "mtls":
+            bad(
+                "network.auth",
+                f"'{net.auth}' is not allowed in sovereign-prod; set network.auth: mtls.",
+            )
+        if not dep.confidential_compute:
+            bad(
+                "deployment.confidential_compute",
+                "false is not allowed in sovereign-prod; set it to true.",
+            )
+        if dep.namespace.strategy != "per-trust-domain":
+            bad(
+                "deployment.namespace.strategy",
+                f"'{dep.namespace.strategy}' is not allowed in sovereign-prod; use "
+                "'per-trust-domain'.",
+            )
+        owners: dict[str, str] = {}
+        for i, p in enumerate(fed.participants):
+            if p.trust_domain in owners:
+                bad(
+                    f"federation.participants[{i}].trust_domain",
+                    f"'{p.trust_domain}' is shared with participant '{owners[p.trust_domain]}'; "
+                    "give every participant its own trust domain in sovereign-prod.",
+                )
+            owners.setdefault(p.trust_domain, p.id)
+            if p.region is None:
+                bad(
+                    f"federation.participants[{i}].region",
+                    f"is missing for participant '{p.id}'; sovereign-prod pins every "
+                    "participant to an explicit region, e.g. region: eu-central-1.",
+                )
+    return out

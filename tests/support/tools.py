@@ -1,0 +1,104 @@
+"""One shared way for tests to need an external tool.
+
+A test that needs a tool calls :func:`require`. When the tool is missing the test is skipped with
+the reason, unless the tool is listed in ``LENSEMBLE_REQUIRE_TOOLS`` (comma-separated), in which
+case the test fails: CI lists every tool its machines have, so nothing that can run there is
+silently skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+
+import pytest
+
+#: Every tool name a test may require, with how to detect it.
+KNOWN_TOOLS = (
+    "kubectl",
+    "helm",
+    "kubernetes-validate",
+    "docker-compose",
+    "docker",
+    "kind",
+    "netns",
+    "pypi",
+    "pulumi",
+    "worldmodel",
+)
+
+
+def required_tools() -> set[str]:
+    """Tools listed in ``LENSEMBLE_REQUIRE_TOOLS``."""
+    raw = os.environ.get("LENSEMBLE_REQUIRE_TOOLS", "")
+    return {t.strip() for t in raw.split(",") if t.strip()}
+
+
+def _run_ok(*cmd: str, timeout: float = 20.0) -> bool:
+    try:
+        return (
+            subprocess.run(cmd, capture_output=True, timeout=timeout, check=False).returncode == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.cache
+def probe(tool: str) -> str | None:
+    """None when ``tool`` is usable here, else the reason it is not."""
+    if tool not in KNOWN_TOOLS:
+        raise ValueError(f"unknown tool {tool!r}; add it to KNOWN_TOOLS")
+    if tool == "kubectl":
+        if shutil.which("kubectl") is None:
+            return "kubectl is not on PATH"
+        return None if _run_ok("kubectl", "kustomize", "--help") else "kubectl kustomize fails"
+    if tool == "helm":
+        return None if importlib.util.find_spec("helm_python") else "helm-python-sdk not installed"
+    if tool == "kubernetes-validate":
+        found = importlib.util.find_spec("kubernetes_validate")
+        return None if found else "kubernetes-validate not installed"
+    if tool == "docker-compose":
+        return None if shutil.which("docker-compose") else "docker-compose is not on PATH"
+    if tool == "docker":
+        if shutil.which("docker") is None:
+            return "docker is not on PATH"
+        return None if _run_ok("docker", "info") else "no Docker engine is reachable"
+    if tool == "kind":
+        if shutil.which("kind") is None:
+            return "kind is not on PATH"
+        return probe("docker")
+    if tool == "netns":
+        if shutil.which("ip") is None:
+            return "iproute2 (ip) is not on PATH"
+        name = f"lens-probe-{uuid.uuid4().hex[:6]}"
+        if not _run_ok("ip", "netns", "add", name):
+            return "cannot create network namespaces (needs root and iproute2)"
+        _run_ok("ip", "netns", "del", name)
+        return None
+    if tool == "pypi":
+        try:
+            with socket.create_connection(("pypi.org", 443), timeout=5):
+                return None
+        except OSError as exc:
+            return f"the package index is unreachable ({exc})"
+    if tool == "pulumi":
+        return None if importlib.util.find_spec("pulumi") else "the [infra] extra is not installed"
+    if tool == "worldmodel":
+        found = importlib.util.find_spec("stable_worldmodel")
+        return None if found else "the [worldmodel] extra is not installed"
+    raise AssertionError(tool)
+
+
+def require(tool: str) -> None:
+    """Skip the calling test when ``tool`` is missing; fail instead when CI requires it."""
+    reason = probe(tool)
+    if reason is None:
+        return
+    if tool in required_tools():
+        pytest.fail(f"{tool} is required by LENSEMBLE_REQUIRE_TOOLS but unavailable: {reason}")
+    pytest.skip(f"{tool} unavailable: {reason}")
