@@ -233,7 +233,7 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
         LOCAL,
         ["network.metrics_port=50051"],
         "network.metrics_port",
-        "give metrics its own port",
+        "give each its own port",
     ),
     (
         "placement-unknown-trust-domain",

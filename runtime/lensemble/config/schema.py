@@ -298,6 +298,14 @@ class NetworkConfig(_Section):
         description="Address the coordinator binds (0.0.0.0 in containers).",
     )
     port: int = Field(50051, ge=1, le=65535, description="Coordinator gRPC port (TCP).")
+    health_port: int = Field(
+        50052,
+        ge=1,
+        le=65535,
+        description="Plaintext port (TCP) of the standard gRPC health service every process "
+        "serves, for Kubernetes gRPC probes and container healthchecks; it reveals nothing but "
+        "serving status.",
+    )
     tls: TLSConfig = Field(default_factory=TLSConfig)
     auth: Literal["mtls", "token", "insecure"] = Field(
         "mtls",
@@ -708,10 +716,11 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
         )
 
     # Network security.
-    if net.metrics_port == net.port:
+    if len({net.port, net.health_port, net.metrics_port}) < 3:
         bad(
             "network.metrics_port",
-            f"{net.metrics_port} is also network.port; give metrics its own port.",
+            f"network.port ({net.port}), network.health_port ({net.health_port}) and "
+            f"network.metrics_port ({net.metrics_port}) must differ; give each its own port.",
         )
     if fed.transport == "network":
         if net.auth != "insecure" and not net.tls.enabled:

@@ -1,0 +1,64 @@
+"""The seam between the federation runtime and what a participant computes on its own data.
+
+The coordinator and the round state machine never see data or models, only named float32
+tensors. A participant holds a :class:`Learner`: it trains from the global parameters for ``H``
+inner steps on data that never leaves the participant, and returns its local parameters. The
+built-in implementation is :class:`lensemble.model.learner.WorldModelLearner`; tests use small
+deterministic learners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+Params = dict[str, "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class LocalRound:
+    """What one participant produced in one round.
+
+    Attributes:
+        params: Local parameters after the inner steps: name -> float32 tensor, same names and
+            shapes as the global model.
+        mean_loss: Mean training loss over the inner steps (unitless).
+        compute_seconds: Wall time spent in the inner steps (seconds).
+    """
+
+    params: Params
+    mean_loss: float
+    compute_seconds: float
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A participant's local training, inside its trust domain.
+
+    Inner optimizer state (AdamW moments, an EMA target if any) stays with the learner across
+    rounds, as in DiLoCo (arXiv 2311.08105, Algorithm 1): only parameters are reset to the
+    global model at the start of each round.
+    """
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        """Start from ``global_params`` and run ``steps`` inner steps.
+
+        Deterministic given the global parameters, the round index, the learner's inner state
+        and the config: batches are drawn from a generator seeded by
+        ``derive(root_seed, f"batches:{participant_id}:round:{round_index}")``.
+        """
+        ...
+
+    def inner_state(self) -> Params:
+        """Inner optimizer state (and EMA target) as named tensors, for checkpoints."""
+        ...
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore what :meth:`inner_state` returned (on resume or rejoin)."""
+        ...
