@@ -92,3 +92,28 @@ def test_participant_refuses_a_tampered_model(tmp_path: Path) -> None:
         verify_model_payload(bytes(payload), coordinator.model_hash)
     with pytest.raises(IntegrityError, match="unusable"):
         verify_model_payload(b"garbage", coordinator.model_hash)
+
+
+def test_participants_rewind_when_a_restarted_coordinator_reopens_a_round(
+    tmp_path: Path,
+) -> None:
+    from lensemble.federation.coordinator import Coordinator
+    from lensemble.federation.messages import RoundOpening
+    from tests.support.federation import initial_params
+
+    config = small_config(rounds=3)
+    out = tmp_path / "crashy"
+    coordinator, transport, participants = build(config, output_dir=out)
+    coordinator.run_round(transport)
+    # Round 1 opens and every participant trains and submits; the coordinator dies before
+    # committing (nothing of round 1 reached its checkpoint).
+    opening = RoundOpening(1, 0, 1, coordinator.model_hash, 30.0)
+    transport.open_round(opening, coordinator.model_payload())
+    # The restarted coordinator resumes at version 1 and reopens round 1; the participant
+    # processes kept running (their inner state already includes round 1's training).
+    restarted = Coordinator(config, initial_params(3), output_dir=out, resume=True)
+    assert restarted.version == 1
+    restarted.run(type(transport)(participants))
+    assert committed_chain(Ledger(out / "ledger.jsonl").records()) == _uninterrupted(
+        tmp_path, rounds=3
+    )

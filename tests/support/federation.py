@@ -59,7 +59,8 @@ class QuadraticLearner:
         return {f"velocity.{k}": v.clone() for k, v in self.velocity.items()}
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.velocity = {k.removeprefix("velocity."): v.clone() for k, v in state.items()}
+        self.velocity = {k: torch.zeros(s) for k, s in sorted(SHAPES.items())}
+        self.velocity.update({k.removeprefix("velocity."): v.clone() for k, v in state.items()})
 
 
 def small_config(**federation: Any) -> LensembleConfig:

@@ -174,10 +174,16 @@ class InnerStateStore:
         found = ((_INNER_FILE.match(p.name), p.name) for p in self.folder.iterdir())
         return sorted((int(m.group(1)), int(m.group(2)), name) for m, name in found if m)
 
-    def latest_before(self, round_index: int) -> dict[str, torch.Tensor] | None:
-        """Inner state after the last training of a round before ``round_index``, if any."""
-        candidates = [e for e in self._entries() if e[0] < round_index]
+    def latest_before(
+        self, round_index: int, attempt: int = 0
+    ) -> tuple[tuple[int, int], dict[str, torch.Tensor]] | None:
+        """The last snapshot taken before training ``(round_index, attempt)``, if any.
+
+        Returns:
+            ``((round, attempt), state)`` of that snapshot, or None.
+        """
+        candidates = [e for e in self._entries() if (e[0], e[1]) < (round_index, attempt)]
         if not candidates:
             return None
-        path = self.folder / candidates[-1][2]
-        return decode(path.read_bytes()).tensors
+        r, a, name = candidates[-1]
+        return (r, a), decode((self.folder / name).read_bytes()).tensors

@@ -114,20 +114,24 @@ class Participant:
             enforced=config.data.residency_enforced,
         )
         self.states = InnerStateStore(output_dir, participant_id) if output_dir else None
+        self._trained: tuple[int, int] | None = None
 
-    def restore(self, next_round: int) -> bool:
-        """Reload the inner state saved before ``next_round`` (resume or rejoin).
+    def restore(self, round_index: int, attempt: int = 0) -> bool:
+        """Put the inner state back to just before training ``(round_index, attempt)``.
+
+        Used on resume, on rejoin, and when a restarted coordinator reopens a round this
+        participant already trained: the retraining then reproduces the same pseudo-gradient.
 
         Returns:
-            True when a snapshot was found and loaded.
+            True when a snapshot was loaded; False when none exists (the learner is reset to
+            its initial inner state) or snapshots are disabled.
         """
         if self.states is None:
             return False
-        state = self.states.latest_before(next_round)
-        if state is None:
-            return False
-        self.learner.load_inner_state(state)
-        return True
+        found = self.states.latest_before(round_index, attempt)
+        self.learner.load_inner_state(found[1] if found else {})
+        self._trained = found[0] if found else None
+        return found is not None
 
     def contribute(self, opening: RoundOpening, model_payload: bytes) -> Contribution:
         """Train on local data from the round's global model and seal the pseudo-gradient.
@@ -148,6 +152,11 @@ class Participant:
         global_params, _ = verify_model_payload(
             model_payload, opening.model_hash, self.architecture
         )
+        here = (opening.round_index, opening.attempt)
+        if self._trained is not None and self._trained >= here:
+            # The coordinator restarted and reopened a round this participant already trained:
+            # rewind the inner state so the retraining reproduces the same pseudo-gradient.
+            self.restore(*here)
         start = time.perf_counter()
         local = self.learner.train_round(global_params, opening.round_index, fed.inner_steps)
         compute_s = time.perf_counter() - start
@@ -165,6 +174,7 @@ class Participant:
             "compute_s": f"{compute_s:.6f}",
         }
         payload = self.guard.seal(wire, metadata)
+        self._trained = here
         if self.states is not None:
             self.states.save(opening.round_index, opening.attempt, self.learner.inner_state())
         return Contribution(payload, bytes_hash(payload), float(local.mean_loss), compute_s)
