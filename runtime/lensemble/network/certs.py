@@ -1,0 +1,258 @@
+"""Development certificates: a CA, the coordinator's server certificate, one per participant.
+
+Layout (``docs/architecture.md``, "Certificates")::
+
+    DIR/ca.crt, DIR/ca.key                       the development CA (ca.key stays out of containers)
+    DIR/coordinator/tls.crt, tls.key, ca.crt     server certificate, SANs = the coordinator's names
+    DIR/<participant-id>/tls.crt, tls.key, ca.crt  client certificate, CN and DNS SAN = the id
+
+Each identity folder is what one process mounts at ``/etc/lensemble/tls``. Keys are ECDSA P-256,
+written with mode 0600. An existing CA in ``DIR`` is reused, so certificates issued earlier stay
+valid; identity folders are (re)issued on every call. Everything uses the ``cryptography``
+library; these certificates are for development and tests, production brings its own PKI
+(cert-manager or an organisation CA) in the same layout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from lensemble.config import LensembleConfig
+from lensemble.errors import ConfigError, UsageError
+from lensemble.network.identity import COORDINATOR_IDENTITY
+
+VALID_DAYS = 365
+_PEM = serialization.Encoding.PEM
+
+
+@dataclass(frozen=True)
+class IssuedCertificates:
+    """What :func:`init_certs` wrote.
+
+    Attributes:
+        root: The output folder.
+        ca_reused: True when an existing CA in ``root`` signed the new certificates.
+        server_names: SANs of the coordinator's certificate.
+        identities: Identity folders written (``coordinator`` and every participant id).
+    """
+
+    root: Path
+    ca_reused: bool
+    server_names: list[str]
+    identities: list[str]
+
+
+def coordinator_names(config: LensembleConfig, extra_hosts: Iterable[str] = ()) -> list[str]:
+    """SANs of the coordinator's certificate, in order, without duplicates.
+
+    ``network.host``, ``coordinator``, ``<run.name>-coordinator``, ``localhost``, ``127.0.0.1``,
+    then every extra host (``--host``).
+    """
+    names = [
+        config.network.host,
+        COORDINATOR_IDENTITY,
+        f"{config.run.name}-coordinator",
+        "localhost",
+        "127.0.0.1",
+        *extra_hosts,
+    ]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        _PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int):  # type: ignore[no-untyped-def]
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+    )
+
+
+def _new_ca(run_name: str, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{run_name} development CA")])
+    cert = (
+        _builder(f"{run_name} development CA", name, key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _load_ca(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate] | None:
+    cert_path, key_path = root / "ca.crt", root / "ca.key"
+    if not (cert_path.exists() and key_path.exists()):
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    except ValueError as exc:
+        raise UsageError(
+            f"{root}/ca.crt or ca.key cannot be read ({exc});",
+            remediation="delete both files to create a new development CA.",
+        ) from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise UsageError(
+            f"{root}/ca.key is not an ECDSA key;",
+            remediation="delete ca.crt and ca.key to create a new development CA.",
+        )
+    return key, cert
+
+
+def _issue(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    common_name: str,
+    sans: Sequence[str],
+    usage: x509.ObjectIdentifier,
+    days: int,
+) -> tuple[bytes, bytes]:
+    key = _new_key()
+    cert = (
+        _builder(common_name, ca_cert.subject, key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in sans]), False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(_PEM), _key_pem(key)
+
+
+def init_certs(
+    root: Path, config: LensembleConfig, hosts: Iterable[str] = (), *, days: int = VALID_DAYS
+) -> IssuedCertificates:
+    """Create (or reuse) a development CA and issue every identity's certificate.
+
+    Args:
+        root: Output folder (created).
+        config: The run's config: ``network.host``, ``run.name`` and the participant ids.
+        hosts: Extra host names or IP addresses for the coordinator's certificate.
+        days: Validity of new certificates (days).
+
+    Returns:
+        What was written.
+
+    Raises:
+        UsageError: An existing ``ca.crt``/``ca.key`` in ``root`` cannot be used.
+    """
+    loaded = _load_ca(root)
+    ca_key, ca_cert = loaded if loaded is not None else _new_ca(config.run.name, days)
+    ca_pem = ca_cert.public_bytes(_PEM)
+    if loaded is None:
+        _write(root / "ca.key", _key_pem(ca_key), secret=True)
+        _write(root / "ca.crt", ca_pem)
+    server_names = coordinator_names(config, hosts)
+    issued = [(COORDINATOR_IDENTITY, COORDINATOR_IDENTITY, server_names, True)]
+    issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
+    for folder, common_name, sans, server in issued:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        cert_pem, key_pem = _issue(ca_key, ca_cert, common_name, sans, usage, days)
+        _write(root / folder / "tls.key", key_pem, secret=True)
+        _write(root / folder / "tls.crt", cert_pem)
+        _write(root / folder / "ca.crt", ca_pem)
+    return IssuedCertificates(
+        root=root,
+        ca_reused=loaded is not None,
+        server_names=server_names,
+        identities=[i[0] for i in issued],
+    )
+
+
+def certificate_identities(pem: bytes) -> set[str]:
+    """Names a certificate vouches for: its subject CN and its DNS and IP SANs.
+
+    Raises:
+        ValueError: ``pem`` is not a PEM certificate.
+    """
+    cert = x509.load_pem_x509_certificate(pem)
+    names = {str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)}
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return names
+    names.update(san.get_values_for_type(x509.DNSName))
+    names.update(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+    return names
+
+
+def check_own_certificate(path: Path, identity: str) -> None:
+    """Refuse to start with a certificate issued to someone else.
+
+    Args:
+        path: This process's certificate (``network.tls.cert_file`` resolved).
+        identity: The participant id this process runs as.
+
+    Raises:
+        ConfigError: The certificate's CN and SANs do not include ``identity``.
+    """
+    try:
+        names = certificate_identities(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"network.tls.cert_file: {path} is not a readable PEM certificate ({exc}); run "
+            "`lensemble certs init DIR --config FILE` for a development set."
+        ) from None
+    if identity not in names:
+        raise ConfigError(
+            f"network.tls.cert_file: {path} is issued to {', '.join(sorted(names))}, not to "
+            f"participant '{identity}'; mount that participant's own certificate."
+        )

@@ -1,0 +1,498 @@
+"""The coordinator side of the network transport: a ``CoordinatorTransport`` over gRPC.
+
+The federation :class:`~lensemble.federation.coordinator.Coordinator` stays single-threaded and
+unchanged: it drives :class:`GrpcCoordinatorTransport` exactly as it drives the in-process
+transport. gRPC handler threads (:class:`CoordinatorService`) never touch the coordinator; they
+authenticate the caller, stream payloads in and out, and hand each complete submission to the
+coordinator's thread through a queue, then wait (with a deadline) for its verdict.
+
+What the transport decides on its own, before the coordinator sees anything (so a hostile or
+broken participant costs at most ``network.max_message_bytes`` of memory and never stalls a
+round): the caller's identity (``PERMISSION_DENIED``), the coordinator session
+(``FAILED_PRECONDITION``, reason ``stale_session``), the round and attempt
+(``FAILED_PRECONDITION``, reason ``closed_round``), the declared and received sizes
+(``RESOURCE_EXHAUSTED`` / ``INVALID_ARGUMENT``). Everything else (hash, safetensors header,
+architecture, NaN/Inf, duplicates) is the coordinator's :meth:`Coordinator.accept`. Every
+rejection is counted in the ``lensemble_rejected_submissions_total`` metric by reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from lensemble import __version__
+from lensemble.config import LensembleConfig, config_hash, differing_fields
+from lensemble.config.load import validate_mapping
+from lensemble.errors import ConfigError, PayloadError
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
+from lensemble.federation.transport import Traffic
+from lensemble.network import errors as nerr
+from lensemble.network.errors import ShutdownRequested
+from lensemble.network.health import NO_REUSEPORT, bind_port
+from lensemble.network.logs import event
+from lensemble.network.metrics import Metrics
+from lensemble.network.proto import lensemble_pb2 as pb
+from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.security import Authenticator
+from lensemble.network.streams import Assembler, TooLarge, chunks, grpc_message_limit
+
+_log = logging.getLogger("lensemble.network.coordinator")
+
+#: How often blocking waits of the coordinator's thread look at the stop flag (seconds).
+POLL_S = 0.2
+
+#: gRPC status of each rejection reason (``Reason`` values and transport reasons).
+STATUS_OF_REASON: dict[str, grpc.StatusCode] = {
+    Reason.UNKNOWN_PARTICIPANT.value: grpc.StatusCode.PERMISSION_DENIED,
+    nerr.BAD_CREDENTIALS: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.CLOSED_ROUND.value: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.STALE_BASE.value: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.STALE_SESSION: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.HASH_MISMATCH.value: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.BAD_PAYLOAD.value: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.ARCHITECTURE_MISMATCH.value: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.NON_FINITE.value: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.CONFLICTING_DUPLICATE.value: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.TOO_LARGE.value: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    nerr.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    nerr.BUSY: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A call the transport refuses: the gRPC status, the reason label and one sentence."""
+
+    reason: str
+    message: str
+    current_round: int
+
+    @property
+    def status(self) -> grpc.StatusCode:
+        """The gRPC status code for :attr:`reason`."""
+        return STATUS_OF_REASON.get(self.reason, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+@dataclass
+class _Pending:
+    submission: Submission
+    compute_s: float
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Verdict | Rejection | None = None
+
+
+@dataclass(frozen=True)
+class JoinOutcome:
+    """The coordinator's answer to a Join (see ``JoinReply`` in the proto)."""
+
+    accepted: bool
+    message: str
+    differing: list[str]
+    collecting_round: int
+    round_open: bool
+    collecting_attempt: int
+    already_submitted: bool
+    run_over: bool
+
+
+class GrpcCoordinatorTransport:
+    """Coordinator transport whose participants are remote processes.
+
+    Args:
+        config: The run's config.
+        next_round: The round the coordinator will open next (its model version).
+        metrics: Where to count bytes and rejections (a private set by default).
+
+    Attributes:
+        session: Random id of this coordinator process, returned by Join and required in every
+            later call, so participants notice a restarted coordinator.
+    """
+
+    def __init__(
+        self, config: LensembleConfig, *, next_round: int, metrics: Metrics | None = None
+    ) -> None:
+        self.config = config
+        self.config_hash = config_hash(config)
+        self.expected = frozenset(config.participant_ids)
+        self.metrics = metrics or Metrics()
+        self.session = secrets.token_hex(8)
+        self._cond = threading.Condition()
+        self._queue: queue.Queue[_Pending] = queue.Queue()
+        self._pending: dict[int, _Pending] = {}
+        self._joined: set[str] = set()
+        self._left: set[str] = set()
+        self._opening: RoundOpening | None = None
+        self._payload = b""
+        self._next_round = next_round
+        self._accepted: dict[str, str] = {}
+        self._closed_accepted: tuple[tuple[int, int], dict[str, str]] = ((-1, -1), {})
+        self._final = False
+        self._stopping = False
+        self._uploading: set[str] = set()
+        self._down = self._up = 0
+        self._compute = 0.0
+
+    # ------------------------------------------------------------ CoordinatorTransport
+    def now(self) -> float:
+        """Monotonic clock (seconds)."""
+        return time.monotonic()
+
+    def _check_stop(self) -> None:
+        if self._stopping:
+            raise ShutdownRequested("the coordinator is shutting down (SIGTERM);")
+
+    def wait_for_participants(self, quorum: int, timeout_s: float) -> set[str]:
+        """Block until every participant joined or ``timeout_s`` passed; returns who joined.
+
+        Raises:
+            ShutdownRequested: :meth:`request_stop` was called meanwhile.
+        """
+        end = self.now() + timeout_s
+        with self._cond:
+            while not self.expected <= self._joined and self.now() < end:
+                self._check_stop()
+                self._cond.wait(min(POLL_S, max(0.0, end - self.now())))
+            self._check_stop()
+            joined = set(self._joined)
+        event(
+            _log,
+            "participants_joined",
+            f"{len(joined)} of {len(self.expected)} participants joined; starting rounds.",
+            joined=sorted(joined),
+        )
+        return joined
+
+    def open_round(self, opening: RoundOpening, model_payload: bytes) -> None:
+        """Publish the opening to every watcher and serve its model payload.
+
+        Raises:
+            ShutdownRequested: The coordinator is stopping; the round is not opened.
+        """
+        with self._cond:
+            self._check_stop()
+            self._opening, self._payload = opening, model_payload
+            self._accepted = {}
+            self._cond.notify_all()
+        self.metrics.round_index.set(opening.round_index)
+        self.metrics.round_attempt.set(opening.attempt)
+        event(
+            _log,
+            "round_opened",
+            f"round {opening.round_index} attempt {opening.attempt} open: model "
+            f"{opening.model_hash[:19]}..., {len(model_payload)} bytes.",
+            round=opening.round_index,
+            attempt=opening.attempt,
+            model_hash=opening.model_hash,
+            model_bytes=len(model_payload),
+        )
+
+    def receive(self, until_s: float) -> Submission | None:
+        """The next complete submission before ``until_s`` (monotonic), else None.
+
+        Raises:
+            ShutdownRequested: :meth:`request_stop` was called; the open round is abandoned
+                (nothing was committed; a restarted coordinator reopens it).
+        """
+        while True:
+            self._check_stop()
+            remaining = until_s - self.now()
+            if remaining <= 0:
+                return None
+            try:
+                pending = self._queue.get(timeout=min(POLL_S, remaining))
+            except queue.Empty:
+                continue
+            with self._cond:
+                self._pending[id(pending.submission)] = pending
+                self._up += len(pending.submission.payload)
+                self._compute = max(self._compute, pending.compute_s)
+            return pending.submission
+
+    def reply(self, submission: Submission, verdict: Verdict) -> None:
+        """Hand the verdict to the gRPC handler waiting for it."""
+        with self._cond:
+            pending = self._pending.pop(id(submission), None)
+            if verdict.reason == Reason.ACCEPTED:
+                self._accepted[submission.sender] = submission.payload_hash
+        if pending is not None:
+            pending.outcome = verdict
+            pending.done.set()
+
+    def round_closed(self, record: RoundRecord) -> None:
+        """Stop collecting: refuse whatever is still queued for the closed attempt."""
+        with self._cond:
+            self._closed_accepted = ((record.round, record.attempt), dict(self._accepted))
+            self._opening, self._payload = None, b""
+            if record.state == "closed":
+                self._next_round = record.round + 1
+            leftovers = self._drain()
+        for pending in leftovers:
+            self._refuse_pending(pending, Reason.CLOSED_ROUND.value, "the round closed first.")
+        self.metrics.rounds.labels(state=record.state).inc()
+        self.metrics.round_contributors.set(len(record.contributors))
+        self.metrics.round_duration.observe(record.wall_s)
+        self.metrics.round_non_compute.observe(record.non_compute_s)
+
+    def take_traffic(self) -> Traffic:
+        """Model bytes streamed, update bytes received, and the slowest contributor's compute."""
+        with self._cond:
+            traffic = Traffic(self._down, self._up, self._compute)
+            self._down = self._up = 0
+            self._compute = 0.0
+        return traffic
+
+    def finish(self) -> None:
+        """The run is over: watchers receive the final announcement."""
+        with self._cond:
+            self._final = True
+            self._cond.notify_all()
+        event(_log, "run_over", "all rounds committed; participants may leave.")
+
+    # ------------------------------------------------------------------- process control
+    def request_stop(self) -> None:
+        """Stop gracefully (SIGTERM): the coordinator's thread raises ``ShutdownRequested``.
+
+        Queued submissions and waiting handlers are answered ``UNAVAILABLE`` (reason
+        ``shutting_down``), so participants resend to the restarted coordinator.
+        """
+        with self._cond:
+            self._stopping = True
+            leftovers = self._drain()
+            waiting = list(self._pending.values())
+            self._pending.clear()
+            self._cond.notify_all()
+        for pending in leftovers + waiting:
+            self._refuse_pending(pending, nerr.SHUTTING_DOWN, "the coordinator is shutting down.")
+
+    @property
+    def stopping(self) -> bool:
+        """True after :meth:`request_stop`."""
+        return self._stopping
+
+    def _drain(self) -> list[_Pending]:
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _refuse_pending(self, pending: _Pending, reason: str, message: str) -> None:
+        pending.outcome = Rejection(reason, message, self.collecting_round)
+        pending.done.set()
+
+    def all_left(self) -> bool:
+        """True once every participant that joined has left."""
+        with self._cond:
+            return self._joined <= self._left
+
+    def wait_all_left(self, timeout_s: float) -> bool:
+        """Wait until every joined participant left, at most ``timeout_s`` seconds."""
+        end = self.now() + timeout_s
+        with self._cond:
+            while not self._joined <= self._left and self.now() < end:
+                self._cond.wait(min(POLL_S, max(0.0, end - self.now())))
+            return self._joined <= self._left
+
+    # ------------------------------------------------------------ state for the handlers
+    @property
+    def collecting_round(self) -> int:
+        """The round being collected, or the next one to open."""
+        opening = self._opening
+        return opening.round_index if opening is not None else self._next_round
+
+    def join(self, participant_id: str, hash_: str, view_json: str, version: str) -> JoinOutcome:
+        """Register a participant whose config hash matches; name the differing fields if not."""
+        if hash_ != self.config_hash:
+            differing = self._differing(view_json)
+            self.metrics.refused_calls.labels(rpc="Join", reason="config_mismatch").inc()
+            event(
+                _log,
+                "join_refused",
+                f"refused {participant_id}: config hash {hash_[:28]}... differs from "
+                f"{self.config_hash[:28]}... in {', '.join(differing) or 'unknown fields'}.",
+                logging.WARNING,
+                participant=participant_id,
+                differing=differing,
+            )
+            return JoinOutcome(
+                False,
+                f"the config hash {hash_} differs from the coordinator's {self.config_hash}; "
+                "differing fields: " + (", ".join(differing) or "(the view could not be read)"),
+                differing,
+                self.collecting_round,
+                False,
+                0,
+                False,
+                self._final,
+            )
+        with self._cond:
+            rejoin = participant_id in self._joined
+            self._joined.add(participant_id)
+            self._left.discard(participant_id)
+            opening = self._opening
+            self._cond.notify_all()
+            outcome = JoinOutcome(
+                True,
+                f"welcome, {participant_id}.",
+                [],
+                self.collecting_round,
+                opening is not None,
+                opening.attempt if opening is not None else 0,
+                opening is not None and participant_id in self._accepted,
+                self._final,
+            )
+        self.metrics.participants_joined.set(len(self._joined - self._left))
+        if version != __version__:
+            _log.warning(
+                "%s runs Lensemble %s, the coordinator %s; the config hashes match, continuing.",
+                participant_id,
+                version,
+                __version__,
+            )
+        event(
+            _log,
+            "joined",
+            f"{participant_id} {'re' if rejoin else ''}joined at round {outcome.collecting_round}"
+            f"{' (open)' if outcome.round_open else ''}.",
+            participant=participant_id,
+            rejoin=rejoin,
+            round=outcome.collecting_round,
+        )
+        return outcome
+
+    def _differing(self, view_json: str) -> list[str]:
+        try:
+            theirs = validate_mapping(json.loads(view_json))
+        except (ValueError, ConfigError):
+            return []
+        return differing_fields(self.config, theirs)
+
+    def leave(self, participant_id: str, reason: str) -> None:
+        """Record that a participant left."""
+        with self._cond:
+            self._left.add(participant_id)
+            self._cond.notify_all()
+        self.metrics.participants_joined.set(len(self._joined - self._left))
+        event(_log, "left", f"{participant_id} left ({reason}).", participant=participant_id)
+
+    def next_announcement(
+        self, after: tuple[int, int], until_s: float
+    ) -> tuple[RoundOpening, int] | None:
+        """The open round if newer than ``after`` (with its model size in bytes), the final
+        opening once the run is over, or None at ``until_s``."""
+        with self._cond:
+            while True:
+                if self._final:
+                    final = RoundOpening(self._next_round, 0, self._next_round, "", 0.0, final=True)
+                    return final, 0
+                opening = self._opening
+                if opening is not None and (opening.round_index, opening.attempt) > after:
+                    return opening, len(self._payload)
+                remaining = until_s - self.now()
+                if remaining <= 0 or self._stopping:
+                    return None
+                self._cond.wait(min(POLL_S, remaining))
+
+    def model_payload(self, model_hash: str) -> bytes | None:
+        """The open round's model payload when ``model_hash`` is its hash, else None."""
+        with self._cond:
+            opening = self._opening
+            if opening is None or opening.model_hash != model_hash:
+                return None
+            return self._payload
+
+    def count_down(self, n: int) -> None:
+        """Count ``n`` model bytes streamed to a participant."""
+        with self._cond:
+            self._down += n
+        self.metrics.bytes_out.inc(n)
+
+    def precheck(self, header: Any) -> Rejection | Verdict | None:
+        """Judge an update header before any payload byte is buffered.
+
+        Returns:
+            A rejection; an accepted ``DUPLICATE`` verdict for a resend of an update already
+            counted in the attempt that just closed; or None to read the payload.
+        """
+        key = (header.round_index, header.attempt)
+        with self._cond:
+            opening = self._opening
+            if opening is not None and (opening.round_index, opening.attempt) == key:
+                return None
+            closed_key, accepted = self._closed_accepted
+            if closed_key == key and accepted.get(header.participant_id) == header.payload_hash:
+                return Verdict(
+                    Reason.DUPLICATE,
+                    f"already counted in round {header.round_index}.",
+                    self.collecting_round,
+                )
+            current = self.collecting_round
+        state = (
+            f"round {opening.round_index} attempt {opening.attempt} is open"
+            if opening is not None
+            else "no round is open"
+        )
+        return Rejection(
+            Reason.CLOSED_ROUND.value,
+            f"round {header.round_index} attempt {header.attempt} is not being collected; "
+            f"{state}.",
+            current,
+        )
+
+    def begin_upload(self, participant_id: str) -> bool:
+        """Reserve the participant's single upload slot; False when one is already streaming.
+
+        One update stream per participant at a time bounds the coordinator's buffered bytes by
+        ``participants x network.max_message_bytes``.
+        """
+        with self._cond:
+            if participant_id in self._uploading:
+                return False
+            self._uploading.add(participant_id)
+            return True
+
+    def end_upload(self, participant_id: str) -> None:
+        """Release the slot taken by :meth:`begin_upload`."""
+        with self._cond:
+            self._uploading.discard(participant_id)
+
+    def submit(self, submission: Submission, compute_s: float, timeout_s: float) -> Verdict | Rejection:
+        """Queue a complete submission for the coordinator and wait for its verdict.
+
+        Returns:
+            The coordinator's verdict, or a transport rejection when the round closed first,
+            the coordinator is stopping, or no verdict came within ``timeout_s`` (``busy``).
+        """
+        pending = _Pending(submission, compute_s)
+        with self._cond:
+            if self._stopping:
+                return Rejection(nerr.SHUTTING_DOWN, "the coordinator is shutting down.", -1)
+            opening = self._opening
+            if opening is None or opening.round_index != submission.round_index:
+                return Rejection(
+                    Reason.CLOSED_ROUND.value,
+                    f"round {submission.round_index} closed while the update was streaming.",
+                    self.collecting_round,
+                )
+            self._queue.put(pending)
+        if not pending.done.wait(timeout_s) or pending.outcome is None:
+            return Rejection(
+                nerr.BUSY,
+                f"the coordinator gave no verdict within network.rpc_timeout_s ({timeout_s} s); "
+                "resend the same bytes.",
+                self.collecting_round,
+            )
+        return pending.outcome

@@ -1,0 +1,562 @@
+"""The participant side of the network transport: join, watch, fetch, contribute, submit.
+
+:class:`ParticipantLoop` drives an unchanged :class:`~lensemble.federation.participant.Participant`
+over :class:`CoordinatorClient`:
+
+1. **Join** with capped exponential backoff and jitter (participants may start before the
+   coordinator), logging each retry once; a config-hash mismatch stops the process naming the
+   differing fields. Joining tells the participant where the run is: it restores its inner state
+   to match (:meth:`Participant.restore`) and contributes from the next round opening, so a
+   restarted participant is never counted twice and never trains on a stale state.
+2. **Watch** for a round opening newer than the last one handled.
+3. **Fetch** the model (hash-verified by ``Participant.contribute``), **train**, and **submit**
+   the sealed pseudo-gradient. A submission that failed in transit is resent byte for byte until
+   the round's deadline; the coordinator counts it once.
+
+Failures are classified by the gRPC status and the ``lensemble-reason`` trailing metadata, not by
+message text: transient ones (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``) are retried with backoff;
+``stale_session`` (the coordinator restarted) triggers a new Join; a lost round is skipped;
+``PERMISSION_DENIED`` stops the process (exit 3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import grpc
+
+from lensemble import __version__
+from lensemble.config import LensembleConfig, config_hash
+from lensemble.config.hashing import canonical_json, hashed_view
+from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, PayloadError
+from lensemble.federation.messages import RoundOpening
+from lensemble.federation.participant import Contribution, Participant
+from lensemble.network import errors as nerr
+from lensemble.network.backoff import Backoff
+from lensemble.network.errors import AccessDenied, CoordinatorUnreachable, ShutdownRequested
+from lensemble.network.logs import event
+from lensemble.network.metrics import Metrics
+from lensemble.network.proto import lensemble_pb2 as pb
+from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.security import channel_credentials
+from lensemble.network.service import message_options
+from lensemble.network.streams import Assembler, chunk_count, chunks
+
+_log = logging.getLogger("lensemble.network.participant")
+
+#: Times a model that fails verification is fetched again within one round.
+FETCH_ATTEMPTS = 3
+
+
+class Failure(StrEnum):
+    """What a failed call means for the participant."""
+
+    TRANSIENT = "transient"
+    STALE_SESSION = "stale_session"
+    ROUND_LOST = "round_lost"
+    REJECTED = "rejected"
+    DENIED = "denied"
+
+
+_TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class CallError:
+    """A classified failed call.
+
+    Attributes:
+        kind: What it means for the participant.
+        reason: The coordinator's reason (``lensemble-reason``), or the gRPC status name.
+        message: The status details.
+        current_round: The coordinator's round when it said so, else -1.
+    """
+
+    kind: Failure
+    reason: str
+    message: str
+    current_round: int
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+def classify(exc: grpc.RpcError) -> CallError:
+    """Turn a gRPC error into a :class:`CallError` using its status and trailing metadata."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else "") or ""
+    trailing = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
+    reason = str(trailing.get(nerr.REASON_KEY, code.name.lower()))
+    try:
+        current = int(trailing.get(nerr.CURRENT_ROUND_KEY, -1))
+    except ValueError:
+        current = -1
+    if reason == nerr.STALE_SESSION:
+        kind = Failure.STALE_SESSION
+    elif code == grpc.StatusCode.PERMISSION_DENIED:
+        kind = Failure.DENIED
+    elif code == grpc.StatusCode.FAILED_PRECONDITION:
+        kind = Failure.ROUND_LOST
+    elif code in _TRANSIENT_CODES:
+        kind = Failure.TRANSIENT
+    else:
+        kind = Failure.REJECTED
+    return CallError(kind, reason, details, current)
+
+
+def coordinator_target(config: LensembleConfig) -> str:
+    """``host:port`` of the coordinator (IPv6 literals bracketed)."""
+    host = config.network.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{config.network.port}"
+
+
+class CoordinatorClient:
+    """Typed calls to the coordinator, each with a deadline.
+
+    Args:
+        config: The run's config.
+        participant_id: This participant.
+        token: Bearer token (``auth: token``), else None.
+        metrics: Where to count bytes in and out.
+
+    Attributes:
+        session: The coordinator session of the last accepted Join ("" before).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participant_id: str,
+        *,
+        token: str | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.id = participant_id
+        self.metrics = metrics or Metrics()
+        self.target = coordinator_target(config)
+        credentials = channel_credentials(config, participant_id, token)
+        options = message_options(config)
+        self.channel = (
+            grpc.secure_channel(self.target, credentials, options=options)
+            if credentials is not None
+            else grpc.insecure_channel(self.target, options=options)
+        )
+        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.session = ""
+        net = config.network
+        self.timeout_s = net.rpc_timeout_s
+        self.chunk_bytes = net.chunk_bytes
+        self.max_bytes = net.max_message_bytes
+
+    def close(self) -> None:
+        """Close the channel."""
+        self.channel.close()
+
+    def join(self) -> pb.JoinReply:
+        """Join the run (the session is kept when accepted)."""
+        reply = self.stub.Join(
+            pb.JoinRequest(
+                participant_id=self.id,
+                config_hash=config_hash(self.config),
+                config_view_json=canonical_json(hashed_view(self.config)).decode(),
+                software_version=__version__,
+            ),
+            timeout=self.timeout_s,
+        )
+        if reply.accepted:
+            self.session = reply.session
+        return reply
+
+    def watch(self, after: tuple[int, int]) -> pb.RoundAnnouncement | None:
+        """The next opening newer than ``after``, or None when the watch window ended."""
+        call = self.stub.WatchRounds(
+            pb.WatchRoundsRequest(
+                participant_id=self.id,
+                session=self.session,
+                after_round=after[0],
+                after_attempt=after[1],
+            ),
+            timeout=self.timeout_s,
+        )
+        try:
+            for announcement in call:
+                return announcement  # type: ignore[no-any-return]
+        finally:
+            call.cancel()
+        return None
+
+    def fetch(self, announcement: pb.RoundAnnouncement) -> bytes:
+        """Download the round's model payload.
+
+        Raises:
+            PayloadError: The coordinator announced a model above ``max_message_bytes`` or sent
+                more or fewer bytes than it declared.
+            grpc.RpcError: The call failed.
+        """
+        deadline = self.timeout_s * chunk_count(announcement.model_bytes, self.chunk_bytes)
+        call = self.stub.FetchModel(
+            pb.FetchModelRequest(
+                participant_id=self.id, session=self.session, model_hash=announcement.model_hash
+            ),
+            timeout=deadline,
+        )
+        assembler: Assembler | None = None
+        try:
+            for chunk in call:
+                if assembler is None:
+                    what = f"the model of round {announcement.round_index}"
+                    assembler = Assembler(chunk.total_bytes, self.max_bytes, what)
+                assembler.add(chunk.data)
+                self.metrics.bytes_in.inc(len(chunk.data))
+        finally:
+            call.cancel()
+        if assembler is None:
+            raise PayloadError("the coordinator sent no model bytes.")
+        return assembler.finish()
+
+    def submit(self, opening: RoundOpening, contribution: Contribution) -> pb.SubmitReply:
+        """Stream a sealed pseudo-gradient and return the coordinator's verdict."""
+        payload = contribution.payload
+        header = pb.UpdateHeader(
+            participant_id=self.id,
+            session=self.session,
+            round_index=opening.round_index,
+            attempt=opening.attempt,
+            payload_hash=contribution.payload_hash,
+            quantization=self.config.federation.quantization,
+            total_bytes=len(payload),
+            compute_s=contribution.compute_s,
+        )
+
+        def stream() -> Iterator[pb.UpdateChunk]:
+            for index, view in enumerate(chunks(payload, self.chunk_bytes)):
+                data = bytes(view)
+                self.metrics.bytes_out.inc(len(data))
+                yield pb.UpdateChunk(header=header, data=data) if index == 0 else pb.UpdateChunk(
+                    data=data
+                )
+
+        deadline = self.timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
+        reply: pb.SubmitReply = self.stub.SubmitUpdate(stream(), timeout=deadline)
+        return reply
+
+    def leave(self, reason: str) -> None:
+        """Tell the coordinator this participant stops (best effort, one short call)."""
+        try:
+            self.stub.Leave(
+                pb.LeaveRequest(participant_id=self.id, session=self.session, reason=reason),
+                timeout=min(self.timeout_s, 5.0),
+            )
+        except grpc.RpcError as exc:
+            _log.info("could not say goodbye to the coordinator (%s).", classify(exc))
+
+
+class ParticipantLoop:
+    """Runs one participant against the coordinator until the run is over.
+
+    Args:
+        config: The run's config.
+        participant: The federation participant (learner, residency guard, inner state).
+        client: Calls to the coordinator.
+        stop: Set from another thread to stop (SIGTERM); the loop then raises
+            ``ShutdownRequested`` at its next step.
+        on_ready: Called with True once joined, False while the coordinator is unreachable.
+        backoff: Reconnection delays (from ``network.connect_backoff_max_s`` by default).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participant: Participant,
+        client: CoordinatorClient,
+        *,
+        stop: threading.Event | None = None,
+        on_ready: Callable[[bool], None] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.config = config
+        self.participant = participant
+        self.client = client
+        self.metrics = client.metrics
+        self.stop = stop or threading.Event()
+        self.on_ready = on_ready or (lambda ready: None)
+        self.backoff = backoff or Backoff(config.network.connect_backoff_max_s)
+        self.after: tuple[int, int] = (-1, -1)
+        self.joined = False
+        self.rounds_contributed: list[tuple[int, int]] = []
+        self._failing_since: float | None = None
+
+    # ---------------------------------------------------------------------------- helpers
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise ShutdownRequested(f"participant {self.client.id} is shutting down;")
+
+    def _succeeded(self) -> None:
+        if self._failing_since is not None:
+            event(
+                _log,
+                "reconnected",
+                f"reached the coordinator again after {time.monotonic() - self._failing_since:.1f} s.",
+            )
+            self.on_ready(True)
+        self._failing_since = None
+        self.backoff.reset()
+
+    def _failed(self, what: str, error: CallError) -> None:
+        """Wait before retrying a transient failure; give up after ``join_timeout_s``."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            self.on_ready(False)
+        limit = self.config.federation.join_timeout_s
+        if now - self._failing_since > limit:
+            raise CoordinatorUnreachable(
+                f"the coordinator at {self.client.target} has not answered for "
+                f"{now - self._failing_since:.0f} s (federation.join_timeout_s is {limit} s; "
+                f"last error {error});",
+                remediation="check that the coordinator runs and that network.host and "
+                "network.port point at it.",
+            )
+        delay = self.backoff.next_delay()
+        _log.warning(
+            "%s failed (attempt %d, %s); retrying in %.1f s.",
+            what,
+            self.backoff.attempt,
+            error,
+            delay,
+        )
+        self.stop.wait(delay)
+        self._check_stop()
+
+    # ------------------------------------------------------------------------------- join
+    def join(self) -> None:
+        """Join (with backoff) and line the inner state up with the coordinator's round.
+
+        Raises:
+            ConfigError: The coordinator refused the config, naming the differing fields.
+            AccessDenied: The coordinator refused this participant's credentials.
+            CoordinatorUnreachable: No answer within ``federation.join_timeout_s``.
+        """
+        while True:
+            self._check_stop()
+            try:
+                reply = self.client.join()
+                break
+            except grpc.RpcError as exc:
+                error = classify(exc)
+                if error.kind == Failure.DENIED:
+                    raise AccessDenied(
+                        f"the coordinator refused participant '{self.client.id}': "
+                        f"{error.message}",
+                        remediation="use this participant's own certificate or token.",
+                    ) from None
+                self._failed("joining the coordinator", error)
+        if not reply.accepted:
+            problems = [
+                ConfigProblem(path, "differs from the coordinator's config; use the same value.")
+                for path in reply.differing_fields
+            ]
+            raise ConfigError(
+                problems or reply.message,
+                remediation=f"the coordinator's config hash is {reply.config_hash}; run every "
+                "process with the same config (`lensemble config diff A B`).",
+            )
+        self._succeeded()
+        self._line_up(reply)
+        self.joined = True
+        self.metrics.joined.set(1)
+        self.on_ready(True)
+
+    def _line_up(self, reply: pb.JoinReply) -> None:
+        """Restore the inner state for the next round this participant will train.
+
+        With a round open the participant skips it (contributes from the next opening): if it
+        already has an accepted update there, its state is the one after that training; if not,
+        the one before it, as if it had been absent. With no round open it trains the next one.
+        """
+        current = reply.collecting_round
+        if reply.round_open:
+            self.after = (current, reply.collecting_attempt)
+            restore_round = current + 1 if reply.already_submitted else current
+        else:
+            self.after = (current - 1, 1 << 30)
+            restore_round = current
+        restored = self.participant.restore(restore_round)
+        event(
+            _log,
+            "joined",
+            f"joined the coordinator at round {current}"
+            f"{' (open, contributing from the next one)' if reply.round_open else ''}; inner "
+            f"state {'restored' if restored else 'fresh'} for round {restore_round}.",
+            round=current,
+            round_open=reply.round_open,
+            restored=restored,
+        )
+
+    # ------------------------------------------------------------------------------- loop
+    def run(self) -> None:
+        """Take part in rounds until the coordinator announces the end of the run.
+
+        Raises:
+            ShutdownRequested: ``stop`` was set.
+            ConfigError: Join refused (config mismatch).
+            AccessDenied: Credentials refused.
+            CoordinatorUnreachable: The coordinator stayed away beyond ``join_timeout_s``.
+            ResidencyViolation: The learner tried to release something other than a
+                pseudo-gradient (fails closed).
+        """
+        self.join()
+        while True:
+            self._check_stop()
+            try:
+                announcement = self.client.watch(self.after)
+            except grpc.RpcError as exc:
+                self._on_error("watching for rounds", classify(exc))
+                continue
+            self._succeeded()
+            if announcement is None:
+                continue
+            if announcement.final:
+                event(_log, "run_over", "the run is over; leaving.")
+                self.client.leave("run over")
+                return
+            self._take_part(announcement)
+
+    def _on_error(self, what: str, error: CallError) -> None:
+        if error.kind == Failure.STALE_SESSION:
+            event(_log, "rejoin", "the coordinator restarted; joining again.")
+            self.join()
+        elif error.kind == Failure.DENIED:
+            raise AccessDenied(
+                f"the coordinator refused participant '{self.client.id}': {error.message}",
+                remediation="use this participant's own certificate or token.",
+            )
+        elif error.kind == Failure.TRANSIENT:
+            self._failed(what, error)
+        else:
+            _log.warning("%s failed (%s); watching for the next round.", what, error)
+
+    def _take_part(self, announcement: pb.RoundAnnouncement) -> None:
+        opening = RoundOpening(
+            round_index=announcement.round_index,
+            attempt=announcement.attempt,
+            model_version=announcement.model_version,
+            model_hash=announcement.model_hash,
+            deadline_s=time.monotonic() + announcement.deadline_in_s,
+        )
+        self.after = (opening.round_index, opening.attempt)
+        self.metrics.round_index.set(opening.round_index)
+        self.metrics.round_attempt.set(opening.attempt)
+        contribution = self._train(announcement, opening)
+        if contribution is not None:
+            self._submit(opening, contribution)
+
+    def _train(
+        self, announcement: pb.RoundAnnouncement, opening: RoundOpening
+    ) -> Contribution | None:
+        where = f"round {opening.round_index} attempt {opening.attempt}"
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            self._check_stop()
+            try:
+                payload = self.client.fetch(announcement)
+            except grpc.RpcError as exc:
+                self._on_error(f"fetching the model of {where}", classify(exc))
+                return None
+            except PayloadError as exc:
+                _log.error("the model of %s is unusable: %s", where, exc)
+                return None
+            self._check_stop()
+            try:
+                contribution = self.participant.contribute(opening, payload)
+            except IntegrityError as exc:
+                _log.warning("model of %s failed verification (try %d): %s", where, attempt, exc)
+                continue
+            except PayloadError as exc:
+                _log.error("skipping %s: %s", where, exc)
+                return None
+            self.metrics.compute.observe(contribution.compute_s)
+            event(
+                _log,
+                "trained",
+                f"trained {where} in {contribution.compute_s:.2f} s (mean inner loss "
+                f"{contribution.mean_loss:.4f}); update is {len(contribution.payload)} bytes.",
+                round=opening.round_index,
+                attempt=opening.attempt,
+                compute_s=contribution.compute_s,
+                payload_bytes=len(contribution.payload),
+            )
+            return contribution
+        _log.error("skipping %s: the model failed verification %d times.", where, FETCH_ATTEMPTS)
+        return None
+
+    def _submit(self, opening: RoundOpening, contribution: Contribution) -> None:
+        where = f"round {opening.round_index} attempt {opening.attempt}"
+        while True:
+            self._check_stop()
+            try:
+                reply = self.client.submit(opening, contribution)
+            except grpc.RpcError as exc:
+                error = classify(exc)
+                self.metrics.verdict(False, error.reason)
+                if error.kind == Failure.TRANSIENT and time.monotonic() < opening.deadline_s:
+                    # Resending identical bytes is safe: the coordinator counts them once.
+                    self._failed(f"submitting the update of {where}", error)
+                    continue
+                if error.kind == Failure.TRANSIENT:
+                    _log.warning("the update of %s is lost: %s (deadline passed).", where, error)
+                elif error.kind == Failure.ROUND_LOST:
+                    event(
+                        _log,
+                        "round_lost",
+                        f"the update of {where} came too late: {error.message}",
+                        round=opening.round_index,
+                        reason=error.reason,
+                    )
+                elif error.kind == Failure.REJECTED:
+                    event(
+                        _log,
+                        "rejected",
+                        f"the coordinator rejected the update of {where}: {error}",
+                        logging.ERROR,
+                        round=opening.round_index,
+                        reason=error.reason,
+                    )
+                else:
+                    self._on_error(f"submitting the update of {where}", error)
+                return
+            self._succeeded()
+            self.metrics.verdict(reply.accepted, reply.reason)
+            self.rounds_contributed.append((opening.round_index, opening.attempt))
+            event(
+                _log,
+                "submitted",
+                f"update of {where} {reply.reason}: {reply.message}",
+                round=opening.round_index,
+                attempt=opening.attempt,
+                reason=reply.reason,
+            )
+            return
+
+
+def config_view(config: LensembleConfig) -> dict[str, Any]:
+    """The hashed part of a config, as sent in Join (for tests and diagnostics)."""
+    return json.loads(canonical_json(hashed_view(config)))  # type: ignore[no-any-return]

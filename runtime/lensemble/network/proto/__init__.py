@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of ``lensemble.proto`` (package ``lensemble.v1``)."""

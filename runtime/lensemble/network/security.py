@@ -1,0 +1,282 @@
+"""Transport security: TLS credentials, bearer tokens, and who the caller really is.
+
+Modes (``network.auth``):
+
+- ``mtls``: TLS with client certificates (``network.tls.client_auth``). The caller's identity
+  is its certificate's: a participant id must appear as its CN or a SAN, so a certificate issued
+  to one participant can never act as another.
+- ``token``: TLS, plus a per-participant bearer token in the ``authorization`` metadata. The
+  coordinator reads ``id token`` lines from ``network.token_file`` (``{identity}`` becomes
+  ``coordinator``) or ``LENSEMBLE_TOKEN``; a participant reads its own token the same way
+  (``{identity}`` becomes its id). Tokens never appear in the config.
+- ``insecure``: no authentication (the claimed id is believed); logs a warning at start-up and is
+  refused in sovereign-prod by config validation.
+
+Whatever the mode, when ``tls.client_auth`` is on the certificate must also match.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from lensemble.config import LensembleConfig
+from lensemble.errors import ConfigError
+from lensemble.network.errors import BAD_CREDENTIALS
+from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
+
+TOKEN_ENV = "LENSEMBLE_TOKEN"
+MIN_TOKEN_CHARS = 16
+_log = logging.getLogger("lensemble.network.security")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM material of one process.
+
+    Attributes:
+        cert: This process's certificate chain.
+        key: Its private key.
+        ca: The CA bundle that signs the peers.
+    """
+
+    cert: bytes
+    key: bytes
+    ca: bytes
+
+
+def _read(field: str, template: str | None, identity: str) -> bytes:
+    path = identity_path(template, identity)
+    if path is None:
+        raise ConfigError(f"network.tls.{field}: is required when TLS is on.")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"network.tls.{field}: cannot read {path} ({exc.strerror}); create a development set "
+            "with `lensemble certs init DIR --config FILE` or mount the certificate there."
+        ) from None
+
+
+def load_tls(config: LensembleConfig, identity: str) -> TlsFiles | None:
+    """This process's TLS files, or None when TLS is off.
+
+    Args:
+        config: The run's config.
+        identity: ``coordinator`` or the participant id (fills ``{identity}`` in the paths).
+
+    Raises:
+        ConfigError: A file is missing or unreadable, naming the field and the path.
+    """
+    tls = config.network.tls
+    if not tls.enabled:
+        return None
+    return TlsFiles(
+        cert=_read("cert_file", tls.cert_file, identity),
+        key=_read("key_file", tls.key_file, identity),
+        ca=_read("ca_file", tls.ca_file, identity),
+    )
+
+
+def server_credentials(config: LensembleConfig) -> Any:
+    """The coordinator's ``grpc.ServerCredentials``, or None for a plaintext port."""
+    files = load_tls(config, COORDINATOR_IDENTITY)
+    if files is None:
+        return None
+    return grpc.ssl_server_credentials(
+        [(files.key, files.cert)],
+        root_certificates=files.ca,
+        require_client_auth=config.network.tls.client_auth,
+    )
+
+
+def channel_credentials(config: LensembleConfig, participant_id: str, token: str | None) -> Any:
+    """A participant's ``grpc.ChannelCredentials``, or None for a plaintext channel."""
+    files = load_tls(config, participant_id)
+    if files is None:
+        return None
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=files.ca,
+        private_key=files.key if config.network.tls.client_auth else None,
+        certificate_chain=files.cert if config.network.tls.client_auth else None,
+    )
+    if token is not None:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds
+
+
+def _token_source(config: LensembleConfig, identity: str, env: Mapping[str, str]) -> str:
+    path = identity_path(config.network.token_file, identity)
+    if path is not None:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                f"network.token_file: cannot read {path} ({exc.strerror}); write the token there "
+                f"or unset network.token_file and set {TOKEN_ENV}."
+            ) from None
+    value = env.get(TOKEN_ENV)
+    if not value:
+        raise ConfigError(
+            "network.auth: 'token' needs a bearer token; set network.token_file or the "
+            f"{TOKEN_ENV} environment variable (tokens never go in the config)."
+        )
+    return value
+
+
+def _check_strength(token: str, whose: str) -> None:
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise ConfigError(
+            f"network.token_file: the token of {whose} must be at least {MIN_TOKEN_CHARS} "
+            "characters without spaces; generate one with `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`."
+        )
+
+
+def participant_token(
+    config: LensembleConfig, participant_id: str, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The participant's bearer token (``auth: token``), else None.
+
+    Raises:
+        ConfigError: No token is configured, or it is too weak.
+    """
+    if config.network.auth != "token":
+        return None
+    token = _token_source(config, participant_id, os.environ if env is None else env).strip()
+    _check_strength(token, f"participant '{participant_id}'")
+    return token
+
+
+def coordinator_tokens(
+    config: LensembleConfig, env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Participant id -> bearer token, from ``id token`` lines (``auth: token``), else empty.
+
+    Lines are separated by newlines or commas; blank lines and ``#`` comments are skipped.
+
+    Raises:
+        ConfigError: A line is malformed, names an unknown participant, or a token is weak.
+    """
+    if config.network.auth != "token":
+        return {}
+    text = _token_source(config, COORDINATOR_IDENTITY, os.environ if env is None else env)
+    known = set(config.participant_ids)
+    tokens: dict[str, str] = {}
+    for number, raw in enumerate(text.replace(",", "\n").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or parts[0] not in known:
+            raise ConfigError(
+                f"network.token_file: entry {number} is not '<participant-id> <token>' with a "
+                f"participant of this config ({', '.join(sorted(known))}); fix that line."
+            )
+        _check_strength(parts[1], f"participant '{parts[0]}'")
+        tokens[parts[0]] = parts[1]
+    missing = sorted(known - set(tokens))
+    if missing:
+        raise ConfigError(
+            f"network.token_file: no token for {', '.join(missing)}; add an '<id> <token>' line "
+            "for every participant."
+        )
+    return tokens
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a caller may not act as the participant it claims to be.
+
+    Attributes:
+        reason: ``unknown_participant`` or ``bad_credentials`` (a metrics label).
+        message: One sentence for the caller.
+    """
+
+    reason: str
+    message: str
+
+
+class Authenticator:
+    """Decides whether a gRPC caller may act as a participant.
+
+    Args:
+        config: The run's config (``network.auth``, ``network.tls.client_auth``).
+        participants: The run's participant ids.
+        tokens: Participant id -> bearer token (``auth: token``).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participants: Collection[str],
+        tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.mode = config.network.auth
+        self.client_certs = config.network.tls.enabled and config.network.tls.client_auth
+        self.participants = frozenset(participants)
+        self.tokens = dict(tokens or {})
+
+    @staticmethod
+    def certificate_names(auth_context: Mapping[str, Collection[bytes]]) -> set[str]:
+        """CN and SANs of the verified client certificate in a gRPC auth context."""
+        names: set[str] = set()
+        for key in ("x509_common_name", "x509_subject_alternative_name"):
+            names.update(v.decode(errors="replace") for v in auth_context.get(key, ()))
+        return names
+
+    def check(
+        self,
+        claimed: str,
+        auth_context: Mapping[str, Collection[bytes]],
+        metadata: Mapping[str, str],
+    ) -> Refusal | None:
+        """None when the caller may act as ``claimed``, else why not.
+
+        Args:
+            claimed: The participant id in the request.
+            auth_context: ``context.auth_context()`` of the call.
+            metadata: The call's invocation metadata (lower-case keys).
+        """
+        if claimed not in self.participants:
+            return Refusal(
+                "unknown_participant", f"'{claimed}' is not a participant of this run."
+            )
+        if self.client_certs:
+            names = self.certificate_names(auth_context)
+            if claimed not in names:
+                shown = ", ".join(sorted(names)) or "no verified certificate"
+                return Refusal(
+                    BAD_CREDENTIALS,
+                    f"the client certificate ({shown}) does not identify participant "
+                    f"'{claimed}'.",
+                )
+        if self.mode == "token":
+            offered = metadata.get("authorization", "")
+            expected = self.tokens.get(claimed, "")
+            good = offered.startswith("Bearer ") and bool(expected)
+            if not (good and hmac.compare_digest(offered[7:].encode(), expected.encode())):
+                return Refusal(
+                    BAD_CREDENTIALS, f"the bearer token is not the token of participant '{claimed}'."
+                )
+        return None
+
+
+def warn_if_insecure(config: LensembleConfig) -> None:
+    """Log a warning when participants are not authenticated (``auth: insecure``)."""
+    if config.network.auth == "insecure":
+        _log.warning(
+            "network.auth is 'insecure': participants are not authenticated and any caller "
+            "can submit as any participant; use mtls outside tests (sovereign-prod refuses this)."
+        )
+    if not config.network.tls.enabled:
+        _log.warning(
+            "network.tls.enabled is false: pseudo-gradients and models travel unencrypted."
+        )

@@ -1,0 +1,110 @@
+"""Chunked payload streams with a hard size limit enforced before anything is buffered.
+
+Payloads (safetensors bytes) travel as a sequence of chunks of ``network.chunk_bytes``. The
+receiver knows the declared total from the first chunk and refuses at once when it exceeds
+``network.max_message_bytes``; it then refuses as soon as the bytes received exceed the declared
+total, so it never holds more than ``min(declared, limit)`` bytes of one stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from lensemble.errors import PayloadError
+
+#: Headroom (bytes) above ``chunk_bytes`` for protobuf framing and headers in one gRPC message.
+FRAME_OVERHEAD = 64 * 1024
+#: Smallest per-message receive limit (bytes): Join carries the config view as JSON.
+MIN_MESSAGE_LIMIT = 4 * 1024 * 1024
+
+
+class TooLarge(PayloadError):
+    """A stream declared or delivered more bytes than ``network.max_message_bytes``."""
+
+    code = "payload_too_large"
+
+
+def grpc_message_limit(chunk_bytes: int) -> int:
+    """Largest single gRPC message (bytes) a process accepts: one chunk plus framing."""
+    return max(chunk_bytes, MIN_MESSAGE_LIMIT) + FRAME_OVERHEAD
+
+
+def chunks(data: bytes, chunk_bytes: int) -> Iterator[memoryview]:
+    """Split ``data`` into consecutive views of at most ``chunk_bytes`` bytes (at least one).
+
+    Args:
+        data: The payload.
+        chunk_bytes: Chunk size in bytes (``network.chunk_bytes``), positive.
+
+    Yields:
+        Zero-copy views into ``data``; an empty payload yields one empty view.
+    """
+    view = memoryview(data)
+    if not view:
+        yield view
+        return
+    for start in range(0, len(view), chunk_bytes):
+        yield view[start : start + chunk_bytes]
+
+
+def chunk_count(size: int, chunk_bytes: int) -> int:
+    """Number of chunks :func:`chunks` yields for a payload of ``size`` bytes."""
+    return max(1, -(-size // chunk_bytes))
+
+
+class Assembler:
+    """Collects one stream's chunks into the payload, refusing oversize streams early.
+
+    Args:
+        declared: Total bytes announced by the sender.
+        limit: ``network.max_message_bytes``.
+        what: Names the payload in error messages, e.g. ``"the update from alpine"``.
+
+    Raises:
+        TooLarge: ``declared`` exceeds ``limit`` (raised by the constructor, before any
+            buffering).
+    """
+
+    def __init__(self, declared: int, limit: int, what: str) -> None:
+        if declared > limit:
+            raise TooLarge(
+                f"{what} declares {declared} bytes, above network.max_message_bytes ({limit});",
+                remediation="raise network.max_message_bytes on the receiver or use "
+                "federation.quantization to shrink updates.",
+            )
+        self.declared = declared
+        self.what = what
+        self._buffer = bytearray()
+
+    @property
+    def received(self) -> int:
+        """Bytes received so far."""
+        return len(self._buffer)
+
+    def add(self, data: bytes) -> None:
+        """Append one chunk.
+
+        Raises:
+            PayloadError: The chunk would take the stream past its declared size (nothing of it
+                is kept).
+        """
+        if len(self._buffer) + len(data) > self.declared:
+            raise PayloadError(
+                f"{self.what} sent more than the {self.declared} bytes it declared;",
+                remediation="the sender is broken or hostile; the stream was refused.",
+            )
+        self._buffer += data
+
+    def finish(self) -> bytes:
+        """The complete payload.
+
+        Raises:
+            PayloadError: The stream ended before the declared size (truncated).
+        """
+        if len(self._buffer) != self.declared:
+            raise PayloadError(
+                f"{self.what} is truncated: {len(self._buffer)} of {self.declared} declared "
+                "bytes arrived;",
+                remediation="the connection broke or the sender is broken; it may resend.",
+            )
+        return bytes(self._buffer)
