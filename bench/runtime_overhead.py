@@ -120,15 +120,15 @@ def main() -> None:
         mb = total * 4 / 1e6
         flat = np.concatenate([t.numpy() for t in params.values()])
         dest = np.empty_like(flat)
-        floor = mb / best_of(lambda: np.copyto(dest, flat))
+        floor = mb / best_of(lambda d=dest, f=flat: np.copyto(d, f))
         data = encode(params, {})
-        ser = mb / (best_of(lambda: encode(params, {})) + best_of(lambda: decode(data)))
-        digest = mb / best_of(lambda: tensor_digest(params))
+        ser = mb / (best_of(lambda p=params: encode(p, {})) + best_of(lambda b=data: decode(b)))
+        digest = mb / best_of(lambda p=params: tensor_digest(p))
         del data, flat, dest
         for n in (4, 16):
             # Distinct tensors per participant, so the reduction really streams N x the bytes.
             deltas = {f"p{i:02d}": {k: v + i for k, v in params.items()} for i in range(n)}
-            agg = n * mb / best_of(lambda: canonical_mean(deltas), repeat=2)
+            agg = n * mb / best_of(lambda d=deltas: canonical_mean(d), repeat=2)
             del deltas
             overhead = round_overhead_ms(total, n, args.quantization)
             print(
