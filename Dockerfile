@@ -33,6 +33,8 @@ ENV PATH=/opt/lensemble/bin:$PATH
 # torch first, in its own layer: it is by far the largest download, and it changes only with
 # TORCH_SPEC or TORCH_CUDA. --index-url (not --extra-index-url) keeps pip on the index of the
 # chosen line, so PyPI's default build (a newer CUDA than many drivers support) never wins.
+# TORCH_SPEC is the pin (torch==<version>), which hadolint cannot see through the ARG.
+# hadolint ignore=DL3013
 RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "${TORCH_SPEC}"
 
 WORKDIR /src

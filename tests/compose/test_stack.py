@@ -406,6 +406,7 @@ def test_certs_init_that_writes_nothing_is_reported(tmp_path: Path) -> None:
     [
         ('{"round": 4, "message": "committed", "level": "INFO"}', "round 4: committed"),
         ('{"round": 4, "event": "round_aborted"}', "round 4: round_aborted"),
+        ('{"round": 5, "attempt": 0, "state": "closed", "model_hash": "ab"}', "round 5: closed"),
         ('{"level": "ERROR", "message": "quorum lost"}', "coordinator error: quorum lost"),
         ('{"level": "INFO", "message": "listening"}', None),
         ("plain text", None),

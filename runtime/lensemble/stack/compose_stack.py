@@ -201,7 +201,9 @@ def round_progress(line: str) -> str | None:
     """A one-line summary of a coordinator log record worth showing while following a run.
 
     Records are JSON objects (``observability.log_format: json``). Shown: records with a
-    ``round`` field (``round 3: committed``) and records at level ERROR or above.
+    ``round`` field (``round 3: committed``; the text is the first of ``message``, ``msg``,
+    ``event`` and ``state``, so a logged ledger line shows as ``round 3: closed``) and records
+    at level ERROR or above.
 
     Returns:
         The summary, or None for lines not worth showing.
@@ -212,7 +214,7 @@ def round_progress(line: str) -> str | None:
         return None
     if not isinstance(record, dict):
         return None
-    text = record.get("message") or record.get("msg") or record.get("event") or ""
+    text = next((str(record[k]) for k in ("message", "msg", "event", "state") if record.get(k)), "")
     if "round" in record:
         return f"round {record['round']}: {text}".rstrip(": ")
     if str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
