@@ -326,10 +326,11 @@ def test_down_tears_down_exactly_once(cfg: LensembleConfig, tmp_path: Path) -> N
     assert down_compose(tmp_path, engine_factory=lambda r: engine, echo=out.append) is True
     assert engine.calls[-1] == ("down", False)
     assert not (tmp_path / RECORD_NAME).exists()
-    factory_calls: list[StackRecord] = []
-    again = down_compose(tmp_path, engine_factory=factory_calls.append, echo=out.append)  # type: ignore[arg-type,func-returns-value]
-    assert again is False
-    assert factory_calls == []
+
+    def must_not_build(record: StackRecord) -> FakeEngine:
+        raise AssertionError("a second down must not touch the engine")
+
+    assert down_compose(tmp_path, engine_factory=must_not_build, echo=out.append) is False
     assert out[-1].startswith("nothing to tear down")
     assert engine.calls.count(("down", False)) == 1
 
