@@ -60,7 +60,7 @@ def test_full_run_commits_every_round_with_every_participant() -> None:
     assert chain[-1] == summary.model_hash
     assert summary.records[0].parent_hash == model_hash(initial_params(3), 0, "")
     # The transport's exact byte counts are what the ledger records.
-    assert summary.records[0].bytes_up == sum(len(s.payload) for s in transport.delivered[:4])
+    assert summary.records[0].bytes_up == sum(d.size for d in transport.delivered[:4])
     assert summary.records[0].bytes_down == 4 * len(first_model_payload)
 
 

@@ -13,12 +13,34 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.transport import Traffic
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A submission as delivered, minus its payload bytes."""
+
+    sender: str
+    round_index: int
+    payload_hash: str
+    size: int
+
+    @classmethod
+    def of(cls, submission: Submission) -> Delivery:
+        """Summarise a submission."""
+        return cls(
+            submission.sender,
+            submission.round_index,
+            submission.payload_hash,
+            len(submission.payload),
+        )
+
 
 BASE_ARRIVAL_S = 1.0
 ARRIVAL_STEP_S = 0.01
@@ -32,8 +54,9 @@ class InProcessTransport:
         faults: Faults to inject.
 
     Attributes:
-        delivered: Every submission handed to the coordinator, in delivery order.
-        replies: Every (submission, verdict) pair, in order.
+        delivered: Every submission handed to the coordinator, in delivery order, without its
+            payload bytes (so long runs do not keep every payload alive).
+        replies: Every (delivery, verdict) pair, in order.
         sent_by: Participant id -> number of payloads that participant released.
     """
 
@@ -47,8 +70,8 @@ class InProcessTransport:
         self._seq = itertools.count()
         self._down = self._up = 0
         self._compute = 0.0
-        self.delivered: list[Submission] = []
-        self.replies: list[tuple[Submission, Verdict]] = []
+        self.delivered: list[Delivery] = []
+        self.replies: list[tuple[Delivery, Verdict]] = []
         self.sent_by: dict[str, int] = dict.fromkeys(self.participants, 0)
         self.finished = False
 
@@ -93,7 +116,7 @@ class InProcessTransport:
         if self._queue and self._queue[0][0] <= until_s:
             arrival, _, submission = heapq.heappop(self._queue)
             self.clock = max(self.clock, arrival)
-            self.delivered.append(submission)
+            self.delivered.append(Delivery.of(submission))
             self._up += len(submission.payload)
             return submission
         self.clock = max(self.clock, until_s)
@@ -101,7 +124,7 @@ class InProcessTransport:
 
     def reply(self, submission: Submission, verdict: Verdict) -> None:
         """Record the verdict (in-process participants need no answer)."""
-        self.replies.append((submission, verdict))
+        self.replies.append((Delivery.of(submission), verdict))
 
     def round_closed(self, record: RoundRecord) -> None:
         """Nothing to announce in-process."""

@@ -29,6 +29,17 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
 }
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """True when no element is NaN or Inf.
+
+    Fast path: a finite sum implies finite elements (NaN and Inf propagate through addition);
+    only a non-finite sum (a bad element, or an overflowing sum) needs the elementwise check.
+    """
+    if x.numel() == 0 or bool(torch.isfinite(x.sum())):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def _chunks(numel: int, chunk: int) -> int:
     return 1 if chunk <= 0 or numel == 0 else -(-numel // chunk)
 
@@ -87,10 +98,10 @@ def quantize(
     out: dict[str, torch.Tensor] = {}
     for name, value in delta.items():
         x = value.detach().to(torch.float32)
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise PayloadError(f"pseudo-gradient tensor '{name}' has NaN or Inf values.")
         if scheme == "none":
-            out[name] = x.clone()
+            out[name] = x
         elif scheme in ("fp16", "bf16"):
             y = x.to(WIRE_DTYPES[scheme])
             if not bool(torch.isfinite(y).all()):
@@ -133,7 +144,7 @@ def dequantize(
             out[name] = (flat * per_element).reshape(spec.shape)
         else:
             out[name] = x.to(torch.float32)
-        if not bool(torch.isfinite(out[name]).all()):
+        if not all_finite(out[name]):
             raise PayloadError(f"pseudo-gradient tensor '{name}' has NaN or Inf values.")
     return out
 
