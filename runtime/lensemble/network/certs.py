@@ -81,9 +81,7 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        _PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    return key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
@@ -157,6 +155,7 @@ def _load_ca(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate] 
 def _issue(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
+    *,
     common_name: str,
     sans: Sequence[str],
     usage: x509.ObjectIdentifier,
@@ -205,7 +204,9 @@ def init_certs(
     issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
     for folder, common_name, sans, server in issued:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        cert_pem, key_pem = _issue(ca_key, ca_cert, common_name, sans, usage, days)
+        cert_pem, key_pem = _issue(
+            ca_key, ca_cert, common_name=common_name, sans=sans, usage=usage, days=days
+        )
         _write(root / folder / "tls.key", key_pem, secret=True)
         _write(root / folder / "tls.crt", cert_pem)
         _write(root / folder / "ca.crt", ca_pem)

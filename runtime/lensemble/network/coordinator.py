@@ -24,8 +24,6 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,19 +32,14 @@ import grpc
 from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash, differing_fields
 from lensemble.config.load import validate_mapping
-from lensemble.errors import ConfigError, PayloadError
+from lensemble.errors import ConfigError
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.transport import Traffic
 from lensemble.network import errors as nerr
 from lensemble.network.errors import ShutdownRequested
-from lensemble.network.health import NO_REUSEPORT, bind_port
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.security import Authenticator
-from lensemble.network.streams import Assembler, TooLarge, chunks, grpc_message_limit
 
 _log = logging.getLogger("lensemble.network.coordinator")
 
@@ -391,8 +384,12 @@ class GrpcCoordinatorTransport:
     def next_announcement(
         self, after: tuple[int, int], until_s: float
     ) -> tuple[RoundOpening, int] | None:
-        """The open round if newer than ``after`` (with its model size in bytes), the final
-        opening once the run is over, or None at ``until_s``."""
+        """The next announcement for a watcher, or None at ``until_s``.
+
+        Returns:
+            ``(opening, model bytes)`` for the open round when it is newer than ``after``, or
+            ``(final opening, 0)`` once the run is over.
+        """
         with self._cond:
             while True:
                 if self._final:
@@ -447,8 +444,7 @@ class GrpcCoordinatorTransport:
         )
         return Rejection(
             Reason.CLOSED_ROUND.value,
-            f"round {header.round_index} attempt {header.attempt} is not being collected; "
-            f"{state}.",
+            f"round {header.round_index} attempt {header.attempt} is not being collected; {state}.",
             current,
         )
 
@@ -469,7 +465,9 @@ class GrpcCoordinatorTransport:
         with self._cond:
             self._uploading.discard(participant_id)
 
-    def submit(self, submission: Submission, compute_s: float, timeout_s: float) -> Verdict | Rejection:
+    def submit(
+        self, submission: Submission, compute_s: float, timeout_s: float
+    ) -> Verdict | Rejection:
         """Queue a complete submission for the coordinator and wait for its verdict.
 
         Returns:

@@ -66,6 +66,8 @@ def configure(config: LensembleConfig, role: str, participant_id: str | None = N
     root.propagate = False
 
 
-def event(logger: logging.Logger, name: str, message: str, level: int = logging.INFO, **fields: Any) -> None:
+def event(
+    logger: logging.Logger, name: str, message: str, level: int = logging.INFO, **fields: Any
+) -> None:
     """Log a structured event: ``message`` for people, ``name`` and ``fields`` for machines."""
     logger.log(level, message, extra={"event": name, "fields": fields})

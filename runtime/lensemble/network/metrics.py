@@ -47,7 +47,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.round_index = Gauge("lensemble_round_index", "Round being collected or trained.", registry=r)
+        self.round_index = Gauge(
+            "lensemble_round_index", "Round being collected or trained.", registry=r
+        )
         self.round_attempt = Gauge("lensemble_round_attempt", "Attempt of that round.", registry=r)
         self.round_state = Enum(
             "lensemble_round_state",
@@ -87,9 +89,7 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
-        self.accepted = Counter(
-            "lensemble_accepted_submissions", "Updates accepted.", registry=r
-        )
+        self.accepted = Counter("lensemble_accepted_submissions", "Updates accepted.", registry=r)
         self.rejected = Counter(
             "lensemble_rejected_submissions", "Updates rejected, by reason.", ["reason"], registry=r
         )
@@ -109,7 +109,7 @@ class Metrics:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line."""
 
 

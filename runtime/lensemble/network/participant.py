@@ -160,7 +160,7 @@ class CoordinatorClient:
             if credentials is not None
             else grpc.insecure_channel(self.target, options=options)
         )
-        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call]
         self.session = ""
         net = config.network
         self.timeout_s = net.rpc_timeout_s
@@ -173,7 +173,7 @@ class CoordinatorClient:
 
     def join(self) -> pb.JoinReply:
         """Join the run (the session is kept when accepted)."""
-        reply = self.stub.Join(
+        reply: pb.JoinReply = self.stub.Join(
             pb.JoinRequest(
                 participant_id=self.id,
                 config_hash=config_hash(self.config),
@@ -251,8 +251,10 @@ class CoordinatorClient:
             for index, view in enumerate(chunks(payload, self.chunk_bytes)):
                 data = bytes(view)
                 self.metrics.bytes_out.inc(len(data))
-                yield pb.UpdateChunk(header=header, data=data) if index == 0 else pb.UpdateChunk(
-                    data=data
+                yield (
+                    pb.UpdateChunk(header=header, data=data)
+                    if index == 0
+                    else pb.UpdateChunk(data=data)
                 )
 
         deadline = self.timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
@@ -312,11 +314,8 @@ class ParticipantLoop:
 
     def _succeeded(self) -> None:
         if self._failing_since is not None:
-            event(
-                _log,
-                "reconnected",
-                f"reached the coordinator again after {time.monotonic() - self._failing_since:.1f} s.",
-            )
+            down_s = time.monotonic() - self._failing_since
+            event(_log, "reconnected", f"reached the coordinator again after {down_s:.1f} s.")
             self.on_ready(True)
         self._failing_since = None
         self.backoff.reset()
@@ -365,8 +364,7 @@ class ParticipantLoop:
                 error = classify(exc)
                 if error.kind == Failure.DENIED:
                     raise AccessDenied(
-                        f"the coordinator refused participant '{self.client.id}': "
-                        f"{error.message}",
+                        f"the coordinator refused participant '{self.client.id}': {error.message}",
                         remediation="use this participant's own certificate or token.",
                     ) from None
                 self._failed("joining the coordinator", error)

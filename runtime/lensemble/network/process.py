@@ -10,8 +10,8 @@ main thread then asks the worker to stop and waits a bounded time.
   ``lensemble.v1.Coordinator``, and runs the unchanged federation ``Coordinator`` over
   :class:`~lensemble.network.coordinator.GrpcCoordinatorTransport`. On SIGTERM the open round
   is abandoned (nothing committed; the last checkpoint stands and a restart reopens the round).
-- Participant: joins, then takes part in rounds (:class:`~lensemble.network.participant.ParticipantLoop`);
-  on SIGTERM it leaves.
+- Participant: joins, then takes part in rounds
+  (:class:`~lensemble.network.participant.ParticipantLoop`); on SIGTERM it leaves.
 """
 
 from __future__ import annotations
@@ -346,7 +346,9 @@ def run_participant(
         warn_if_insecure(config)
         tls = config.network.tls
         if tls.enabled and tls.client_auth and tls.cert_file:
-            check_own_certificate(Path(str(identity_path(tls.cert_file, participant_id))), participant_id)
+            check_own_certificate(
+                Path(str(identity_path(tls.cert_file, participant_id))), participant_id
+            )
         token = participant_token(config, participant_id)
         participant = Participant(
             config,

@@ -32,7 +32,7 @@ from lensemble.errors import ConfigError
 from lensemble.network.errors import BAD_CREDENTIALS
 from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 
-TOKEN_ENV = "LENSEMBLE_TOKEN"
+TOKEN_ENV = "LENSEMBLE_TOKEN"  # noqa: S105 (the variable's name, not a token)
 MIN_TOKEN_CHARS = 16
 _log = logging.getLogger("lensemble.network.security")
 
@@ -246,17 +246,14 @@ class Authenticator:
             metadata: The call's invocation metadata (lower-case keys).
         """
         if claimed not in self.participants:
-            return Refusal(
-                "unknown_participant", f"'{claimed}' is not a participant of this run."
-            )
+            return Refusal("unknown_participant", f"'{claimed}' is not a participant of this run.")
         if self.client_certs:
             names = self.certificate_names(auth_context)
             if claimed not in names:
                 shown = ", ".join(sorted(names)) or "no verified certificate"
                 return Refusal(
                     BAD_CREDENTIALS,
-                    f"the client certificate ({shown}) does not identify participant "
-                    f"'{claimed}'.",
+                    f"the client certificate ({shown}) does not identify participant '{claimed}'.",
                 )
         if self.mode == "token":
             offered = metadata.get("authorization", "")
@@ -264,7 +261,8 @@ class Authenticator:
             good = offered.startswith("Bearer ") and bool(expected)
             if not (good and hmac.compare_digest(offered[7:].encode(), expected.encode())):
                 return Refusal(
-                    BAD_CREDENTIALS, f"the bearer token is not the token of participant '{claimed}'."
+                    BAD_CREDENTIALS,
+                    f"the bearer token is not the token of participant '{claimed}'.",
                 )
         return None
 

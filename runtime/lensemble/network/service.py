@@ -32,7 +32,7 @@ class _Aborted(Exception):
 
 
 def message_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """gRPC channel/server options bounding one message to a chunk plus framing."""
+    """GRPC channel/server options bounding one message to a chunk plus framing."""
     limit = grpc_message_limit(config.network.chunk_bytes)
     return [
         ("grpc.max_receive_message_length", limit),
@@ -40,7 +40,7 @@ def message_options(config: LensembleConfig) -> list[tuple[str, Any]]:
     ]
 
 
-class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
+class CoordinatorService(pb_grpc.CoordinatorServicer):
     """Handlers of the coordinator's RPCs.
 
     Args:
@@ -93,7 +93,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
             self._abort(context, rejection, rpc=rpc)
 
     # -------------------------------------------------------------------------------- RPCs
-    def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinReply:  # noqa: N802
+    def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinReply:
         """Register a participant, or refuse it naming the differing config fields."""
         self._authorize(context, request.participant_id, "Join")
         outcome = self.transport.join(
@@ -116,7 +116,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
             run_over=outcome.run_over,
         )
 
-    def WatchRounds(  # noqa: N802
+    def WatchRounds(
         self, request: pb.WatchRoundsRequest, context: Any
     ) -> Iterator[pb.RoundAnnouncement]:
         """Stream round openings newer than the caller's last one, for one short window."""
@@ -143,9 +143,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
             )
             after = (opening.round_index, opening.attempt)
 
-    def FetchModel(  # noqa: N802
-        self, request: pb.FetchModelRequest, context: Any
-    ) -> Iterator[pb.ModelChunk]:
+    def FetchModel(self, request: pb.FetchModelRequest, context: Any) -> Iterator[pb.ModelChunk]:
         """Stream the open round's model payload in chunks of ``network.chunk_bytes``."""
         self._authorize(context, request.participant_id, "FetchModel")
         self._check_session(context, request.session, "FetchModel")
@@ -168,7 +166,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
                 yield pb.ModelChunk(data=bytes(view))
             self.transport.count_down(len(view))
 
-    def SubmitUpdate(  # noqa: N802
+    def SubmitUpdate(
         self, request_iterator: Iterator[pb.UpdateChunk], context: Any
     ) -> pb.SubmitReply:
         """Receive one pseudo-gradient stream and return the coordinator's verdict."""
@@ -238,7 +236,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
         try:
             assembler = Assembler(header.total_bytes, self.max_bytes, what)
         except TooLarge as exc:
-            self._abort(context, Rejection(Reason.TOO_LARGE.value, str(exc), current), rpc="SubmitUpdate")
+            self._abort(
+                context, Rejection(Reason.TOO_LARGE.value, str(exc), current), rpc="SubmitUpdate"
+            )
         try:
             assembler.add(first.data)
             for chunk in rest:
@@ -259,7 +259,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):  # type: ignore[misc]
             current_round=verdict.current_round,
         )
 
-    def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:  # noqa: N802
+    def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
         """Record that a participant stopped."""
         self._authorize(context, request.participant_id, "Leave")
         self.transport.leave(request.participant_id, request.reason or "no reason given")
@@ -295,7 +295,8 @@ def start_coordinator_server(
         options=[NO_REUSEPORT, *message_options(transport.config)],
         maximum_concurrent_rpcs=3 * n + 8,
     )
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(transport, authenticator), server)
+    service = CoordinatorService(transport, authenticator)
+    pb_grpc.add_CoordinatorServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = bind_port(server, target, credentials, "the coordinator's gRPC service")
     server.start()

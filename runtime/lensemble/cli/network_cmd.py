@@ -1,0 +1,220 @@
+"""Process commands: ``coordinator``, ``participant``, ``serve``, ``health`` and ``certs init``.
+
+The process contract these implement is ``docs/architecture.md``. grpc, torch and the world
+model are imported inside the commands, never at module import.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from lensemble.cli.options import SET_HELP, load
+from lensemble.errors import EXIT_INTERRUPTED, UsageError
+
+if TYPE_CHECKING:
+    from lensemble.config import LensembleConfig
+    from lensemble.network.process import PortOptions
+
+app = typer.Typer()
+certs_app = typer.Typer(
+    help="Development certificates for the network transport.", no_args_is_help=True
+)
+app.add_typer(certs_app, name="certs")
+
+CONTAINER_CONFIG = "/etc/lensemble/config.yaml"
+ROLE_ENV = "LENSEMBLE_ROLE"
+CONFIG_ENV = "LENSEMBLE_CONFIG"
+
+_config_option = typer.Option(
+    None,
+    "--config",
+    "-c",
+    help=f"Config file (default: ${CONFIG_ENV}, else config/local.yaml).",
+    metavar="FILE",
+)
+_set_option = typer.Option(None, "--set", "-s", help=SET_HELP, metavar="PATH=VALUE")
+_health_port_option = typer.Option(
+    None,
+    "--health-port",
+    min=0,
+    max=65535,
+    help="Port of the gRPC health service (default network.health_port; 0 picks a free one, "
+    "reported in the ready line).",
+)
+_metrics_port_option = typer.Option(
+    None,
+    "--metrics-port",
+    min=0,
+    max=65535,
+    help="Port of /metrics (default network.metrics_port; 0 picks a free one, reported in the "
+    "ready line).",
+)
+_id_option = typer.Option(
+    None,
+    "--id",
+    help="Participant id (default: $LENSEMBLE_PARTICIPANT_ID, else the StatefulSet pod name).",
+)
+
+
+def _config(
+    path: Path | None, overrides: list[str] | None, default: str | None = None
+) -> LensembleConfig:
+    chosen = path or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
+    if chosen is None and default is not None:
+        chosen = Path(default)
+    return load(chosen, overrides)
+
+
+def _ports(port: int | None, health_port: int | None, metrics_port: int | None) -> PortOptions:
+    from lensemble.network.process import PortOptions
+
+    return PortOptions(port=port, health_port=health_port, metrics_port=metrics_port)
+
+
+def _stopped() -> typer.Exit:
+    sys.stderr.write("stopped by signal; exiting.\n")
+    return typer.Exit(EXIT_INTERRUPTED)
+
+
+def _run_coordinator(cfg: LensembleConfig, ports: PortOptions) -> None:
+    from lensemble.model.learner import initial_global_parameters
+    from lensemble.network.errors import ShutdownRequested
+    from lensemble.network.process import run_coordinator
+
+    try:
+        run_coordinator(cfg, initial_global_parameters(cfg), ports)
+    except ShutdownRequested:
+        raise _stopped() from None
+
+
+def _run_participant(cfg: LensembleConfig, participant_id: str | None, ports: PortOptions) -> None:
+    from lensemble.model.learner import build_learner, initial_global_parameters
+    from lensemble.network.errors import ShutdownRequested
+    from lensemble.network.identity import resolve_participant_id
+    from lensemble.network.process import run_participant
+
+    pid = resolve_participant_id(cfg, participant_id, os.environ)
+    try:
+        run_participant(
+            cfg, pid, lambda: build_learner(cfg, pid), initial_global_parameters(cfg), ports
+        )
+    except ShutdownRequested:
+        raise _stopped() from None
+
+
+@app.command()
+def coordinator(
+    config: Path | None = _config_option,
+    set_: list[str] = _set_option,
+    port: int | None = typer.Option(
+        None, "--port", min=0, max=65535, help="gRPC port (default network.port; 0: a free one)."
+    ),
+    health_port: int | None = _health_port_option,
+    metrics_port: int | None = _metrics_port_option,
+) -> None:
+    """Run the coordinator: serve the participants over gRPC and commit every round.
+
+    Resumes from the last checkpoint in run.output_dir when there is one. Prints one JSON ready
+    line on stdout when serving; logs go to stderr.
+    """
+    cfg = _config(config, set_)
+    _run_coordinator(cfg, _ports(port, health_port, metrics_port))
+
+
+@app.command()
+def participant(
+    config: Path | None = _config_option,
+    participant_id: str | None = _id_option,
+    set_: list[str] = _set_option,
+    health_port: int | None = _health_port_option,
+    metrics_port: int | None = _metrics_port_option,
+) -> None:
+    """Run one participant: join the coordinator, train on local data, send pseudo-gradients.
+
+    Prints one JSON ready line on stdout once joined; logs go to stderr.
+    """
+    cfg = _config(config, set_)
+    _run_participant(cfg, participant_id, _ports(None, health_port, metrics_port))
+
+
+@app.command()
+def serve(
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help=f"Config file (default: ${CONFIG_ENV}, else {CONTAINER_CONFIG}).",
+        metavar="FILE",
+    ),
+    participant_id: str | None = _id_option,
+    set_: list[str] = _set_option,
+    health_port: int | None = _health_port_option,
+    metrics_port: int | None = _metrics_port_option,
+) -> None:
+    """Container entry point: run the role named by $LENSEMBLE_ROLE (coordinator|participant)."""
+    role = os.environ.get(ROLE_ENV, "")
+    if role not in ("coordinator", "participant"):
+        raise UsageError(
+            f"{ROLE_ENV} is {role!r};",
+            remediation=f"set {ROLE_ENV}=coordinator or {ROLE_ENV}=participant.",
+        )
+    cfg = _config(config, set_, default=CONTAINER_CONFIG)
+    ports = _ports(None, health_port, metrics_port)
+    if role == "coordinator":
+        _run_coordinator(cfg, ports)
+    else:
+        _run_participant(cfg, participant_id, ports)
+
+
+@app.command()
+def health(
+    host: str = typer.Option("127.0.0.1", "--host", help="Host of the process to check."),
+    port: int = typer.Option(50052, "--port", min=1, max=65535, help="Its health port."),
+    ready: bool = typer.Option(
+        False, "--ready", help="Ask for readiness (lensemble.Readiness) instead of liveness."
+    ),
+    timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="Deadline (seconds)."),
+) -> None:
+    """Exit 0 when the process at HOST:PORT reports SERVING, 1 otherwise (container HEALTHCHECK)."""
+    from lensemble.network.health import LIVENESS_SERVICE, READINESS_SERVICE, check
+
+    service = READINESS_SERVICE if ready else LIVENESS_SERVICE
+    status = check(host, port, service, timeout)
+    what = "ready" if ready else "live"
+    if status == "SERVING":
+        sys.stdout.write(f"{host}:{port} is {what}\n")
+        return
+    sys.stderr.write(f"{host}:{port} is not {what}: {status}\n")
+    raise typer.Exit(1)
+
+
+@certs_app.command("init")
+def certs_init(
+    outdir: Path = typer.Argument(..., help="Output folder (created).", metavar="OUTDIR"),
+    config: Path | None = _config_option,
+    set_: list[str] = _set_option,
+    hosts: list[str] = typer.Option(
+        None, "--host", help="Extra host name or IP address of the coordinator (repeatable)."
+    ),
+) -> None:
+    """Create a development CA, the coordinator's certificate and one per participant.
+
+    Layout: OUTDIR/ca.crt, ca.key, and OUTDIR/<identity>/tls.crt, tls.key, ca.crt for identity
+    'coordinator' and every participant id. An existing CA in OUTDIR is reused.
+    """
+    from lensemble.network.certs import init_certs
+
+    cfg = _config(config, set_)
+    issued = init_certs(outdir, cfg, hosts or [])
+    ca = "reused the CA in" if issued.ca_reused else "created a development CA in"
+    sys.stdout.write(
+        f"{ca} {outdir}; issued {', '.join(issued.identities)}; coordinator names: "
+        f"{', '.join(issued.server_names)}\n"
+        f"keep {outdir / 'ca.key'} out of every container; mount {outdir}/<identity>/ at "
+        "/etc/lensemble/tls\n"
+    )

@@ -1,0 +1,101 @@
+"""Coordinator and participant processes with the tiny ``QuadraticLearner``, for fast tests.
+
+Same command line as ``lensemble coordinator`` / ``lensemble participant`` and the same process
+code (:mod:`lensemble.network.process`); only the model differs (milliseconds per round instead
+of the world model), plus one test hook: ``--block-round K --markers DIR`` makes the participant
+stop inside its training of round K (it writes ``DIR/<id>.blocked`` and waits for
+``DIR/<id>.release``), so a test can crash it, or its coordinator, at an exact point. A restarted
+participant whose marker exists does not block again.
+
+    python -m tests.support.netproc coordinator --config C --set ... --health-port 0
+    python -m tests.support.netproc participant --config C --id alpha [--block-round 1 --markers D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from lensemble.cli.output import report_error
+from lensemble.config import load_config
+from lensemble.errors import EXIT_INTERRUPTED, LensembleError
+from lensemble.federation.learner import LocalRound
+from tests.support.federation import QuadraticLearner, initial_params
+
+BLOCK_LIMIT_S = 120.0
+
+
+class BlockingLearner:
+    """Wraps a learner; blocks once inside the training of one round until released."""
+
+    def __init__(self, inner: QuadraticLearner, pid: str, block_round: int, markers: Path) -> None:
+        self.inner = inner
+        self.block_round = block_round
+        self.blocked = markers / f"{pid}.blocked"
+        self.release = markers / f"{pid}.release"
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        if round_index == self.block_round and not self.blocked.exists():
+            self.blocked.write_text(str(os.getpid()))
+            end = time.monotonic() + BLOCK_LIMIT_S
+            while not self.release.exists() and time.monotonic() < end:
+                time.sleep(0.05)
+        return self.inner.train_round(global_params, round_index, steps)
+
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        return self.inner.inner_state()
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.inner.load_inner_state(state)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lensemble.network.errors import ShutdownRequested
+    from lensemble.network.identity import resolve_participant_id
+    from lensemble.network.process import PortOptions, run_coordinator, run_participant
+
+    parser = argparse.ArgumentParser(prog="netproc")
+    parser.add_argument("role", choices=["coordinator", "participant"])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--id", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--health-port", type=int, default=None)
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--block-round", type=int, default=None)
+    parser.add_argument("--markers", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        ports = PortOptions(args.port, args.health_port, args.metrics_port)
+        theta0 = initial_params(config.run.root_seed)
+        if args.role == "coordinator":
+            run_coordinator(config, theta0, ports)
+            return 0
+        pid = resolve_participant_id(config, args.id, os.environ)
+
+        def learner() -> QuadraticLearner | BlockingLearner:
+            inner = QuadraticLearner(pid, config.run.root_seed)
+            if args.block_round is None:
+                return inner
+            return BlockingLearner(inner, pid, args.block_round, args.markers)
+
+        run_participant(config, pid, learner, theta0, ports)
+        return 0
+    except ShutdownRequested:
+        return EXIT_INTERRUPTED
+    except LensembleError as exc:
+        report_error(exc)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
