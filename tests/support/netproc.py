@@ -3,8 +3,8 @@
 Same command line as ``lensemble coordinator`` / ``lensemble participant`` and the same process
 code (:mod:`lensemble.network.process`); only the model differs (milliseconds per round instead
 of the world model), plus one test hook: ``--block-round K --markers DIR`` makes the participant
-stop inside its training of round K (it writes ``DIR/<id>.blocked`` and waits for
-``DIR/<id>.release``), so a test can crash it, or its coordinator, at an exact point. A restarted
+stop inside its training of round K (it writes ``DIR/<id>-r<K>.blocked`` and waits for
+``DIR/<id>-r<K>.release``), so a test can crash it, or its coordinator, at an exact point. A restarted
 participant whose marker exists does not block again.
 
     python -m tests.support.netproc coordinator --config C --set ... --health-port 0
@@ -37,8 +37,8 @@ class BlockingLearner:
     def __init__(self, inner: QuadraticLearner, pid: str, block_round: int, markers: Path) -> None:
         self.inner = inner
         self.block_round = block_round
-        self.blocked = markers / f"{pid}.blocked"
-        self.release = markers / f"{pid}.release"
+        self.blocked = markers / f"{pid}-r{block_round}.blocked"
+        self.release = markers / f"{pid}-r{block_round}.release"
 
     def train_round(
         self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int

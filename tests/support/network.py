@@ -93,8 +93,7 @@ class LiveCoordinator:
         from lensemble.network.coordinator import GrpcCoordinatorTransport
         from lensemble.network.metrics import Metrics
         from lensemble.network.process import CoordinatorEvents
-        from lensemble.network.security import Authenticator, coordinator_tokens
-        from lensemble.network.security import server_credentials
+        from lensemble.network.security import Authenticator, coordinator_tokens, server_credentials
         from lensemble.network.service import start_coordinator_server
         from tests.support.federation import initial_params
 

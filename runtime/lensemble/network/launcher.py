@@ -264,7 +264,7 @@ class LocalFederation:
         args = ["--config", str(self.config_path)]
         for item in [*self.overrides, *extra_overrides]:
             args += ["--set", item]
-        return args + ["--health-port", "0", "--metrics-port", "0"]
+        return [*args, "--health-port", "0", "--metrics-port", "0"]
 
     def start_coordinator(self, extra_overrides: Sequence[str] = ()) -> ManagedProcess:
         """Start (or restart) the coordinator."""
@@ -274,7 +274,10 @@ class LocalFederation:
         )
 
     def start_participant(
-        self, participant_id: str, extra_overrides: Sequence[str] = (), extra_args: Sequence[str] = ()
+        self,
+        participant_id: str,
+        extra_overrides: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
     ) -> ManagedProcess:
         """Start (or restart) one participant."""
         argv = [

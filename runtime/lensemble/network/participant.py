@@ -154,7 +154,14 @@ class CoordinatorClient:
         self.metrics = metrics or Metrics()
         self.target = coordinator_target(config)
         credentials = channel_credentials(config, participant_id, token)
-        options = message_options(config)
+        backoff_ms = int(config.network.connect_backoff_max_s * 1000)
+        options = [
+            *message_options(config),
+            # gRPC's own reconnect backoff must not outgrow ours (its default cap is 120 s).
+            ("grpc.initial_reconnect_backoff_ms", min(1000, backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", min(1000, backoff_ms)),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ]
         self.channel = (
             grpc.secure_channel(self.target, credentials, options=options)
             if credentials is not None
@@ -336,12 +343,14 @@ class ParticipantLoop:
                 "network.port point at it.",
             )
         delay = self.backoff.next_delay()
-        _log.warning(
-            "%s failed (attempt %d, %s); retrying in %.1f s.",
-            what,
-            self.backoff.attempt,
-            error,
-            delay,
+        event(
+            _log,
+            "retry",
+            f"{what} failed (attempt {self.backoff.attempt}, {error}); retrying in {delay:.1f} s.",
+            logging.WARNING,
+            attempt=self.backoff.attempt,
+            delay_s=round(delay, 3),
+            reason=error.reason,
         )
         self.stop.wait(delay)
         self._check_stop()

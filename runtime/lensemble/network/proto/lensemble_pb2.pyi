@@ -1,15 +1,13 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JoinRequest(_message.Message):
-    __slots__ = ("config_hash", "config_view_json", "participant_id", "software_version")
+    __slots__ = ("participant_id", "config_hash", "config_view_json", "software_version")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VIEW_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -18,28 +16,10 @@ class JoinRequest(_message.Message):
     config_hash: str
     config_view_json: str
     software_version: str
-    def __init__(
-        self,
-        participant_id: str | None = ...,
-        config_hash: str | None = ...,
-        config_view_json: str | None = ...,
-        software_version: str | None = ...,
-    ) -> None: ...
+    def __init__(self, participant_id: _Optional[str] = ..., config_hash: _Optional[str] = ..., config_view_json: _Optional[str] = ..., software_version: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = (
-        "accepted",
-        "already_submitted",
-        "collecting_attempt",
-        "collecting_round",
-        "config_hash",
-        "differing_fields",
-        "message",
-        "round_open",
-        "run_over",
-        "session",
-        "software_version",
-    )
+    __slots__ = ("accepted", "message", "differing_fields", "config_hash", "software_version", "session", "collecting_round", "round_open", "collecting_attempt", "already_submitted", "run_over")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     DIFFERING_FIELDS_FIELD_NUMBER: _ClassVar[int]
@@ -62,23 +42,10 @@ class JoinReply(_message.Message):
     collecting_attempt: int
     already_submitted: bool
     run_over: bool
-    def __init__(
-        self,
-        accepted: bool | None = ...,
-        message: str | None = ...,
-        differing_fields: _Iterable[str] | None = ...,
-        config_hash: str | None = ...,
-        software_version: str | None = ...,
-        session: str | None = ...,
-        collecting_round: int | None = ...,
-        round_open: bool | None = ...,
-        collecting_attempt: int | None = ...,
-        already_submitted: bool | None = ...,
-        run_over: bool | None = ...,
-    ) -> None: ...
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ..., differing_fields: _Optional[_Iterable[str]] = ..., config_hash: _Optional[str] = ..., software_version: _Optional[str] = ..., session: _Optional[str] = ..., collecting_round: _Optional[int] = ..., round_open: _Optional[bool] = ..., collecting_attempt: _Optional[int] = ..., already_submitted: _Optional[bool] = ..., run_over: _Optional[bool] = ...) -> None: ...
 
 class WatchRoundsRequest(_message.Message):
-    __slots__ = ("after_attempt", "after_round", "participant_id", "session")
+    __slots__ = ("participant_id", "session", "after_round", "after_attempt")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -87,24 +54,10 @@ class WatchRoundsRequest(_message.Message):
     session: str
     after_round: int
     after_attempt: int
-    def __init__(
-        self,
-        participant_id: str | None = ...,
-        session: str | None = ...,
-        after_round: int | None = ...,
-        after_attempt: int | None = ...,
-    ) -> None: ...
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., after_round: _Optional[int] = ..., after_attempt: _Optional[int] = ...) -> None: ...
 
 class RoundAnnouncement(_message.Message):
-    __slots__ = (
-        "attempt",
-        "deadline_in_s",
-        "final",
-        "model_bytes",
-        "model_hash",
-        "model_version",
-        "round_index",
-    )
+    __slots__ = ("round_index", "attempt", "model_version", "model_hash", "deadline_in_s", "model_bytes", "final")
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -119,58 +72,30 @@ class RoundAnnouncement(_message.Message):
     deadline_in_s: float
     model_bytes: int
     final: bool
-    def __init__(
-        self,
-        round_index: int | None = ...,
-        attempt: int | None = ...,
-        model_version: int | None = ...,
-        model_hash: str | None = ...,
-        deadline_in_s: float | None = ...,
-        model_bytes: int | None = ...,
-        final: bool | None = ...,
-    ) -> None: ...
+    def __init__(self, round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., model_version: _Optional[int] = ..., model_hash: _Optional[str] = ..., deadline_in_s: _Optional[float] = ..., model_bytes: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class FetchModelRequest(_message.Message):
-    __slots__ = ("model_hash", "participant_id", "session")
+    __slots__ = ("participant_id", "session", "model_hash")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     participant_id: str
     session: str
     model_hash: str
-    def __init__(
-        self,
-        participant_id: str | None = ...,
-        session: str | None = ...,
-        model_hash: str | None = ...,
-    ) -> None: ...
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
-    __slots__ = ("data", "model_hash", "total_bytes")
+    __slots__ = ("model_hash", "total_bytes", "data")
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     model_hash: str
     total_bytes: int
     data: bytes
-    def __init__(
-        self,
-        model_hash: str | None = ...,
-        total_bytes: int | None = ...,
-        data: bytes | None = ...,
-    ) -> None: ...
+    def __init__(self, model_hash: _Optional[str] = ..., total_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = (
-        "attempt",
-        "compute_s",
-        "participant_id",
-        "payload_hash",
-        "quantization",
-        "round_index",
-        "session",
-        "total_bytes",
-    )
+    __slots__ = ("participant_id", "session", "round_index", "attempt", "payload_hash", "quantization", "total_bytes", "compute_s")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -187,30 +112,18 @@ class UpdateHeader(_message.Message):
     quantization: str
     total_bytes: int
     compute_s: float
-    def __init__(
-        self,
-        participant_id: str | None = ...,
-        session: str | None = ...,
-        round_index: int | None = ...,
-        attempt: int | None = ...,
-        payload_hash: str | None = ...,
-        quantization: str | None = ...,
-        total_bytes: int | None = ...,
-        compute_s: float | None = ...,
-    ) -> None: ...
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., payload_hash: _Optional[str] = ..., quantization: _Optional[str] = ..., total_bytes: _Optional[int] = ..., compute_s: _Optional[float] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
-    __slots__ = ("data", "header")
+    __slots__ = ("header", "data")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     header: UpdateHeader
     data: bytes
-    def __init__(
-        self, header: UpdateHeader | _Mapping | None = ..., data: bytes | None = ...
-    ) -> None: ...
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
-    __slots__ = ("accepted", "current_round", "message", "reason")
+    __slots__ = ("accepted", "reason", "message", "current_round")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -219,28 +132,17 @@ class SubmitReply(_message.Message):
     reason: str
     message: str
     current_round: int
-    def __init__(
-        self,
-        accepted: bool | None = ...,
-        reason: str | None = ...,
-        message: str | None = ...,
-        current_round: int | None = ...,
-    ) -> None: ...
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("participant_id", "reason", "session")
+    __slots__ = ("participant_id", "session", "reason")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     participant_id: str
     session: str
     reason: str
-    def __init__(
-        self,
-        participant_id: str | None = ...,
-        session: str | None = ...,
-        reason: str | None = ...,
-    ) -> None: ...
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()
