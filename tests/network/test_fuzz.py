@@ -26,7 +26,7 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
-from lensemble.network.errors import REASON_KEY
+from lensemble.network.errors import CURRENT_ROUND_KEY, REASON_KEY
 from lensemble.network.participant import CoordinatorClient, coordinator_target
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
@@ -265,6 +265,19 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             assert reply.accepted and reply.reason == "accepted"
             live.thread.join(30)
             assert live.error is None and live.result is not None
+            # After the commit: a resend of the counted bytes is an idempotent duplicate, other
+            # bytes for the closed round are refused naming the current round.
+            again = client.submit(opening, contribution)
+            assert again.accepted and again.reason == "duplicate"
+            stream, _ = mutator.make("nan_inf", rng)
+            try:
+                client.stub.SubmitUpdate(iter(stream), timeout=10)
+            except grpc.RpcError as exc:
+                trailing = dict(exc.trailing_metadata() or ())
+                assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert (trailing[REASON_KEY], trailing[CURRENT_ROUND_KEY]) == ("closed_round", "1")
+            else:
+                raise AssertionError("an update for a closed round was accepted")
         finally:
             client.close()
             for h in honest:

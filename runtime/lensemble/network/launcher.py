@@ -266,21 +266,35 @@ class LocalFederation:
             args += ["--set", item]
         return [*args, "--health-port", "0", "--metrics-port", "0"]
 
-    def start_coordinator(self, extra_overrides: Sequence[str] = ()) -> ManagedProcess:
-        """Start (or restart) the coordinator."""
-        return self._start(
-            COORDINATOR_IDENTITY,
-            [*self.program, "coordinator", *self._args(extra_overrides)],
-        )
+    def start_coordinator(
+        self, extra_overrides: Sequence[str] = (), wrapper: Sequence[str] = ()
+    ) -> ManagedProcess:
+        """Start (or restart) the coordinator.
+
+        Args:
+            extra_overrides: More ``--set`` overrides for this process.
+            wrapper: Command prefix, e.g. ``ip netns exec NS``.
+        """
+        argv = [*wrapper, *self.program, "coordinator", *self._args(extra_overrides)]
+        return self._start(COORDINATOR_IDENTITY, argv)
 
     def start_participant(
         self,
         participant_id: str,
         extra_overrides: Sequence[str] = (),
         extra_args: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
     ) -> ManagedProcess:
-        """Start (or restart) one participant."""
+        """Start (or restart) one participant.
+
+        Args:
+            participant_id: Its id.
+            extra_overrides: More ``--set`` overrides for this process.
+            extra_args: More arguments after the standard ones.
+            wrapper: Command prefix, e.g. ``ip netns exec NS``.
+        """
         argv = [
+            *wrapper,
             *self.program,
             "participant",
             "--id",

@@ -46,7 +46,7 @@ from lensemble.network.metrics import Metrics
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
-from lensemble.network.service import message_options
+from lensemble.network.service import keepalive_ms, message_options
 from lensemble.network.streams import Assembler, chunk_count, chunks
 
 _log = logging.getLogger("lensemble.network.participant")
@@ -161,6 +161,12 @@ class CoordinatorClient:
             ("grpc.initial_reconnect_backoff_ms", min(1000, backoff_ms)),
             ("grpc.min_reconnect_backoff_ms", min(1000, backoff_ms)),
             ("grpc.max_reconnect_backoff_ms", backoff_ms),
+            # Keepalive pings notice a dead connection (a cut link) so the next call dials anew
+            # instead of waiting on TCP retransmissions.
+            ("grpc.keepalive_time_ms", keepalive_ms(config)),
+            ("grpc.keepalive_timeout_ms", keepalive_ms(config)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         self.channel = (
             grpc.secure_channel(self.target, credentials, options=options)

@@ -27,6 +27,11 @@ from lensemble.network.security import Authenticator
 from lensemble.network.streams import Assembler, TooLarge, chunks, grpc_message_limit
 
 
+def keepalive_ms(config: LensembleConfig) -> int:
+    """Participants' keepalive ping interval (ms): half the RPC deadline, at least 1 s."""
+    return max(1000, int(config.network.rpc_timeout_s * 500))
+
+
 class _Aborted(Exception):
     """Raised by ``context.abort``; never escapes a handler."""
 
@@ -292,7 +297,15 @@ def start_coordinator_server(
     n = len(transport.expected)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=3 * n + 8, thread_name_prefix="rpc"),
-        options=[NO_REUSEPORT, *message_options(transport.config)],
+        options=[
+            NO_REUSEPORT,
+            *message_options(transport.config),
+            # Accept the participants' keepalive pings (the default refuses pings more often
+            # than every 5 minutes and closes the connection).
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
         maximum_concurrent_rpcs=3 * n + 8,
     )
     service = CoordinatorService(transport, authenticator)

@@ -1,0 +1,151 @@
+"""Multi-host: the coordinator and each participant in their own network namespace.
+
+Each participant namespace is joined to the coordinator's by its own veth pair (a /30 link), so
+a participant can reach the coordinator and nothing else. One participant's link is cut while a
+round is open: the round completes elastically with quorum; the link comes back and the
+participant takes part again. Every process runs with an audit hook that records each outbound
+connection attempt; the only one allowed is the participant's channel to the coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lensemble.network.certs import init_certs
+from tests.support.network import (
+    NETPROC,
+    PARTICIPANTS,
+    REPO,
+    chain,
+    ledger,
+    network_mapping,
+    write_config,
+)
+from tests.support.tools import require
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+START_S = 90.0
+AUDIT_PATH = REPO / "tests" / "support" / "audit"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@dataclass
+class Hosts:
+    """Namespaces and links; ``address[pid]`` is the coordinator's address on pid's link."""
+
+    coordinator: str
+    participants: dict[str, str]
+    address: dict[str, str]
+    link: dict[str, str]
+
+    def exec_in(self, namespace: str) -> list[str]:
+        return ["ip", "netns", "exec", namespace]
+
+    def set_link(self, pid: str, up: bool) -> None:
+        _ip("-n", self.participants[pid], "link", "set", self.link[pid], "up" if up else "down")
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    require("netns")
+    tag = uuid.uuid4().hex[:5]
+    coordinator = f"lens-{tag}-c"
+    created = [coordinator]
+    result = Hosts(coordinator, {}, {}, {})
+    try:
+        _ip("netns", "add", coordinator)
+        _ip("-n", coordinator, "link", "set", "lo", "up")
+        for i, pid in enumerate(sorted(PARTICIPANTS)):
+            ns = f"lens-{tag}-{i}"
+            _ip("netns", "add", ns)
+            created.append(ns)
+            outer, inner = f"lc{tag}{i}", f"lp{tag}{i}"
+            _ip("link", "add", outer, "netns", coordinator, "type", "veth", "peer", inner, "netns", ns)
+            _ip("-n", coordinator, "addr", "add", f"10.231.{i}.1/30", "dev", outer)
+            _ip("-n", ns, "addr", "add", f"10.231.{i}.2/30", "dev", inner)
+            for namespace, dev in ((coordinator, outer), (ns, inner), (ns, "lo")):
+                _ip("-n", namespace, "link", "set", dev, "up")
+            result.participants[pid] = ns
+            result.address[pid] = f"10.231.{i}.1"
+            result.link[pid] = inner
+        yield result
+    finally:
+        for ns in created:  # deleting a namespace also deletes its veth ends
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+def test_cut_link_round_completes_elastically_then_the_participant_returns(
+    tmp_path: Path, hosts: Hosts
+) -> None:
+    from lensemble.network.launcher import LocalFederation
+
+    mapping = network_mapping(tmp_path, rounds=5, round_timeout_s=6)
+    mapping["network"]["listen_host"] = "0.0.0.0"  # noqa: S104 (inside the coordinator namespace)
+    path, config = write_config(tmp_path, mapping)
+    init_certs(tmp_path / "certs", config, hosts.address.values())  # the link addresses as SANs
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    audit = tmp_path / "audit.jsonl"
+    env = {"PYTHONPATH": f"{AUDIT_PATH}:{REPO}", "LENSEMBLE_AUDIT_FILE": str(audit)}
+    cut = "charlie"
+    with LocalFederation(path, [], tmp_path / "logs", program=NETPROC, cwd=REPO, env=env) as fed:
+        coordinator = fed.start_coordinator(wrapper=hosts.exec_in(hosts.coordinator))
+        procs = {
+            pid: fed.start_participant(
+                pid,
+                [f"network.host={hosts.address[pid]}"],
+                ["--block-round", "1", "--markers", str(markers)] if pid == cut else [],
+                wrapper=hosts.exec_in(hosts.participants[pid]),
+            )
+            for pid in PARTICIPANTS
+        }
+        coordinator.wait_ready(START_S)
+        _wait_for(markers / f"{cut}-r1.blocked")
+        hosts.set_link(cut, up=False)  # mid-round: charlie is training round 1
+        (markers / f"{cut}-r1.release").touch()
+        closed = coordinator.wait_event(_round_closed(1), START_S)
+        assert closed["state"] == "closed"
+        assert closed["contributors"] == ["alpha", "bravo", "delta"]
+        assert closed["excluded"] == {cut: "timeout"}
+        procs[cut].wait_event(lambda e: e.get("event") == "retry", 30)  # it noticed the cut
+        hosts.set_link(cut, up=True)
+        procs[cut].wait_event(lambda e: e.get("event") == "submitted", START_S)
+        assert coordinator.wait(START_S) == 0
+        assert [p.wait(30) for p in procs.values()] == [0, 0, 0, 0]
+        back = [e for e in procs[cut].events if e.get("event") in ("reconnected", "rejoin")]
+        assert back, "charlie should report that it reached the coordinator again"
+    records = ledger(config)
+    assert all(r.state == "closed" for r in records) and len(chain(config)) == 5
+    assert cut in records[-1].contributors  # back in the federation
+    # No process contacted anything but the coordinator (no telemetry, no call-home).
+    pids = {p.popen.pid: name for name, p in fed.processes.items()}
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert {e["pid"] for e in entries} <= set(pids)
+    for entry in entries:
+        name = pids[entry["pid"]]
+        assert name != "coordinator", f"the coordinator reached out: {entry}"
+        expected = f"'{hosts.address[name]}:{config.network.port}'"
+        assert (entry["kind"], entry["target"]) == ("grpc_channel", expected), entry
+    assert {pids[e["pid"]] for e in entries} == set(PARTICIPANTS)
+
+
+def _round_closed(round_index: int):  # type: ignore[no-untyped-def]
+    return lambda e: e.get("event") == "round_closed" and e.get("round") == round_index
+
+
+def _wait_for(path: Path, timeout_s: float = START_S) -> None:
+    end = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
