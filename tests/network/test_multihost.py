@@ -71,7 +71,19 @@ def hosts() -> Iterator[Hosts]:
             _ip("netns", "add", ns)
             created.append(ns)
             outer, inner = f"lc{tag}{i}", f"lp{tag}{i}"
-            _ip("link", "add", outer, "netns", coordinator, "type", "veth", "peer", inner, "netns", ns)
+            _ip(
+                "link",
+                "add",
+                outer,
+                "netns",
+                coordinator,
+                "type",
+                "veth",
+                "peer",
+                inner,
+                "netns",
+                ns,
+            )
             _ip("-n", coordinator, "addr", "add", f"10.231.{i}.1/30", "dev", outer)
             _ip("-n", ns, "addr", "add", f"10.231.{i}.2/30", "dev", inner)
             for namespace, dev in ((coordinator, outer), (ns, inner), (ns, "lo")):
@@ -91,7 +103,7 @@ def test_cut_link_round_completes_elastically_then_the_participant_returns(
     from lensemble.network.launcher import LocalFederation
 
     mapping = network_mapping(tmp_path, rounds=5, round_timeout_s=6)
-    mapping["network"]["listen_host"] = "0.0.0.0"  # noqa: S104 (inside the coordinator namespace)
+    mapping["network"]["listen_host"] = "0.0.0.0"
     path, config = write_config(tmp_path, mapping)
     init_certs(tmp_path / "certs", config, hosts.address.values())  # the link addresses as SANs
     markers = tmp_path / "markers"

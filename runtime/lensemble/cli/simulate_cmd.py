@@ -72,17 +72,20 @@ def simulate(
     from lensemble.config import default_config_path
     from lensemble.federation.faults import parse_faults
 
-    cfg = load(config or default_config_path(), _overrides(set_, participants, rounds, output_dir))
+    overrides = _overrides(set_, participants, rounds, output_dir)
+    cfg = load(config or default_config_path(), overrides)
     plan = parse_faults(faults, cfg.participant_ids)
     if cfg.federation.transport == "network":
-        from lensemble.errors import UsageError
+        if faults:
+            from lensemble.errors import UsageError
 
-        raise UsageError(
-            "federation.transport is 'network': simulate runs the in-process transport only;",
-            remediation="start `lensemble coordinator` and `lensemble participant` processes, or "
-            "pass --set federation.transport=in_process.",
-        )
-    result = _run_with_progress(cfg, plan, resume)
+            raise UsageError(
+                "--faults injects faults into the in-process transport only;",
+                remediation="drop --faults, or kill and restart the processes of a network run.",
+            )
+        result = _run_network(cfg, config or default_config_path(), overrides, resume)
+    else:
+        result = _run_with_progress(cfg, plan, resume)
     from lensemble.federation.plot import write_report_png
     from lensemble.federation.simulation import read_metrics
 
@@ -153,6 +156,36 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
     return result
 
 
+def _run_network(
+    cfg: LensembleConfig, path: Path, overrides: list[str], resume: bool
+) -> SimulationResult:
+    """Coordinator and participants as processes on loopback (see lensemble.network.local_run)."""
+    from rich.console import Console
+
+    from lensemble.network.local_run import run_network_simulation
+
+    err = Console(stderr=True)
+    fed = cfg.federation
+    err.print(
+        f"[bold]lensemble simulate[/bold] (network transport, TLS "
+        f"{'on' if cfg.network.tls.enabled else 'off'}, auth {cfg.network.auth}): 1 coordinator "
+        f"and {len(fed.participants)} participant processes, {fed.rounds} rounds -> "
+        f"{cfg.run.output_dir} (logs in {Path(cfg.run.output_dir) / 'logs'})"
+    )
+
+    def on_round(event: dict[str, Any]) -> None:
+        contributors = event.get("contributors", [])
+        excluded = event.get("excluded") or {}
+        err.print(
+            f"  round {event.get('round')} attempt {event.get('attempt')} {event.get('state')}: "
+            f"{len(contributors)}/{len(fed.participants)} contributors"
+            + (f", excluded {excluded}" if excluded else "")
+            + f", {str(event.get('model_hash', ''))[:19]}..."
+        )
+
+    return run_network_simulation(path, overrides, cfg, resume=resume, on_round=on_round)
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
@@ -162,9 +195,12 @@ def _summary(result: SimulationResult, png: Path | None) -> dict[str, Any]:
 
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
+    from lensemble.federation.ledger import committed_chain
+
     return {
         "config_hash": result.config_hash,
         "model_hash": result.model_hash,
+        "hash_chain": committed_chain(result.records),
         "rounds_committed": len(committed),
         "aborted_attempts": sum(r.state == "aborted" for r in result.records),
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),

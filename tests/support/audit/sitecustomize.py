@@ -21,7 +21,7 @@ _PATH = os.environ.get("LENSEMBLE_AUDIT_FILE")
 def _record(kind: str, target: Any) -> None:
     assert _PATH is not None
     line = json.dumps({"pid": os.getpid(), "kind": kind, "target": repr(target)})
-    with open(_PATH, "a", encoding="utf-8") as f:  # noqa: PTH123
+    with open(_PATH, "a", encoding="utf-8") as f:
         f.write(line + "\n")
 
 

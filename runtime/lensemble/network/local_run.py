@@ -1,0 +1,250 @@
+"""``lensemble simulate`` over the network transport: real processes on loopback, TLS on.
+
+The launcher issues development certificates into ``<output_dir>/certs`` (and bearer tokens when
+``network.auth`` is ``token``), starts one coordinator and one participant process per
+participant with the same config file and overrides, waits for every ready line, follows the
+coordinator's round events, and summarises the run from the ledger exactly as the in-process
+simulation does: the hash chain, bytes, the final model hash and, when the world model is
+available, the held-out evaluation of the final model (each participant's cached held-out
+episodes stand for it evaluating inside its own trust domain).
+
+Any process that fails stops the run: the launcher reports one sentence naming the process and
+its last error, tears every process down exactly once, and raises ``ProcessFailed``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from lensemble.config import LensembleConfig, config_hash
+from lensemble.federation.checkpoint import CheckpointStore
+from lensemble.federation.ledger import Ledger, RoundRecord
+from lensemble.federation.simulation import RoundMetrics, SimulationResult
+from lensemble.network.certs import init_certs
+from lensemble.network.identity import COORDINATOR_IDENTITY
+from lensemble.network.launcher import (
+    LENSEMBLE_PROGRAM,
+    LocalFederation,
+    ManagedProcess,
+    ProcessFailed,
+    free_port,
+)
+
+#: Extra time (seconds) for process start-up (imports) on top of the config's own timeouts.
+STARTUP_S = 120.0
+
+
+def fresh_output(out: Path) -> None:
+    """Remove a previous run's coordinator state, ledger, metrics and inner states.
+
+    Each participant's data cache (``participants/<id>/data``) and the certificates are kept.
+    """
+    shutil.rmtree(out / "coordinator", ignore_errors=True)
+    for name in ("ledger.jsonl", "metrics.jsonl", "report.png"):
+        (out / name).unlink(missing_ok=True)
+    for folder in (out / "participants").glob("*/state"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def security_overrides(config: LensembleConfig, out: Path) -> list[str]:
+    """Issue development credentials under ``out/certs`` and point the config at them."""
+    net = config.network
+    overrides: list[str] = []
+    certs = out / "certs"
+    if net.tls.enabled:
+        init_certs(certs, config)
+        overrides += [
+            f"network.tls.ca_file={certs / 'ca.crt'}",
+            f"network.tls.cert_file={certs / '{identity}' / 'tls.crt'}",
+            f"network.tls.key_file={certs / '{identity}' / 'tls.key'}",
+        ]
+    if net.auth == "token":
+        folder = certs / "tokens"
+        folder.mkdir(parents=True, exist_ok=True)
+        tokens = {pid: secrets.token_urlsafe(32) for pid in config.participant_ids}
+        lines = "".join(f"{pid} {token}\n" for pid, token in tokens.items())
+        _write_secret(folder / COORDINATOR_IDENTITY, lines)
+        for pid, token in tokens.items():
+            _write_secret(folder / pid, token + "\n")
+        overrides.append(f"network.token_file={folder / '{identity}'}")
+    return overrides
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text, encoding="utf-8")
+
+
+def run_network_simulation(
+    config_path: Path,
+    overrides: Sequence[str],
+    config: LensembleConfig,
+    *,
+    resume: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    program: Sequence[str] = LENSEMBLE_PROGRAM,
+    evaluate_final: bool = True,
+) -> SimulationResult:
+    """Run the federation as separate processes on this machine and summarise it.
+
+    Args:
+        config_path: The config file (every process reads it).
+        overrides: The ``--set`` overrides the config was loaded with.
+        config: The loaded config (``federation.transport`` is ``network``).
+        resume: Keep the previous run's state (the coordinator resumes from its checkpoint);
+            otherwise it is removed first, data caches excepted.
+        on_round: Called with each ``round_closed`` event of the coordinator.
+        program: The command the processes run (``lensemble`` by default).
+        evaluate_final: Evaluate the final model on the participants' held-out episodes (the
+            world model); off for other learners.
+
+    Returns:
+        The run's summary (evaluation of the final model when the world model is available).
+
+    Raises:
+        ProcessFailed: A process failed or never became ready; names it and its last error.
+    """
+    start = time.perf_counter()
+    out = Path(config.run.output_dir)
+    if not resume:
+        fresh_output(out)
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    launch = [
+        *overrides,
+        *security_overrides(config, out),
+        f"network.port={port}",
+        "network.host=127.0.0.1",
+        "network.listen_host=127.0.0.1",
+        "observability.log_format=json",
+    ]
+    fed, net = config.federation, config.network
+    with LocalFederation(config_path, launch, out / "logs", program=program) as processes:
+        coordinator = processes.start_coordinator()
+        participants = [processes.start_participant(pid) for pid in config.participant_ids]
+        everyone = [coordinator, *participants]
+        for proc in everyone:
+            _ready_or_fail(proc, everyone, STARTUP_S + fed.join_timeout_s)
+        _follow(coordinator, participants, on_round)
+        for proc in participants:
+            try:
+                code = proc.wait(net.rpc_timeout_s + 10)
+            except subprocess.TimeoutExpired:  # it outstays the run: stop it
+                code = proc.stop(5.0)
+            if code != 0:
+                raise ProcessFailed(
+                    f"participant {proc.identity} exited with code {code} after the run: "
+                    f"{proc.last_error()}",
+                    remediation=f"see {proc.log_path}.",
+                )
+    records = Ledger(out / config.observability.ledger_path).records()
+    return _summarise(config, out, records, time.perf_counter() - start, evaluate_final)
+
+
+def _ready_or_fail(proc: ManagedProcess, everyone: list[ManagedProcess], timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while True:
+        failed = [p for p in everyone if p.returncode not in (None, 0)]
+        if failed:
+            first = failed[0]
+            raise ProcessFailed(
+                f"{first.identity} exited with code {first.returncode} before the run started: "
+                f"{first.last_error()}",
+                remediation=f"see {first.log_path}.",
+            )
+        try:
+            proc.wait_ready(min(1.0, max(0.0, end - time.monotonic())))
+            return
+        except ProcessFailed:
+            if proc.returncode is not None or time.monotonic() >= end:
+                raise
+
+
+def _follow(
+    coordinator: ManagedProcess,
+    participants: list[ManagedProcess],
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """Report round events until the coordinator exits; fail fast if any process fails."""
+    seen = 0
+    while True:
+        events = coordinator.events[seen:]
+        seen += len(events)
+        for item in events:
+            if item.get("event") == "round_closed" and on_round is not None:
+                on_round(item)
+        code = coordinator.returncode
+        if code is not None:
+            if code != 0:
+                raise ProcessFailed(
+                    f"the coordinator exited with code {code}: {coordinator.last_error()}",
+                    remediation=f"see {coordinator.log_path}.",
+                )
+            return
+        for proc in participants:
+            if proc.returncode not in (None, 0):
+                raise ProcessFailed(
+                    f"participant {proc.identity} exited with code {proc.returncode}: "
+                    f"{proc.last_error()}",
+                    remediation=f"see {proc.log_path}.",
+                )
+        time.sleep(0.2)
+
+
+def _summarise(
+    config: LensembleConfig,
+    out: Path,
+    records: list[RoundRecord],
+    wall_s: float,
+    evaluate_final: bool,
+) -> SimulationResult:
+    checkpoint = CheckpointStore(out).load()
+    final: dict[str, Any] | None = None
+    if checkpoint is not None and evaluate_final:
+        final = _evaluate(config, checkpoint.params)
+    committed = [r for r in records if r.state == "closed"]
+    metrics = [
+        RoundMetrics(
+            round=r.round,
+            model_hash=r.model_hash,
+            contributors=r.contributors,
+            mean_inner_loss=r.mean_inner_loss,
+            bytes_up=r.bytes_up,
+            bytes_down=r.bytes_down,
+            wall_s=r.wall_s,
+            non_compute_s=r.non_compute_s,
+        )
+        for r in committed
+    ]
+    if metrics:
+        metrics[-1].federated = final
+    (out / "metrics.jsonl").write_text(
+        "".join(m.to_json() + "\n" for m in metrics), encoding="utf-8"
+    )
+    return SimulationResult(
+        config_hash=config_hash(config),
+        records=records,
+        metrics=metrics,
+        model_hash=checkpoint.model_hash if checkpoint is not None else "",
+        final=final,
+        final_local_only={},
+        output_dir=out,
+        wall_s=wall_s,
+    )
+
+
+def _evaluate(config: LensembleConfig, params: Any) -> dict[str, Any]:
+    """Held-out evaluation of the final model on the participants' cached data."""
+    from lensemble.data.trajectories import load_or_collect
+    from lensemble.eval.heldout import evaluate
+
+    datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
+    report: dict[str, Any] = evaluate(config, params, datasets).to_dict()
+    return report
