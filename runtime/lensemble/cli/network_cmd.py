@@ -93,12 +93,13 @@ def _run_coordinator(cfg: LensembleConfig, ports: PortOptions) -> None:
 
 
 def _run_participant(cfg: LensembleConfig, participant_id: str | None, ports: PortOptions) -> None:
-    from lensemble.model.learner import build_learner, initial_global_parameters
-    from lensemble.network.errors import ShutdownRequested
     from lensemble.network.identity import resolve_participant_id
-    from lensemble.network.process import run_participant
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
+    from lensemble.model.learner import build_learner, initial_global_parameters
+    from lensemble.network.errors import ShutdownRequested
+    from lensemble.network.process import run_participant
+
     try:
         run_participant(
             cfg, pid, lambda: build_learner(cfg, pid), initial_global_parameters(cfg), ports

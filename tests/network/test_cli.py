@@ -1,0 +1,98 @@
+"""The process commands' command lines: certs init, health, serve, identity errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lensemble.network.certs import certificate_identities
+from lensemble.network.health import HealthServer
+from tests.support.cli import run_cli
+
+
+def test_certs_init_from_the_command_line(tmp_path: Path, in_repo: Path) -> None:
+    result = run_cli(
+        "certs",
+        "init",
+        str(tmp_path / "certs"),
+        "--config",
+        "config/local.yaml",
+        "--host",
+        "coord.internal",
+        "--host",
+        "10.0.0.5",
+    )
+    assert result.code == 0, result.err
+    assert "created a development CA" in result.out and "keep" in result.out
+    names = certificate_identities((tmp_path / "certs" / "coordinator" / "tls.crt").read_bytes())
+    assert {"coord.internal", "10.0.0.5", "lensemble-local-coordinator"} <= names
+    for pid in ("alpine", "coastal", "highland", "delta"):
+        assert certificate_identities((tmp_path / "certs" / pid / "tls.crt").read_bytes()) == {pid}
+    again = run_cli("certs", "init", str(tmp_path / "certs"), "--config", "config/local.yaml")
+    assert again.code == 0 and "reused the CA" in again.out
+
+
+def test_health_command_exit_codes() -> None:
+    server = HealthServer("127.0.0.1", 0)
+    try:
+        port = str(server.port)
+        assert run_cli("health", "--port", port).code == 0
+        not_ready = run_cli("health", "--port", port, "--ready")
+        assert not_ready.code == 1 and "is not ready: NOT_SERVING" in not_ready.err
+        server.set_ready(True)
+        assert run_cli("health", "--port", port, "--ready").code == 0
+    finally:
+        server.stop()
+    gone = run_cli("health", "--port", port, "--timeout", "1")
+    assert gone.code == 1 and "UNREACHABLE" in gone.err
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["serve"], {}, "LENSEMBLE_ROLE is ''"),
+        (["serve"], {"LENSEMBLE_ROLE": "observer"}, "LENSEMBLE_ROLE is 'observer'"),
+        (["participant", "--id", "nobody"], {}, "--id 'nobody' is not a participant"),
+        (
+            ["serve"],
+            {"LENSEMBLE_ROLE": "participant", "LENSEMBLE_POD_NAME": "site-9"},
+            "ordinal 9, but the config has only 4",
+        ),
+    ],
+)
+def test_process_commands_refuse_bad_input_with_one_sentence(
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+    in_repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LENSEMBLE_CONFIG", "config/local.yaml")
+    for key in ("LENSEMBLE_ROLE", "LENSEMBLE_PARTICIPANT_ID", "LENSEMBLE_POD_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = run_cli(*args)
+    assert result.code == 2
+    assert message in result.err and "Traceback" not in result.err
+
+
+def test_missing_tls_files_name_the_field_and_the_fix(tmp_path: Path, in_repo: Path) -> None:
+    result = run_cli(
+        "participant",
+        "--config",
+        "config/local.yaml",
+        "--id",
+        "alpine",
+        "--set",
+        f"network.tls.cert_file={tmp_path}/nope/tls.crt",
+        "--set",
+        f"run.output_dir={tmp_path}",
+        "--health-port",
+        "0",
+        "--metrics-port",
+        "0",
+    )
+    assert result.code == 2
+    assert "network.tls.cert_file" in result.err and "lensemble certs init" in result.err

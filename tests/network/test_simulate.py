@@ -1,0 +1,129 @@
+"""``lensemble simulate`` over the network transport: the local launcher and transport parity."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lensemble.config.load import validate_mapping
+from lensemble.federation.ledger import committed_chain
+from lensemble.network.launcher import ProcessFailed
+from lensemble.network.local_run import run_network_simulation
+from tests.support.cli import run_cli
+from tests.support.federation import build
+from tests.support.network import NETPROC, REPO, network_mapping
+
+pytestmark = pytest.mark.slow
+AUDIT_PATH = REPO / "tests" / "support" / "audit"
+
+
+def test_launcher_issues_credentials_runs_every_process_and_summarises(
+    tmp_path: Path, in_repo: Path
+) -> None:
+    mapping = network_mapping(tmp_path, rounds=2)
+    mapping["network"].update(auth="token")
+    mapping["network"]["tls"].update(
+        client_auth=False, ca_file="missing", cert_file="missing", key_file="missing"
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    config = validate_mapping(mapping)
+    closed: list[dict[str, Any]] = []
+    result = run_network_simulation(
+        path, [], config, on_round=closed.append, program=NETPROC, evaluate_final=False
+    )
+    out = Path(config.run.output_dir)
+    in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    reference, transport, _ = build(validate_mapping(in_process))
+    assert committed_chain(result.records) == committed_chain(reference.run(transport).records)
+    assert result.model_hash == committed_chain(result.records)[-1]
+    assert [e["round"] for e in closed] == [0, 1]
+    assert all(r.bytes_up > 0 and r.bytes_down > 0 for r in result.records)
+    # Credentials were issued into the output folder; tokens are private files.
+    assert (out / "certs" / "coordinator" / "tls.crt").exists()
+    token = out / "certs" / "tokens" / "alpha"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) >= 32
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1]
+    assert {p.name for p in (out / "logs").iterdir()} == {
+        f"{i}.log" for i in ("coordinator", "alpha", "bravo", "charlie", "delta")
+    }
+
+
+def test_a_failing_process_stops_the_run_with_one_sentence(tmp_path: Path) -> None:
+    mapping = network_mapping(tmp_path, rounds=1)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    broken = (
+        sys.executable,
+        "-c",
+        "import sys; sys.stderr.write('error: the learner exploded\\n'); sys.exit(3)",
+    )
+    with pytest.raises(ProcessFailed, match="exited with code 3 before the run started: error: "):
+        run_network_simulation(path, [], validate_mapping(mapping), program=broken)
+
+
+def test_simulate_refuses_faults_over_the_network(in_repo: Path) -> None:
+    result = run_cli(
+        "simulate", "--set", "federation.transport=network", "--faults", "drop:alpine@1"
+    )
+    assert result.code == 2
+    assert "--faults injects faults into the in-process transport only" in result.err
+
+
+def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
+    tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config/local.yaml, 4 participant processes, TLS on: the same hash chain as in-process.
+
+    Every process runs with the outbound-connection audit: nothing but the coordinator is
+    ever contacted (no telemetry, no call-home), by Lensemble or by any library it loads.
+    """
+    out = tmp_path / "run"
+    small = [
+        "--rounds",
+        "3",
+        "-o",
+        str(out),
+        "--set",
+        "federation.inner_steps=5",
+        "--set",
+        "data.episodes=8",
+        "--set",
+        "data.episode_steps=40",
+        "--set",
+        "evaluation.local_only_baseline=false",
+    ]
+    in_process = run_cli("simulate", "config/local.yaml", *small, "--json")
+    assert in_process.code == 0, in_process.err
+    expected = json.loads(in_process.out)
+    audit = tmp_path / "audit.jsonl"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(AUDIT_PATH), str(REPO)]))
+    monkeypatch.setenv("LENSEMBLE_AUDIT_FILE", str(audit))
+    network = run_cli(
+        "simulate",
+        "config/local.yaml",
+        *small,
+        "--set",
+        "federation.transport=network",
+        "--json",
+    )
+    assert network.code == 0, network.err
+    summary = json.loads(network.out)
+    assert summary["hash_chain"] == expected["hash_chain"] and len(summary["hash_chain"]) == 3
+    assert summary["model_hash"] == expected["model_hash"]
+    assert summary["config_hash"] == expected["config_hash"]
+    assert summary["federated_union_k_step_error"] == expected["federated_union_k_step_error"]
+    assert summary["bytes_up"] == expected["bytes_up"]
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert len({e["pid"] for e in entries}) == 4  # the four participants, nothing else
+    for entry in entries:
+        assert entry["kind"] == "grpc_channel", entry
+        assert entry["target"].startswith("'127.0.0.1:"), entry
+    assert len({e["target"] for e in entries}) == 1
