@@ -1,0 +1,355 @@
+"""The network transport's cost: round overhead, stream throughput, and the chunk size.
+
+Three tables, all measured in the same run on this machine:
+
+1. **Round non-compute overhead**, N = 4 participants, 10M and 100M float32 parameters, learners
+   that do no compute (one scaled copy), so the round is overhead: network transport (one
+   coordinator and four participant *processes* on loopback, mutual TLS) against the in-process
+   transport with the same config. ``non-compute`` is the ledger's ``wall_s - compute_s``: model
+   encode and checkpoint, FetchModel streams, decode and hash checks, pseudo-gradient and seal,
+   SubmitUpdate streams, validation, canonical mean, outer step. Median over the rounds.
+2. **Throughput on loopback** (MB/s of payload bytes) of ``FetchModel`` (coordinator ->
+   participant) and ``SubmitUpdate`` (participant -> coordinator, up to the verdict of a judge that
+   accepts at once, so only the transport is timed), with and without TLS, against the floor: a
+   raw TCP socket copy of the same bytes between the same two processes.
+3. **Chunk size** (``network.chunk_bytes``) sweep of both streams over mTLS: the measurement
+   behind the default.
+
+    python bench/network_transport.py                  # 10M and 100M (needs ~16 GB RAM)
+    python bench/network_transport.py --params 10M     # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from lensemble.config import LensembleConfig
+from lensemble.config.load import validate_mapping
+from lensemble.federation.coordinator import Coordinator
+from lensemble.federation.inprocess import InProcessTransport
+from lensemble.federation.learner import LocalRound
+from lensemble.federation.ledger import Ledger
+from lensemble.federation.messages import Reason, RoundOpening, Verdict
+from lensemble.federation.participant import Contribution, Participant
+from lensemble.federation.payload import bytes_hash, manifest
+from lensemble.network.certs import init_certs
+from lensemble.network.launcher import LocalFederation, free_port
+
+HERE = Path(__file__).resolve()
+IDS = ("p0", "p1", "p2", "p3")
+TENSORS = 8
+MiB = 1 << 20
+
+
+def parse_count(text: str) -> int:
+    units = {"K": 10**3, "M": 10**6, "G": 10**9}
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def make_params(total: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    size = total // TENSORS
+    return {f"layer.{i}.weight": torch.randn(size, generator=g) for i in range(TENSORS)}
+
+
+class ScaleLearner:
+    """No training: local parameters are the global ones scaled by a participant factor."""
+
+    def __init__(self, participant_id: str) -> None:
+        self.factor = 1.0 - 1e-3 * (1 + IDS.index(participant_id))
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        return LocalRound({k: v * self.factor for k, v in global_params.items()}, 0.0, 0.0)
+
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+
+def config_mapping(
+    tmp: Path, rounds: int, chunk_bytes: int = MiB, tls: bool = True
+) -> dict[str, Any]:
+    certs = tmp / "certs"
+    return {
+        "run": {"name": "bench", "output_dir": str(tmp / "run")},
+        "federation": {
+            "participants": [{"id": p} for p in IDS],
+            "rounds": rounds,
+            "inner_steps": 1,
+            "quorum": 4,
+            "round_timeout_s": 600,
+            "join_timeout_s": 900,
+            "max_round_retries": 0,
+            "transport": "network",
+        },
+        "network": {
+            "port": free_port(),
+            "auth": "mtls" if tls else "insecure",
+            "tls": {
+                "enabled": tls,
+                "client_auth": tls,
+                "ca_file": str(certs / "ca.crt"),
+                "cert_file": str(certs / "{identity}" / "tls.crt"),
+                "key_file": str(certs / "{identity}" / "tls.key"),
+            },
+            "max_message_bytes": 2048 * MiB,
+            "chunk_bytes": chunk_bytes,
+            "rpc_timeout_s": 120,
+        },
+        "observability": {"log_format": "json"},
+    }
+
+
+def write_config(tmp: Path, mapping: dict[str, Any]) -> tuple[Path, LensembleConfig]:
+    config = validate_mapping(mapping)
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    init_certs(tmp / "certs", config)
+    return path, config
+
+
+# --------------------------------------------------------------------- 1. round overhead
+def network_round(total: int, rounds: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        path, config = write_config(tmp, config_mapping(tmp, rounds))
+        program = [sys.executable, str(HERE), "_proc", "--params", str(total)]
+        with LocalFederation(path, [], tmp / "logs", program=program) as fed:
+            coordinator = fed.start_coordinator()
+            participants = [fed.start_participant(p) for p in IDS]
+            if coordinator.wait(3600) != 0:
+                raise SystemExit(f"coordinator failed: {coordinator.last_error()}")
+            for p in participants:
+                p.wait(120)
+        records = Ledger(tmp / "run" / "ledger.jsonl").records()
+        return [r.non_compute_s for r in records]
+
+
+def in_process_round(total: int, rounds: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        mapping = config_mapping(tmp, rounds)
+        mapping["federation"]["transport"] = "in_process"
+        config = validate_mapping(mapping)
+        theta0 = make_params(total)
+        arch = manifest(theta0)
+        participants = {p: Participant(config, p, ScaleLearner(p), arch) for p in IDS}
+        coordinator = Coordinator(config, theta0, output_dir=tmp / "run")
+        del theta0
+        summary = coordinator.run(InProcessTransport(participants))
+        return [r.non_compute_s for r in summary.records]
+
+
+# ------------------------------------------------------------------------ 2. throughput
+def serve(config_path: Path, payload_bytes: int) -> None:
+    """A coordinator transport with one open round whose judge accepts every update at once."""
+    from lensemble.config import load_config
+    from lensemble.network.coordinator import GrpcCoordinatorTransport
+    from lensemble.network.security import Authenticator, server_credentials
+    from lensemble.network.service import start_coordinator_server
+
+    config = load_config(config_path)
+    transport = GrpcCoordinatorTransport(config, next_round=0)
+    server, _ = start_coordinator_server(
+        transport,
+        Authenticator(config, config.participant_ids),
+        server_credentials(config),
+        host="127.0.0.1",
+        port=config.network.port,
+    )
+    payload = os.urandom(payload_bytes)
+    opening = RoundOpening(0, 0, 0, bytes_hash(payload), time.monotonic() + 3600)
+    transport.open_round(opening, payload)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        submission = transport.receive(time.monotonic() + 3600)
+        if submission is not None:
+            transport.reply(submission, Verdict(Reason.ACCEPTED, "ok", 0))
+
+
+def tcp_peer(port: int, payload_bytes: int) -> None:
+    """Raw TCP floor: send the payload to the first client, then read one back and ack."""
+    payload = os.urandom(payload_bytes)
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(payload)
+            _receive(conn, payload_bytes)
+            conn.sendall(b"k")
+
+
+def _receive(conn: socket.socket, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = conn.recv_into(view[got:], min(4 * MiB, size - got))
+        if n == 0:
+            raise ConnectionError(f"peer closed after {got} of {size} bytes")
+        got += n
+    return buffer
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def grpc_throughput(
+    tmp: Path, payload_bytes: int, chunk_bytes: int, tls: bool
+) -> tuple[float, float]:
+    from lensemble.network.participant import CoordinatorClient
+    from lensemble.network.proto import lensemble_pb2 as pb
+
+    mapping = config_mapping(tmp, 1, chunk_bytes, tls)
+    path, config = write_config(tmp, mapping)
+    server = _spawn("_serve", str(path), str(payload_bytes))
+    try:
+        client = CoordinatorClient(config, "p0")
+        client.join()
+        announcement = client.watch((-1, 1 << 30))
+        assert announcement is not None
+        fetch_s, submit_s = [], []
+        contribution = Contribution(os.urandom(payload_bytes), "", 0.0, 0.0)
+        contribution = Contribution(contribution.payload, bytes_hash(contribution.payload), 0, 0)
+        opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 3600)
+        for _ in range(3):
+            start = time.perf_counter()
+            data = client.fetch(
+                pb.RoundAnnouncement(
+                    round_index=0, model_hash=announcement.model_hash, model_bytes=payload_bytes
+                )
+            )
+            fetch_s.append(time.perf_counter() - start)
+            assert len(data) == payload_bytes
+            del data
+            start = time.perf_counter()
+            assert client.submit(opening, contribution).accepted
+            submit_s.append(time.perf_counter() - start)
+        client.close()
+    finally:
+        server.kill()
+        server.wait()
+    mb = payload_bytes / 1e6
+    return mb / statistics.median(fetch_s), mb / statistics.median(submit_s)
+
+
+def tcp_throughput(payload_bytes: int) -> tuple[float, float]:
+    port = free_port()
+    peer = _spawn("_tcp", str(port), str(payload_bytes))
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            start = time.perf_counter()
+            buffer = _receive(conn, payload_bytes)
+            down = time.perf_counter() - start
+            start = time.perf_counter()
+            conn.sendall(buffer)
+            assert conn.recv(1) == b"k"
+            up = time.perf_counter() - start
+    finally:
+        peer.wait(30)
+    mb = payload_bytes / 1e6
+    return mb / down, mb / up
+
+
+# ------------------------------------------------------------------------------ main
+def _proc(argv: list[str]) -> None:
+    """A coordinator or participant process with the no-compute learner (LocalFederation)."""
+    from lensemble.config import load_config
+    from lensemble.network.process import PortOptions, run_coordinator, run_participant
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params", type=int, required=True)
+    parser.add_argument("role")
+    parser.add_argument("--config")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--id")
+    parser.add_argument("--health-port", type=int)
+    parser.add_argument("--metrics-port", type=int)
+    args = parser.parse_args(argv)
+    config = load_config(args.config, args.set)
+    ports = PortOptions(None, args.health_port, args.metrics_port)
+    theta0 = make_params(args.params)
+    if args.role == "coordinator":
+        run_coordinator(config, theta0, ports)
+    else:
+        run_participant(config, args.id, lambda: ScaleLearner(args.id), theta0, ports)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", default="10M,100M", help="model sizes, e.g. 10M,100M")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-rounds", action="store_true")
+    args = parser.parse_args()
+    sizes = [parse_count(s) for s in args.params.split(",")]
+
+    if not args.skip_rounds:
+        print("1. Round non-compute overhead, N = 4 (median over rounds, seconds)")
+        print(f"{'params':>8} {'MB/model':>9} {'in-process':>11} {'network mTLS':>13} {'ratio':>6}")
+        for total in sizes:
+            local = statistics.median(in_process_round(total, args.rounds))
+            remote = statistics.median(network_round(total, args.rounds))
+            print(
+                f"{total / 1e6:>7.0f}M {total * 4 / 1e6:>9.0f} {local:>11.2f} {remote:>13.2f} "
+                f"{remote / local:>6.2f}"
+            )
+        print()
+
+    print("2. Throughput on loopback (MB/s; chunk 1 MiB; median of 3)")
+    print(
+        f"{'MB':>6} {'TCP down':>9} {'TCP up':>8} {'Fetch TLS':>10} {'Submit TLS':>11} "
+        f"{'Fetch plain':>12} {'Submit plain':>13}"
+    )
+    for total in sizes:
+        payload = total * 4
+        tcp_down, tcp_up = tcp_throughput(payload)
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            fetch_tls, submit_tls = grpc_throughput(Path(a), payload, MiB, tls=True)
+            fetch_plain, submit_plain = grpc_throughput(Path(b), payload, MiB, tls=False)
+        print(
+            f"{payload / 1e6:>6.0f} {tcp_down:>9.0f} {tcp_up:>8.0f} {fetch_tls:>10.0f} "
+            f"{submit_tls:>11.0f} {fetch_plain:>12.0f} {submit_plain:>13.0f}"
+        )
+    print()
+
+    payload = sizes[0] * 4
+    print(f"3. Chunk size (network.chunk_bytes), {payload / 1e6:.0f} MB payload, mTLS (MB/s)")
+    print(f"{'chunk':>8} {'Fetch':>7} {'Submit':>7}")
+    for chunk in (64 * 1024, 256 * 1024, MiB, 4 * MiB, 16 * MiB):
+        with tempfile.TemporaryDirectory() as a:
+            fetch, submit = grpc_throughput(Path(a), payload, chunk, tls=True)
+        print(f"{chunk // 1024:>6}Ki {fetch:>7.0f} {submit:>7.0f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_proc":
+        _proc(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_serve":
+        serve(Path(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_tcp":
+        tcp_peer(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main()
