@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -130,7 +129,7 @@ def write_config(tmp: Path, mapping: dict[str, Any]) -> tuple[Path, LensembleCon
 def network_round(total: int, rounds: int) -> list[float]:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        path, config = write_config(tmp, config_mapping(tmp, rounds))
+        path, _ = write_config(tmp, config_mapping(tmp, rounds))
         program = [sys.executable, str(HERE), "_proc", "--params", str(total)]
         with LocalFederation(path, [], tmp / "logs", program=program) as fed:
             coordinator = fed.start_coordinator()
@@ -168,7 +167,7 @@ def serve(config_path: Path, payload_bytes: int) -> None:
 
     config = load_config(config_path)
     transport = GrpcCoordinatorTransport(config, next_round=0)
-    server, _ = start_coordinator_server(
+    _server, _ = start_coordinator_server(  # serves until the process is killed
         transport,
         Authenticator(config, config.participant_ids),
         server_credentials(config),
