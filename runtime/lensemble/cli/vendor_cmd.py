@@ -91,8 +91,10 @@ def sync(
     ),
     root: Path = RootOption,
 ) -> None:
-    """Download (or take from --cache) each pinned release, verify its SHA-256, unpack it to
-    third_party/NAME/src and apply the patch series; record the tree digest in the lock.
+    """Materialise each vendored tree: pinned release plus patches, verified.
+
+    Downloads (or takes from --cache) each pinned release, verifies its SHA-256, unpacks it to
+    third_party/NAME/src and applies the patch series; records the tree digest in the lock.
     """
     from lensemble.vendor import SyncReport, load_project, sync_project
 
@@ -134,9 +136,10 @@ def sync(
 
 @app.command()
 def check(name: str | None = NameArgument, root: Path = RootOption) -> None:
-    """Drift and license guard: fail when third_party/NAME/src differs from pristine upstream
-    plus the patch series, a patch lacks a DEP-3 field, or the license file is missing without
-    a recorded exception. Needs no network.
+    """Drift and license guard over each vendored tree; needs no network.
+
+    Fails when third_party/NAME/src differs from pristine upstream plus the patch series, a
+    patch lacks a DEP-3 field, or the license file is missing without a recorded exception.
     """
     from lensemble.vendor import CheckReport, check_project
 

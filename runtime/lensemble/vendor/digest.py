@@ -47,7 +47,7 @@ def file_digests(root: Path) -> dict[str, str]:
 
 
 def tree_digest(files: dict[str, str]) -> str:
-    """``sha256-tree-v1:<hex>``: SHA-256 over ``"<sha256>  <path>\\n"`` lines sorted by path.
+    """``sha256-tree-v1:<hex>``: SHA-256 over one ``<sha256>  <path>`` line per file, by path.
 
     Each line has the format ``sha256sum`` prints, so the digest is easy to reproduce by hand.
     """

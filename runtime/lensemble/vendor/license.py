@@ -84,8 +84,7 @@ def check_license(project: Project, tree: Path) -> LicenseStatus:
     if exception is None:
         where = f"'{policy.file}'" if policy.file else "a license file"
         raise LicenseError(
-            f"{project.label}/src has no {where} and {MANIFEST_FILE} records no license "
-            "exception.",
+            f"{project.label}/src has no {where} and {MANIFEST_FILE} records no license exception.",
             remediation="vendor a release that ships its license, or record "
             "[license.exception] with the reason, source and date.",
         )

@@ -1,10 +1,10 @@
-"""The manifest (``vendor.toml``, edited by people) and the lock (``vendor.lock.json``, written
-by ``lensemble vendor sync``) of one vendored project, and where its files live.
+"""The manifest and the lock of one vendored project, and where its files live.
 
-The manifest says what we vendor and under which license policy; the lock records exactly what
-was materialised: the pinned release, its SHA-256, and the digest and per-file SHA-256 of the
-tree after the patch series. Field names follow moz.yaml / OpenTitan's vendor.hjson where one
-exists (anchors §3).
+The manifest (``vendor.toml``, edited by people) says what we vendor and under which license
+policy; the lock (``vendor.lock.json``, written by ``lensemble vendor sync``) records exactly
+what was materialised: the pinned release, its SHA-256, and the digest and per-file SHA-256 of
+the tree after the patch series. Field names follow moz.yaml / OpenTitan's vendor.hjson where
+one exists (anchors §3).
 """
 
 from __future__ import annotations

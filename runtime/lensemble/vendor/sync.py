@@ -86,13 +86,17 @@ def _lock_differences(old: Lock, new: Lock) -> list[str]:
         total = len(diff.modified) + len(diff.added) + len(diff.removed)
         return [f"files: {describe_differences(diff.first(5), total)}"]
     old_fields, new_fields = old.model_dump(), new.model_dump()
-    return [k for k in new_fields if k not in ("files", "patches") and old_fields[k] != new_fields[k]]
+    return [
+        k for k in new_fields if k not in ("files", "patches") and old_fields[k] != new_fields[k]
+    ]
 
 
 def _target_release(project: Project, lock: Lock | None, update: str | None) -> tuple[str, Release]:
     upstream = project.manifest.upstream
     if update is not None:
-        release = resolve_release(upstream.index_url, upstream.package, update, upstream.distribution)
+        release = resolve_release(
+            upstream.index_url, upstream.package, update, upstream.distribution
+        )
         return update, release
     if lock is None:
         raise NotSynced(
@@ -110,7 +114,13 @@ def _target_release(project: Project, lock: Lock | None, update: str | None) -> 
 
 
 def _patch_failure(
-    project: Project, version: str, lock: Lock | None, moving: bool, failures: list[tuple[str, str]], total: int
+    project: Project,
+    version: str,
+    lock: Lock | None,
+    *,
+    moving: bool,
+    failures: list[tuple[str, str]],
+    total: int,
 ) -> PatchFailed:
     listed = ", ".join(f"{name} ({reason})" for name, reason in failures)
     package = project.manifest.upstream.package
@@ -191,7 +201,9 @@ def sync_project(
         ]
         if failures:
             moving = update is not None and (lock is None or lock.version != update)
-            raise _patch_failure(project, version, lock, moving, failures, len(series))
+            raise _patch_failure(
+                project, version, lock, moving=moving, failures=failures, total=len(series)
+            )
         files = file_digests(tree)
         license_status = check_license(project, tree)
         new_lock = Lock(
