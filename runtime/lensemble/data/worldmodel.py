@@ -10,7 +10,8 @@ extra.
 Offline use: the classic-control ids (``swm/PendulumControl-v1``, ``swm/CartPoleControl-v1``,
 ``swm/AcrobotControl-v1``, ``swm/MountainCarControl-v0``,
 ``swm/MountainCarContinuousControl-v0``) need only gymnasium, numpy and loguru and download
-nothing. Other ids need upstream's own optional stacks (MuJoCo, pymunk, ...), not installed here.
+nothing; so do ``swm/SimplePointMaze-v0`` and ``swm/Piecewise-v0``. Other ids need upstream's
+own optional stacks (MuJoCo, pymunk, opencv, torchvision, ...), which Lensemble does not install.
 """
 
 from __future__ import annotations
@@ -188,8 +189,9 @@ def make_env(env_id: str, env_params: Mapping[str, float]) -> gymnasium.Env:
             [
                 ConfigProblem(
                     path="data.env_id",
-                    message=f"'{env_id}' is not registered by stable-worldmodel; ids that run "
-                    f"offline here: {', '.join(control)}.",
+                    message=f"'{env_id}' is not registered by stable-worldmodel; the "
+                    f"classic-control ids need nothing beyond the [worldmodel] extra: "
+                    f"{', '.join(control)}.",
                 )
             ]
         )
