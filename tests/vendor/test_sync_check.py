@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from tests.support.cli import run_cli
-from tests.vendor.conftest import (
+from tests.vendor.fixtures import (
     DEMO_V1,
     PATCH_LOUD,
     PATCH_TRIPLE,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 from lensemble.data import worldmodel as data_wm
 from lensemble.errors import EXIT_TOOL, ConfigError, ToolMissing
 from lensemble.eval import worldmodel as eval_wm
-from tests.support.tools import require
+from tests.support.tools import require, required_tools
 
 
 def test_is_worldmodel_env_needs_no_vendored_code() -> None:
@@ -44,9 +43,12 @@ def test_non_worldmodel_id_and_unknown_planner_are_config_errors() -> None:
 @pytest.fixture
 def worldmodel() -> None:
     """Skip unless the vendored tree is synced and the extra's loguru is installed."""
-    # Without a synced tree, require() below reports stable_worldmodel as unavailable.
-    with contextlib.suppress(ToolMissing):
+    try:
         data_wm.use_vendored("stable_worldmodel", "stable_worldmodel")
+    except ToolMissing as exc:
+        if "worldmodel" in required_tools():
+            pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")
+        pytest.skip(f"worldmodel unavailable: {exc.message}")
     require("worldmodel")
     pytest.importorskip("loguru", reason="the [worldmodel] extra is not installed")
 
