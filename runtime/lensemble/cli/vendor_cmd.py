@@ -56,18 +56,19 @@ def _parse_update(spec: str) -> tuple[str, str]:
 
 def _run_each(projects: list[Project], action: str, run: Callable[[Project], str]) -> None:
     """Run ``run(project)`` for each project; report every failure, exit with the first code."""
-    first_code = 0
+    codes: list[int] = []
     for project in projects:
         try:
             line = run(project)
         except LensembleError as exc:
             report_error(exc)
-            first_code = first_code or exc.exit_code
+            codes.append(exc.exit_code)
             continue
         typer.echo(line)
-    if first_code:
-        sys.stderr.write(f"vendor {action} failed\n")
-        raise typer.Exit(first_code)
+    if codes:
+        if len(projects) > 1:
+            sys.stderr.write(f"vendor {action}: {len(codes)} of {len(projects)} projects failed\n")
+        raise typer.Exit(codes[0])
 
 
 @app.command()
