@@ -25,7 +25,7 @@ NameArgument = typer.Argument(
     None, help="Project (e.g. stable_worldmodel or stable-worldmodel); default: every project."
 )
 RootOption = typer.Option(
-    Path("."), "--root", help="Repository root holding third_party/ (default: .).", metavar="DIR"
+    Path("."), "--root", help="Repository root holding third_party/.", metavar="DIR"
 )
 
 
@@ -92,7 +92,7 @@ def sync(
     ),
     root: Path = RootOption,
 ) -> None:
-    """Materialise each vendored tree: pinned release plus patches, verified.
+    """Materialise pinned releases plus their patches.
 
     Downloads (or takes from --cache) each pinned release, verifies its SHA-256, unpacks it to
     third_party/NAME/src and applies the patch series; records the tree digest in the lock.
@@ -137,7 +137,7 @@ def sync(
 
 @app.command()
 def check(name: str | None = NameArgument, root: Path = RootOption) -> None:
-    """Drift and license guard over each vendored tree; needs no network.
+    """Drift and license guards, offline.
 
     Fails when third_party/NAME/src differs from pristine upstream plus the patch series, a
     patch lacks a DEP-3 field, or the license file is missing without a recorded exception.
