@@ -20,7 +20,6 @@ from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, UsageEr
 from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
 
 #: Where the chart mounts things inside every container (docs/architecture.md).
-CONFIG_PATH = "/etc/lensemble/config.yaml"
 TLS_DIR = "/etc/lensemble/tls"
 STATE_DIR = "/var/lib/lensemble"
 

@@ -30,9 +30,6 @@ from lensemble.errors import ConfigError, ConfigProblem, ToolMissing, UsageError
 from lensemble.render.helm_values import render_helm_values
 from lensemble.render.kind import local_overlay_files
 
-#: Kubernetes versions every rendered document is validated against in the tests.
-KUBE_VERSION = "v1.33.0"
-
 BASE_FILE = "base/manifests.yaml"
 HOOK_ANNOTATION = "helm.sh/hook"
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import IntegrityError
+from lensemble.render.chart_values import OPEN_CIDRS
 
 Manifest = dict[str, Any]
 
 TRUST_DOMAIN_LABEL = "lensemble.dev/trust-domain"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "Pod")
-OPEN_CIDRS = ("0.0.0.0/0", "::/0")
 #: Text that marks key or certificate material.
 _SECRET_MARKERS = ("-----BEGIN", "PRIVATE KEY")
 
