@@ -6,6 +6,7 @@ rest of tests/k8s validates the same manifests statically).
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from pathlib import Path
@@ -32,7 +33,7 @@ def test_kind_up_runs_rounds_and_reports_the_hash_chain(repo: Path) -> None:
         assert up.returncode == 0, up.stderr[-4000:]
         rounds = [json.loads(line) for line in up.stdout.splitlines() if line.startswith("{")]
         assert [r["round"] for r in rounds][:2] == [rounds[0]["round"], rounds[0]["round"] + 1]
-        assert all(any("hash" in key for key in r) for r in rounds)
+        assert all(b["parent_hash"] == a["model_hash"] for a, b in itertools.pairwise(rounds))
     finally:
         down = subprocess.run(
             ["lensemble", "kind", "down", "--config", "config/local.yaml"],

@@ -212,13 +212,6 @@ seccompProfile:
   value: {{ .role }}
 - name: LENSEMBLE_CONFIG
   value: /etc/lensemble/config.yaml
-# The root filesystem is read-only: caches go to the /tmp emptyDir.
-- name: HOME
-  value: /tmp
-- name: XDG_CACHE_HOME
-  value: /tmp/.cache
-- name: MPLCONFIGDIR
-  value: /tmp/matplotlib
 {{- end -}}
 
 {{/* Ports every process serves; the coordinator also serves gRPC. */}}

@@ -3,7 +3,8 @@
 ``up`` creates the cluster (one control plane, one worker per trust domain), builds the image and
 side-loads it, creates one TLS Secret per identity (``lensemble certs init``), applies the local
 overlay, waits for every participant to be ready, follows a few rounds of the coordinator's
-ledger and prints the hash chain. ``down`` deletes the cluster. Needs Docker, kind and kubectl.
+ledger and prints the hash chain (checked: each round's parent is the previous round's model).
+``down`` deletes the cluster. Needs Docker, kind and kubectl.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lensemble.errors import RoundError, ToolMissing, UsageError
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
+    from lensemble.federation.ledger import RoundRecord
 
 app = typer.Typer(
     help="Run the local overlay on a kind cluster (needs Docker, kind and kubectl).",
@@ -66,7 +68,8 @@ def _certificates(cfg: LensembleConfig, kubectl: list[str], workdir: Path) -> No
     config_file = workdir / "config.yaml"
     config_file.write_text(yaml.safe_dump(view.model_dump(mode="json")), encoding="utf-8")
     certs = workdir / "certs"
-    _run([_tool("lensemble"), "certs", "init", str(certs), "--config", str(config_file)])
+    cli = [sys.executable, "-c", "from lensemble.cli import main; main()"]
+    _run([*cli, "certs", "init", str(certs), "--config", str(config_file)])
     identities = {"coordinator": coordinator_namespace(cfg)}
     for p in cfg.federation.participants:
         identities[p.id] = participant_namespace(cfg, p.trust_domain)
@@ -94,8 +97,14 @@ def _certificates(cfg: LensembleConfig, kubectl: list[str], workdir: Path) -> No
 
 def _follow_rounds(
     cfg: LensembleConfig, kubectl: list[str], rounds: int, timeout_s: float
-) -> list[dict[str, object]]:
-    """Poll the coordinator's ledger until ``rounds`` lines are committed."""
+) -> list[RoundRecord]:
+    """Poll the coordinator's ledger until ``rounds`` rounds are committed; check the chain.
+
+    Raises:
+        RoundError: Fewer rounds were committed within ``timeout_s`` seconds.
+        IntegrityError: The committed rounds do not chain.
+    """
+    from lensemble.federation.ledger import RoundRecord, committed_chain
     from lensemble.render.helm_values import STATE_DIR, coordinator_namespace
 
     ledger = f"{STATE_DIR}/{cfg.observability.ledger_path}"
@@ -110,15 +119,21 @@ def _follow_rounds(
         ledger,
     ]
     deadline = time.monotonic() + timeout_s
-    lines: list[dict[str, object]] = []
+    closed: list[RoundRecord] = []
     while time.monotonic() < deadline:
         out = _run(target, check=False)
-        lines = [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
-        if len(lines) >= rounds:
-            return lines[:rounds]
+        records = [
+            RoundRecord(**json.loads(line))
+            for line in out.splitlines()
+            if line.strip().startswith("{")
+        ]
+        committed_chain(records)
+        closed = [r for r in records if r.state == "closed"]
+        if len(closed) >= rounds:
+            return closed[:rounds]
         time.sleep(5)  # polling a live cluster, not a test assertion
     raise RoundError(
-        f"only {len(lines)} of {rounds} rounds were committed to {ledger} "
+        f"only {len(closed)} of {rounds} rounds were committed to {ledger} "
         f"within {timeout_s:.0f} s.",
         remediation="Inspect the pods with kubectl get pods -A and kubectl logs.",
     )
@@ -187,9 +202,9 @@ def up(
             ]
         )
     typer.echo(f"every participant is ready; following {rounds} rounds")
-    for entry in _follow_rounds(cfg, kubectl, rounds, timeout):
-        hashes = {k: v for k, v in entry.items() if "hash" in k}
-        typer.echo(json.dumps({"round": entry.get("round"), **hashes}, sort_keys=True))
+    for record in _follow_rounds(cfg, kubectl, rounds, timeout):
+        line = {"round": record.round, "parent_hash": record.parent_hash}
+        typer.echo(json.dumps({**line, "model_hash": record.model_hash}))
     typer.echo(
         f"delete the cluster with: lensemble kind down --config {config or 'config/local.yaml'}"
     )
