@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ class Case:
     mode: str = "all"
     trust_domain: str | None = None
     overrides: tuple[str, ...] = ()
-    knobs: tuple[tuple[str, Any], ...] = field(default=())
+    knobs: tuple[tuple[str, Any], ...] = ()
 
 
 CASES: dict[str, Case] = {
