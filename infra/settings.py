@@ -1,0 +1,211 @@
+"""Typed view of one stack's ``lensemble:*`` Pulumi config.
+
+A stack file names the LensembleConfig it deploys (``lensemble:configFile``) and says only what
+the config cannot know: which part of a sovereign-prod split this stack is, where the
+coordinator lives for a participant stack, who may reach public endpoints, and node sizes.
+Credentials never appear here: the AWS providers take them from the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast
+
+import pulumi
+
+from lensemble.errors import ConfigError, ConfigProblem
+
+#: The directory holding ``Pulumi.yaml``; relative paths in stack config resolve from here,
+#: whatever working directory Pulumi gives the program.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Role = Literal["all", "coordinator", "participant"]
+DeployWith = Literal["helm", "kustomize"]
+ROLES: tuple[Role, ...] = ("all", "coordinator", "participant")
+DEPLOY_WITH: tuple[DeployWith, ...] = ("helm", "kustomize")
+
+
+@dataclass(frozen=True)
+class CoordinatorSource:
+    """Where a participant stack learns the coordinator's endpoint and CA certificate.
+
+    Attributes:
+        stack: Fully qualified coordinator stack (``org/lensemble/sovereign-prod``) read through
+            a stack reference, or None.
+        endpoint: ``host:port`` the participants dial, when given directly.
+        ca_file: PEM file (path) of the CA that signed the coordinator, when given directly.
+    """
+
+    stack: str | None
+    endpoint: str | None
+    ca_file: Path | None
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """Everything a stack file may say, validated.
+
+    Attributes:
+        stack: The Pulumi stack name.
+        config_file: The LensembleConfig file (absolute path).
+        role: ``all`` (one cluster runs coordinator and participants: local, staging),
+            ``coordinator`` (the consortium's sovereign-prod stack) or ``participant`` (one
+            organisation's sovereign-prod stack).
+        trust_domain: The participant stack's trust domain; None otherwise.
+        coordinator: Where a participant stack finds the coordinator; None otherwise.
+        ca_file: PEM CA certificate (path) the coordinator stack publishes to participants.
+        deploy_with: ``helm`` (the chart with rendered values) or ``kustomize`` (an overlay).
+        kustomize_dir: Overlay directory (relative to the project root) for ``kustomize``.
+        vpc_cidr: IPv4 CIDR of the VPC.
+        availability_zones: Private subnets to spread nodes over (count, 2-3).
+        api_allowed_cidrs: CIDRs allowed to reach a public EKS endpoint (staging only).
+        coordinator_ingress_cidrs: CIDRs allowed to reach the coordinator's load balancer on
+            ``network.port`` (sovereign-prod coordinator: the participants' egress addresses).
+        account_id: AWS account the providers refuse to leave, when set.
+        kubernetes_version: EKS control-plane version.
+        system_instance_type: Instance type of the system node group.
+        coordinator_instance_type: Instance type of the confidential coordinator node group.
+        participant_instance_type: Instance type of each participant node group.
+        participant_nodes: Nodes per participant node group (count).
+    """
+
+    stack: str
+    config_file: Path
+    role: Role
+    trust_domain: str | None
+    coordinator: CoordinatorSource | None
+    ca_file: Path | None
+    deploy_with: DeployWith
+    kustomize_dir: str | None
+    vpc_cidr: str
+    availability_zones: int
+    api_allowed_cidrs: tuple[str, ...]
+    coordinator_ingress_cidrs: tuple[str, ...]
+    account_id: str | None
+    kubernetes_version: str
+    system_instance_type: str
+    coordinator_instance_type: str
+    participant_instance_type: str
+    participant_nodes: int
+
+    @property
+    def stack_file(self) -> str:
+        """The stack file problems are reported against."""
+        return f"Pulumi.{self.stack}.yaml"
+
+
+def _problem(stack: str, key: str, message: str) -> ConfigError:
+    return ConfigError([ConfigProblem(f"lensemble:{key}", message, source=f"Pulumi.{stack}.yaml")])
+
+
+def _path(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+def _strings(cfg: pulumi.Config, key: str) -> tuple[str, ...]:
+    raw = cfg.get_object(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise _problem(
+            pulumi.get_stack(), key, f"{raw!r} is not a list of strings; give a YAML list."
+        )
+    return tuple(cast(list[str], raw))
+
+
+def read_settings() -> StackSettings:
+    """Read and check the current stack's ``lensemble:*`` config.
+
+    Returns:
+        The validated settings.
+
+    Raises:
+        ConfigError: A key is missing, has a value outside its choices, or contradicts another
+            (each problem names the key and the stack file).
+    """
+    stack = pulumi.get_stack()
+    cfg = pulumi.Config("lensemble")
+    config_file = _path(cfg.get("configFile"))
+    if config_file is None:
+        raise _problem(
+            stack,
+            "configFile",
+            "is required; name the LensembleConfig file, e.g. config/staging.yaml.",
+        )
+    role = cfg.get("role", "all")
+    if role not in ROLES:
+        raise _problem(stack, "role", f"{role!r} is not allowed; use one of {', '.join(ROLES)}.")
+    deploy_with = cfg.get("deployWith", "helm")
+    if deploy_with not in DEPLOY_WITH:
+        raise _problem(
+            stack, "deployWith", f"{deploy_with!r} is not allowed; use helm or kustomize."
+        )
+    kustomize_dir = cfg.get("kustomizeDir")
+    if deploy_with == "kustomize" and not kustomize_dir:
+        raise _problem(
+            stack,
+            "kustomizeDir",
+            "is required with deployWith kustomize; name the overlay "
+            "directory, e.g. deploy/kustomize/overlays/staging.",
+        )
+    trust_domain = cfg.get("trustDomain")
+    coordinator: CoordinatorSource | None = None
+    if role == "participant":
+        if not trust_domain:
+            raise _problem(
+                stack,
+                "trustDomain",
+                "is required for a participant stack; set it to this "
+                "organisation's trust domain from the config.",
+            )
+        coordinator = CoordinatorSource(
+            stack=cfg.get("coordinatorStack"),
+            endpoint=cfg.get("coordinatorEndpoint"),
+            ca_file=_path(cfg.get("coordinatorCaFile")),
+        )
+        if coordinator.stack is None and (
+            coordinator.endpoint is None or coordinator.ca_file is None
+        ):
+            raise _problem(
+                stack,
+                "coordinatorStack",
+                "is missing; a participant stack needs the "
+                "coordinator stack to reference, or both lensemble:coordinatorEndpoint and "
+                "lensemble:coordinatorCaFile.",
+            )
+    elif trust_domain:
+        raise _problem(
+            stack,
+            "trustDomain",
+            "only applies to role participant; remove it or set lensemble:role: participant.",
+        )
+    zones = cfg.get_int("availabilityZones", 3)
+    if not 2 <= zones <= 3:
+        raise _problem(stack, "availabilityZones", f"{zones} is outside 2..3; choose 2 or 3.")
+    nodes = cfg.get_int("participantNodes", 1)
+    if nodes < 1:
+        raise _problem(stack, "participantNodes", f"{nodes} is below 1; give at least 1.")
+    return StackSettings(
+        stack=stack,
+        config_file=config_file,
+        role=role,
+        trust_domain=trust_domain,
+        coordinator=coordinator,
+        ca_file=_path(cfg.get("caFile")),
+        deploy_with=deploy_with,
+        kustomize_dir=kustomize_dir,
+        vpc_cidr=cfg.get("vpcCidr", "10.40.0.0/16"),
+        availability_zones=zones,
+        api_allowed_cidrs=_strings(cfg, "apiAllowedCidrs"),
+        coordinator_ingress_cidrs=_strings(cfg, "coordinatorIngressCidrs"),
+        account_id=cfg.get("accountId"),
+        kubernetes_version=cfg.get("kubernetesVersion", "1.33"),
+        system_instance_type=cfg.get("systemInstanceType", "m6i.large"),
+        coordinator_instance_type=cfg.get("coordinatorInstanceType", "m6a.xlarge"),
+        participant_instance_type=cfg.get("participantInstanceType", "m6i.xlarge"),
+        participant_nodes=nodes,
+    )

@@ -1,0 +1,193 @@
+"""Network and cluster policies: no open ingress, private API in sovereign-prod, SEV-SNP,
+audit logs, VPC endpoints, node groups per trust domain."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.infra.conftest import (
+    CLOUD_STACKS,
+    PARTICIPANT_STACKS,
+    SOVEREIGN_STACKS,
+    stack_lensemble_config,
+)
+from tests.infra.recording import run_stack
+
+# pulumi_aws warns about its own deprecated classes whenever the engine loads them.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
+
+ANYWHERE = ("0.0.0.0/0", "::/0")
+SNP_FAMILIES = ("m6a", "c6a", "r6a")
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+EKS = "aws:eks/cluster:Cluster"
+
+
+def load_balancer_ports(config):
+    """Documented (README, "Pulumi"): only the coordinator's gRPC port may face the internet."""
+    return {config.network.port}
+
+
+def open_ingress(capture, config):
+    """Ingress rules open to anywhere that are not on a documented load-balancer port."""
+    bad = []
+    for rule in capture.of_type(INGRESS):
+        cidr = rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
+        if cidr not in ANYWHERE:
+            continue
+        group = next(
+            r for r in capture.resources if f"{r.name}-id" == rule.inputs["securityGroupId"]
+        )
+        documented = (
+            group.name.endswith("-load-balancer")
+            and rule.inputs["fromPort"] == rule.inputs["toPort"]
+            and rule.inputs["fromPort"] in load_balancer_ports(config)
+        )
+        if not documented:
+            bad.append(rule.name)
+    return bad
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_no_security_group_rule_is_open_to_the_internet(captured, stack):
+    capture = captured(stack)
+    assert capture.of_type(INGRESS), "no ingress rule was registered"
+    assert open_ingress(capture, stack_lensemble_config(stack)) == []
+    assert capture.of_type("aws:ec2/securityGroupRule:SecurityGroupRule") == []
+    for group in capture.of_type("aws:ec2/securityGroup:SecurityGroup"):
+        assert not group.inputs.get("ingress"), "inline ingress escapes the rule check"
+
+
+def test_coordinator_load_balancer_opens_only_the_grpc_port():
+    config = stack_lensemble_config("sovereign-prod")
+    capture = run_stack(
+        "sovereign-prod",
+        config.deployment.cloud.partition,
+        {"lensemble:coordinatorIngressCidrs": ["0.0.0.0/0", "198.51.100.0/24"]},
+    )
+    rules = [r for r in capture.of_type(INGRESS) if "load-balancer" in r.name]
+    assert {r.inputs["fromPort"] for r in rules} == {config.network.port}
+    assert sorted(r.inputs["cidrIpv4"] for r in rules) == ["0.0.0.0/0", "198.51.100.0/24"]
+    assert open_ingress(capture, config) == []
+    assert capture.exports["coordinatorLoadBalancerSecurityGroupId"]
+
+
+@pytest.mark.parametrize("stack", SOVEREIGN_STACKS)
+def test_sovereign_api_server_is_private(captured, stack):
+    [cluster] = captured(stack).of_type(EKS)
+    vpc = cluster.inputs["vpcConfig"]
+    assert vpc["endpointPublicAccess"] is False
+    assert vpc["endpointPrivateAccess"] is True
+
+
+def test_staging_api_server_is_public_only_to_listed_networks(captured):
+    [private] = captured("staging").of_type(EKS)
+    assert private.inputs["vpcConfig"]["endpointPublicAccess"] is False
+    config = stack_lensemble_config("staging")
+    capture = run_stack(
+        "staging",
+        config.deployment.cloud.partition,
+        {"lensemble:apiAllowedCidrs": ["198.51.100.7/32"]},
+    )
+    [public] = capture.of_type(EKS)
+    assert public.inputs["vpcConfig"]["endpointPublicAccess"] is True
+    assert public.inputs["vpcConfig"]["publicAccessCidrs"] == ["198.51.100.7/32"]
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_control_plane_logs_audit_and_runs_pod_identity(captured, stack):
+    capture = captured(stack)
+    [cluster] = capture.of_type(EKS)
+    assert "audit" in cluster.inputs["enabledClusterLogTypes"]
+    assert cluster.inputs["encryptionConfig"]["resources"] == ["secrets"]
+    addons = {a.inputs["addonName"] for a in capture.of_type("aws:eks/addon:Addon")}
+    assert "eks-pod-identity-agent" in addons
+
+
+def _template_of(capture, group):
+    template_id = group.inputs["launchTemplate"]["id"]
+    return next(t for t in capture.of_type(LAUNCH_TEMPLATE) if f"{t.name}-id" == template_id)
+
+
+def test_confidential_coordinator_pool_enables_sev_snp(captured):
+    config = stack_lensemble_config("sovereign-prod")
+    assert config.deployment.confidential_compute
+    capture = captured("sovereign-prod")
+    confidential = [
+        g
+        for g in capture.of_type(NODE_GROUP)
+        if g.inputs["labels"].get("lensemble.dev/confidential-compute") == "amd-sev-snp"
+    ]
+    assert len(confidential) == 1
+    template = _template_of(capture, confidential[0]).inputs
+    assert template["cpuOptions"]["amdSevSnp"] == "enabled"
+    assert template["instanceType"].split(".")[0] in SNP_FAMILIES
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_only_the_confidential_pool_asks_for_sev_snp_and_every_node_hides_imds(captured, stack):
+    capture = captured(stack)
+    for group in capture.of_type(NODE_GROUP):
+        template = _template_of(capture, group).inputs
+        snp = template.get("cpuOptions", {}).get("amdSevSnp") == "enabled"
+        assert snp == (group.inputs["labels"].get("lensemble.dev/pool") == "coordinator")
+        assert template["metadataOptions"]["httpTokens"] == "required"
+        assert template["metadataOptions"]["httpPutResponseHopLimit"] == 1
+        assert template["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
+
+
+def test_non_snp_coordinator_instance_type_is_refused():
+    from lensemble.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="coordinatorInstanceType"):
+        run_stack("sovereign-prod", "aws", {"lensemble:coordinatorInstanceType": "m6i.xlarge"})
+
+
+@pytest.mark.parametrize("stack", ["staging", *PARTICIPANT_STACKS])
+def test_participant_pools_are_labelled_and_tainted_as_the_config_says(captured, stack):
+    capture = captured(stack)
+    config = stack_lensemble_config(stack)
+    pools = {
+        g.inputs["labels"]["lensemble.dev/trust-domain"]: g.inputs
+        for g in capture.of_type(NODE_GROUP)
+        if "lensemble.dev/trust-domain" in g.inputs["labels"]
+    }
+    domains = {d.name for d in capture.of_type("lensemble:aws:ParticipantTrustDomain")}
+    assert set(pools) == domains
+    for domain, pool in pools.items():
+        placement = config.deployment.trust_domains.get(domain)
+        selector = placement.node_selector if placement else {}
+        assert selector.items() <= pool["labels"].items()
+        expected = {
+            (t.key, t.value, (t.effect or "NoSchedule"))
+            for t in (placement.tolerations if placement else [])
+        }
+        effects = {
+            "NO_SCHEDULE": "NoSchedule",
+            "NO_EXECUTE": "NoExecute",
+            "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+        }
+        found = {(t["key"], t.get("value"), effects[t["effect"]]) for t in pool.get("taints", [])}
+        assert found == expected
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_nodes_reach_aws_through_vpc_endpoints(captured, stack):
+    capture = captured(stack)
+    # com.amazonaws.<region>.<service>
+    services = {
+        e.inputs["serviceName"].split(".", 3)[-1]
+        for e in capture.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    }
+    assert {"s3", "ecr.api", "ecr.dkr", "sts", "logs"} <= services
+
+
+def test_sovereign_coordinator_has_no_internet_egress(captured):
+    capture = captured("sovereign-prod")
+    assert capture.of_type("aws:ec2/natGateway:NatGateway") == []
+    assert capture.of_type("aws:ec2/internetGateway:InternetGateway") == []
+    assert not any(
+        r.inputs.get("destinationCidrBlock") == "0.0.0.0/0"
+        for r in capture.of_type("aws:ec2/route:Route")
+    )

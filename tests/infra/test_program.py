@@ -1,0 +1,193 @@
+"""The program as a whole: releases, outputs, components, partitions and stack settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lensemble.errors import ConfigError
+from tests.infra.conftest import (
+    CLOUD_STACKS,
+    PARTICIPANT_STACKS,
+    REPO,
+    STACKS,
+    stack_lensemble_config,
+)
+from tests.infra.expected import namespace_of, strings_in
+from tests.infra.recording import REFERENCE_CA, REFERENCE_ENDPOINT, run_stack
+
+# pulumi_aws warns about its own deprecated classes whenever the engine loads them.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def expected_release(capture, stack):
+    """(config, mode, trust domain, namespace) the stack's release must render.
+
+    A participant stack deploys the config with the coordinator endpoint it was given and the
+    image repository of its own region.
+    """
+    config = stack_lensemble_config(stack)
+    role = capture.exports["role"]
+    if role != "participant":
+        return config, role, None, config.deployment.namespace.name
+    [domain] = capture.of_type("lensemble:aws:ParticipantTrustDomain")
+    [repository] = capture.of_type("aws:ecr/repository:Repository")
+    pulled = capture.exports["imageRepositoryUrl"]
+    region = capture.exports["region"]
+    assert pulled.endswith(f"/{repository.inputs['name']}") and f".ecr.{region}." in pulled
+    host, port = REFERENCE_ENDPOINT.rsplit(":", 1)
+    data = config.model_dump(mode="json")
+    data["network"].update(host=host, port=int(port))
+    data["deployment"]["image"]["repository"] = pulled
+    effective = type(config).model_validate(data)
+    return effective, role, domain.name, namespace_of(config, domain.name)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_release_values_equal_render_helm_values(captured, stack):
+    from lensemble.render.helm_values import render_helm_values
+
+    capture = captured(stack)
+    [release] = capture.of_type(RELEASE)
+    config, mode, trust_domain, namespace = expected_release(capture, stack)
+    expected = render_helm_values(config, mode=mode, trust_domain=trust_domain)
+    [values_file] = release.inputs["valueYamlFiles"]
+    assert yaml.safe_load(values_file.text) == expected
+    assert "values" not in release.inputs
+    assert release.inputs["namespace"] == namespace
+    assert (Path.cwd() / release.inputs["chart"]).resolve() == REPO / "charts" / "lensemble"
+
+
+def test_local_registers_no_aws_resources(captured):
+    capture = captured("local")
+    config = stack_lensemble_config("local")
+    assert not [
+        r.type for r in capture.resources if r.type.startswith(("aws:", "pulumi:providers:aws"))
+    ]
+    [provider] = capture.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["context"] == config.deployment.kube_context
+    assert capture.of_type(RELEASE)[0].provider_id == f"{provider.name}-id"
+
+
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_cloud_stack_outputs(captured, stack):
+    capture = captured(stack)
+    exports = capture.exports
+    assert "kubeconfig" in capture.secret_exports
+    assert '"command": "aws"' in exports["kubeconfig"]
+    assert exports["imageRepositoryUrl"].endswith("/lensemble")
+    for participant in exports["participants"].values():
+        assert participant["bucket"] and participant["kmsKeyArn"].startswith("arn:")
+    if stack in PARTICIPANT_STACKS:
+        assert exports["coordinatorEndpoint"] == REFERENCE_ENDPOINT
+        assert exports["coordinatorCa"] == REFERENCE_CA
+        assert exports["egressIp"]
+    else:
+        config = stack_lensemble_config(stack)
+        assert exports["coordinatorEndpoint"] == f"{config.network.host}:{config.network.port}"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_component_parents_its_children_and_registers_outputs(captured, stack):
+    capture = captured(stack)
+    components = [r for r in capture.resources if r.type.startswith("lensemble:")]
+    assert components
+    for component in components:
+        assert component.urn in capture.component_outputs, f"{component.type} registered no outputs"
+    for resource in capture.resources:
+        if resource.type.startswith(("aws:", "kubernetes:helm.sh")):
+            owner = next(capture.ancestors(resource), None)
+            assert owner is not None and owner.type.startswith("lensemble:"), resource.name
+
+
+def test_arns_follow_the_configured_partition(tmp_path):
+    data = yaml.safe_load((REPO / "config/staging.yaml").read_text())
+    data["deployment"]["cloud"] = {
+        "provider": "aws",
+        "partition": "aws-eusc",
+        "region": "eusc-de-east-1",
+    }
+    config_file = tmp_path / "eusc.yaml"
+    config_file.write_text(yaml.safe_dump(data))
+    capture = run_stack("staging", "aws-eusc", {"lensemble:configFile": str(config_file)})
+    arns = [s for r in capture.resources for s in strings_in(r.inputs) if s.startswith("arn:")]
+    assert any(":iam::aws:policy/AmazonEKSClusterPolicy" in a for a in arns)
+    assert arns and all(a.startswith("arn:aws-eusc:") for a in arns), [
+        a for a in arns if not a.startswith("arn:aws-eusc:")
+    ]
+
+
+def test_image_repository_is_immutable_scanned_and_keeps_sha_tags(captured):
+    import json
+
+    capture = captured("staging")
+    [repository] = capture.of_type("aws:ecr/repository:Repository")
+    assert repository.inputs["imageTagMutability"] == "IMMUTABLE"
+    assert repository.inputs["imageScanningConfiguration"]["scanOnPush"] is True
+    [lifecycle] = capture.of_type("aws:ecr/lifecyclePolicy:LifecyclePolicy")
+    rules = json.loads(lifecycle.inputs["policy"])["rules"]
+    sha_rules = [r for r in rules if r["selection"].get("tagPatternList") == ["sha-*"]]
+    assert sha_rules and sha_rules[0]["selection"]["countType"] == "imageCountMoreThan"
+    # Nothing else may expire tagged images (version tags and sha-* within the count stay).
+    assert all(r["selection"]["tagStatus"] == "untagged" for r in rules if r not in sha_rules)
+
+
+@pytest.mark.parametrize(
+    ("stack", "extra", "key"),
+    [
+        ("sovereign-prod", {"lensemble:role": "all"}, "lensemble:role"),
+        (
+            "sovereign-prod",
+            {"lensemble:apiAllowedCidrs": ["198.51.100.7/32"]},
+            "lensemble:apiAllowedCidrs",
+        ),
+        (
+            "sovereign-prod-org-berlin",
+            {"lensemble:trustDomain": "org-atlantis"},
+            "lensemble:trustDomain",
+        ),
+        (
+            "sovereign-prod-org-berlin",
+            {"lensemble:coordinatorStack": None},
+            "lensemble:coordinatorStack",
+        ),
+        ("staging", {"lensemble:configFile": None}, "lensemble:configFile"),
+        ("staging", {"lensemble:deployWith": "kubectl"}, "lensemble:deployWith"),
+    ],
+)
+def test_bad_stack_settings_name_the_key(stack, extra, key):
+    with pytest.raises(ConfigError) as caught:
+        run_stack(stack, "aws", extra)
+    assert caught.value.problems[0].path == key
+    assert caught.value.problems[0].source == f"Pulumi.{stack}.yaml"
+
+
+def test_participant_stack_can_take_the_coordinator_from_config(tmp_path):
+    ca = tmp_path / "consortium-ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nDIRECT\n-----END CERTIFICATE-----\n")
+    capture = run_stack(
+        "sovereign-prod-org-paris",
+        "aws",
+        {
+            "lensemble:coordinatorStack": None,
+            "lensemble:coordinatorEndpoint": "coordinator.example.eu:443",
+            "lensemble:coordinatorCaFile": str(ca),
+        },
+    )
+    assert capture.of_type("pulumi:pulumi:StackReference") == []
+    assert capture.exports["coordinatorEndpoint"] == "coordinator.example.eu:443"
+    assert "DIRECT" in capture.exports["coordinatorCa"]
+
+
+def test_every_sovereign_participant_has_a_stack_file():
+    config = stack_lensemble_config("sovereign-prod")
+    domains = set()
+    for stack in PARTICIPANT_STACKS:
+        document = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
+        assert document["lensemble:configFile"] == "config/sovereign-prod.yaml"
+        domains.add(document["lensemble:trustDomain"])
+    assert sorted(domains) == config.trust_domains
