@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,25 @@ def test_every_sovereign_participant_has_a_stack_file():
         assert document["lensemble:configFile"] == "config/sovereign-prod.yaml"
         domains.add(document["lensemble:trustDomain"])
     assert sorted(domains) == config.trust_domains
+
+
+def test_every_stack_file_disables_default_providers():
+    for stack in STACKS:
+        document = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
+        assert document["pulumi:disable-default-providers"] == ["*"], stack
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_resource_has_an_explicit_provider(captured, stack):
+    capture = captured(stack)
+    for resource in capture.resources:
+        if resource.custom and resource.type.startswith(("aws:", "kubernetes:")):
+            assert capture.provider_of(resource) is not None, resource.name
+
+
+def test_program_imports_no_torch():
+    code = "import sys; import infra.program; sys.exit('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr or "infra.program imported torch"
