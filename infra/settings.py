@@ -14,6 +14,8 @@ from typing import Literal, cast
 
 import pulumi
 
+from infra.cluster import SEV_SNP_FAMILIES, sev_snp_capable
+from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem
 
 #: The directory holding ``Pulumi.yaml``; relative paths in stack config resolve from here,
@@ -209,3 +211,64 @@ def read_settings() -> StackSettings:
         participant_instance_type=cfg.get("participantInstanceType", "m6i.xlarge"),
         participant_nodes=nodes,
     )
+
+
+def check_against(config: LensembleConfig, settings: StackSettings) -> None:
+    """Reject stack settings that contradict the config they deploy.
+
+    Raises:
+        ConfigError: Naming the stack key (or config field) and the fix.
+    """
+    env = config.deployment.environment
+    if env == "local" and settings.role != "all":
+        raise _problem(
+            settings.stack,
+            "role",
+            f"{settings.role!r} is not supported for local; use all (one kind cluster runs "
+            "everything).",
+        )
+    if env == "local" and not config.deployment.kube_context:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "deployment.kube_context",
+                    "is required for the local stack; name the kind cluster's kubeconfig "
+                    "context, e.g. kind-lensemble.",
+                    source=str(settings.config_file),
+                )
+            ]
+        )
+    if env == "sovereign-prod" and settings.role == "all":
+        raise _problem(
+            settings.stack,
+            "role",
+            "'all' is not allowed in sovereign-prod: each organisation runs its own participant "
+            "stack in its own account and region; set lensemble:role to coordinator or "
+            "participant.",
+        )
+    if env == "sovereign-prod" and settings.api_allowed_cidrs:
+        raise _problem(
+            settings.stack,
+            "apiAllowedCidrs",
+            "is not allowed in sovereign-prod, whose API servers stay private; remove it and "
+            "run pulumi from a network that reaches the VPC.",
+        )
+    if settings.trust_domain and settings.trust_domain not in config.trust_domains:
+        raise _problem(
+            settings.stack,
+            "trustDomain",
+            f"{settings.trust_domain!r} is not a trust domain of {settings.config_file.name}; "
+            f"use one of {', '.join(config.trust_domains)}.",
+        )
+    coordinator_here = settings.role in ("all", "coordinator")
+    if (
+        coordinator_here
+        and config.deployment.confidential_compute
+        and not sev_snp_capable(settings.coordinator_instance_type)
+    ):
+        raise _problem(
+            settings.stack,
+            "coordinatorInstanceType",
+            f"{settings.coordinator_instance_type!r} cannot run AMD SEV-SNP; use an instance "
+            f"type of the {', '.join(SEV_SNP_FAMILIES)} families, e.g. m6a.xlarge.",
+        )
