@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,8 +22,32 @@ TaintEffect = Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"]
 
 
 def sev_snp_capable(instance_type: str) -> bool:
-    """Whether an EC2 instance type (e.g. ``m6a.xlarge``) supports AMD SEV-SNP."""
+    """Whether an EC2 instance type (e.g. ``m6a.xlarge``) belongs to an AMD SEV-SNP family."""
     return instance_type.split(".", 1)[0] in SEV_SNP_FAMILIES
+
+
+def offered_with_sev_snp(offered: Sequence[str], instance_type: str, region: str) -> str:
+    """``instance_type`` when the region offers it with AMD SEV-SNP.
+
+    SEV-SNP is offered in a few regions only, so this is checked against EC2 at preview time
+    rather than assumed.
+
+    Args:
+        offered: Instance types EC2 lists with the ``amd-sev-snp`` feature in the region.
+        instance_type: The confidential pool's instance type.
+        region: The cluster's region.
+
+    Raises:
+        ValueError: The region does not offer the instance type with SEV-SNP.
+    """
+    if instance_type not in offered:
+        raise ValueError(
+            f"{instance_type} is not offered with AMD SEV-SNP in {region}; run the coordinator "
+            "stack in a region that offers it (aws ec2 describe-instance-types --filters "
+            "Name=processor-info.supported-features,Values=amd-sev-snp) or change "
+            "lensemble:coordinatorInstanceType."
+        )
+    return instance_type
 
 
 @dataclass(frozen=True)
@@ -186,6 +211,7 @@ class Cluster(pulumi.ComponentResource):
                     f"an instance type of the {', '.join(SEV_SNP_FAMILIES)} families"
                 )
         child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        invoke = pulumi.InvokeOutputOptions(parent=self, provider=args.provider)
         tags = dict(args.tags or {})
         partition = args.partition
 
@@ -275,9 +301,27 @@ class Cluster(pulumi.ComponentResource):
 
         self.node_groups: dict[str, aws.eks.NodeGroup] = {}
         for pool in args.pools:
+            instance_type: pulumi.Input[str] = pool.instance_type
+            if pool.confidential:
+                offered = aws.ec2.get_instance_types_output(
+                    filters=[
+                        aws.ec2.GetInstanceTypesFilterArgs(
+                            name="processor-info.supported-features", values=["amd-sev-snp"]
+                        ),
+                        aws.ec2.GetInstanceTypesFilterArgs(
+                            name="instance-type", values=[pool.instance_type]
+                        ),
+                    ],
+                    opts=invoke,
+                )
+                instance_type = offered.instance_types.apply(
+                    functools.partial(
+                        offered_with_sev_snp, instance_type=pool.instance_type, region=args.region
+                    )
+                )
             template = aws.ec2.LaunchTemplate(
                 f"{name}-{pool.name}",
-                instance_type=pool.instance_type,
+                instance_type=instance_type,
                 cpu_options=(
                     aws.ec2.LaunchTemplateCpuOptionsArgs(amd_sev_snp="enabled")
                     if pool.confidential

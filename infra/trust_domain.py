@@ -269,7 +269,10 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
 
         role = aws.iam.Role(
             f"{name}-participant",
-            description=f"Pod Identity of trust domain {args.trust_domain}",
+            description=(
+                f"Pod Identity of trust domain {args.trust_domain} "
+                f"(participants {', '.join(args.participant_ids)})"
+            ),
             assume_role_policy=pulumi.Output.from_input(args.cluster_name).apply(
                 lambda cluster: pod_identity_trust_policy(
                     args.namespace, args.service_account, cluster

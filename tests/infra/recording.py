@@ -139,9 +139,10 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 class PlausibleCloud(pulumi.runtime.Mocks):
     """Provider-computed outputs and data sources, in the stack's partition and regions."""
 
-    def __init__(self, partition: str, capture: Capture) -> None:
+    def __init__(self, partition: str, capture: Capture, *, sev_snp_offered: bool = True) -> None:
         self.partition = partition
         self.capture = capture
+        self.sev_snp_offered = sev_snp_offered
         self.regions: dict[str, str] = {}
 
     def _region(self, provider_ref: str) -> str:
@@ -196,6 +197,11 @@ class PlausibleCloud(pulumi.runtime.Mocks):
         if args.token == "aws:ec2/getVpcEndpointService:getVpcEndpointService":
             service = args.args["service"]
             return {"serviceName": f"com.amazonaws.{region}.{service}", "service": service}, []
+        if args.token == "aws:ec2/getInstanceTypes:getInstanceTypes":
+            wanted = [
+                v for f in args.args["filters"] if f["name"] == "instance-type" for v in f["values"]
+            ]
+            return {"instanceTypes": wanted if self.sev_snp_offered else [], "id": region}, []
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
             arn = f"arn:{self.partition}:iam::{ACCOUNT}:user/deployer"
             return {"accountId": ACCOUNT, "arn": arn, "userId": "DEPLOYER", "id": ACCOUNT}, []
@@ -208,19 +214,26 @@ def stack_config(stack: str) -> dict[str, Any]:
     return dict(document.get("config") or {})
 
 
-def run_stack(stack: str, partition: str, extra_config: Mapping[str, Any] | None = None) -> Capture:
+def run_stack(
+    stack: str,
+    partition: str,
+    extra_config: Mapping[str, Any] | None = None,
+    *,
+    sev_snp_offered: bool = True,
+) -> Capture:
     """Run ``infra/__main__.py`` (the real entry) as stack ``stack`` under recording mocks.
 
     Args:
         stack: Stack name; its ``Pulumi.<stack>.yaml`` supplies the config.
         partition: AWS partition the mocks build ARNs in (the config's).
         extra_config: Keys added to or replacing the stack file's config (``None`` deletes).
+        sev_snp_offered: Whether EC2 offers the requested instance types with AMD SEV-SNP.
 
     Returns:
         What the program registered and exported.
     """
     capture = Capture(stack)
-    mocks = PlausibleCloud(partition, capture)
+    mocks = PlausibleCloud(partition, capture, sev_snp_offered=sev_snp_offered)
     # set_mocks reuses an existing root stack (and its exports); every run starts clean.
     pulumi.runtime.settings.ROOT.set(None)
     pulumi.runtime.set_mocks(

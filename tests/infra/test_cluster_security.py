@@ -144,6 +144,11 @@ def test_non_snp_coordinator_instance_type_is_refused():
         run_stack("sovereign-prod", "aws", {"lensemble:coordinatorInstanceType": "m6i.xlarge"})
 
 
+def test_region_without_sev_snp_fails_before_creating_the_pool():
+    with pytest.raises(Exception, match="not offered with AMD SEV-SNP in eu-central-1"):
+        run_stack("sovereign-prod", "aws", sev_snp_offered=False)
+
+
 @pytest.mark.parametrize("stack", ["staging", *PARTICIPANT_STACKS])
 def test_participant_pools_are_labelled_and_tainted_as_the_config_says(captured, stack):
     capture = captured(stack)
