@@ -81,15 +81,6 @@ class NodePool:
 
 
 @dataclass(frozen=True)
-class LoadBalancerIngress:
-    """A port an internet-facing load balancer opens, and to whom (documented per stack)."""
-
-    port: int
-    cidrs: tuple[str, ...]
-    description: str
-
-
-@dataclass(frozen=True)
 class ClusterArgs:
     """Inputs of a :class:`Cluster`.
 
@@ -104,7 +95,6 @@ class ClusterArgs:
         public_endpoint: Expose the API server publicly (never in sovereign-prod).
         public_access_cidrs: Who may reach a public API server.
         pools: The node groups.
-        load_balancer_ingress: Ports of internet-facing load balancers (coordinator endpoint).
         tags: Tags on every resource.
     """
 
@@ -118,7 +108,6 @@ class ClusterArgs:
     public_endpoint: bool
     public_access_cidrs: tuple[str, ...]
     pools: tuple[NodePool, ...]
-    load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
     tags: dict[str, str] | None = None
 
 
@@ -193,8 +182,8 @@ class Cluster(pulumi.ComponentResource):
     from a template that requires IMDSv2 with a hop limit of 1 (pods cannot reach the node's
     credentials) and encrypts the root volume; a confidential pool also enables AMD SEV-SNP.
 
-    Outputs: ``name``, ``endpoint``, ``kubeconfig`` (secret), ``node_role_arn``,
-    ``load_balancer_security_group_id``; :attr:`kubernetes` is the provider for the cluster.
+    Outputs: ``name``, ``endpoint``, ``kubeconfig`` (secret), ``node_role_arn``;
+    :attr:`kubernetes` is the provider for the cluster.
 
     Raises:
         ValueError: A confidential pool's instance type is not SEV-SNP capable.
@@ -371,29 +360,6 @@ class Cluster(pulumi.ComponentResource):
                 ),
             )
 
-        self.load_balancer_security_group_id: pulumi.Output[str] | None = None
-        if args.load_balancer_ingress:
-            group = aws.ec2.SecurityGroup(
-                f"{name}-load-balancer",
-                vpc_id=args.vpc_id,
-                description="Internet-facing load balancers of the cluster (documented ports)",
-                tags=tags,
-                opts=child,
-            )
-            for ingress in args.load_balancer_ingress:
-                for i, cidr in enumerate(ingress.cidrs):
-                    aws.vpc.SecurityGroupIngressRule(
-                        f"{name}-load-balancer-{ingress.port}-{i}",
-                        security_group_id=group.id,
-                        ip_protocol="tcp",
-                        from_port=ingress.port,
-                        to_port=ingress.port,
-                        cidr_ipv4=cidr,
-                        description=ingress.description,
-                        opts=child,
-                    )
-            self.load_balancer_security_group_id = group.id
-
         self.name = cluster.name
         self.endpoint = cluster.endpoint
         self.node_role_arn = node_role.arn
@@ -413,6 +379,5 @@ class Cluster(pulumi.ComponentResource):
                 "endpoint": self.endpoint,
                 "kubeconfig": self.kubeconfig,
                 "node_role_arn": self.node_role_arn,
-                "load_balancer_security_group_id": self.load_balancer_security_group_id,
             }
         )

@@ -8,7 +8,7 @@ resources so they read as the rules they are.
 from __future__ import annotations
 
 from infra.cluster import NodePool, Taint, TaintEffect
-from infra.naming import CONFIDENTIAL_LABEL, POOL_LABEL, TRUST_DOMAIN_LABEL
+from infra.naming import CONFIDENTIAL_LABEL, POOL_LABEL, TEE_LABEL, TRUST_DOMAIN_LABEL
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem
 
@@ -93,12 +93,15 @@ def node_pools(
     """
     pools = [NodePool("system", system_instance_type, SYSTEM_NODES, {POOL_LABEL: "system"})]
     if with_coordinator and config.deployment.confidential_compute:
+        # The chart requires this label and tolerates this taint for the coordinator; the
+        # taint keeps every other pod off the confidential nodes.
         pools.append(
             NodePool(
                 "coordinator",
                 coordinator_instance_type,
                 1,
-                {POOL_LABEL: "coordinator", CONFIDENTIAL_LABEL: "amd-sev-snp"},
+                {POOL_LABEL: "coordinator", CONFIDENTIAL_LABEL: "true", TEE_LABEL: "amd-sev-snp"},
+                taints=(Taint(key=CONFIDENTIAL_LABEL, value="true", effect="NO_SCHEDULE"),),
                 confidential=True,
             )
         )

@@ -20,17 +20,26 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.cluster import Cluster, ClusterArgs, LoadBalancerIngress
+from infra.cluster import Cluster, ClusterArgs
 from infra.image_repository import ImageRepository, ImageRepositoryArgs
-from infra.naming import coordinator_namespace, participant_namespace, participant_service_account
+from infra.naming import (
+    coordinator_namespace,
+    namespace_labels,
+    participant_namespace,
+    participant_service_account,
+    safe_name,
+    tls_secret,
+)
 from infra.network import Network, NetworkArgs
+from infra.overrides import stack_overrides
 from infra.partition import Partition
 from infra.placement import node_pools, trust_domain_region
 from infra.release import LensembleRelease, LensembleReleaseArgs
 from infra.settings import StackSettings, check_against, read_settings
-from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs
+from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs, TlsIdentity
 from lensemble.config import LensembleConfig, load_config
 from lensemble.errors import ConfigError, ConfigProblem
+from lensemble.render.helm_values import container_config
 
 
 @dataclass(frozen=True)
@@ -58,23 +67,26 @@ def _read_text(settings: StackSettings, key: str, path: Path) -> str:
         ) from None
 
 
-def _namespace(namespace: str, kubernetes: k8s.Provider) -> k8s.core.v1.Namespace:
+def _namespace(
+    config: LensembleConfig, namespace: str, kubernetes: k8s.Provider
+) -> k8s.core.v1.Namespace:
+    # Coordinator checkpoints live here: destroying the stack leaves the namespace.
     return k8s.core.v1.Namespace(
         f"namespace-{namespace}",
-        metadata=k8s.meta.v1.ObjectMetaArgs(
-            name=namespace, labels={"pod-security.kubernetes.io/enforce": "restricted"}
-        ),
-        opts=pulumi.ResourceOptions(provider=kubernetes),
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=namespace, labels=namespace_labels(config)),
+        opts=pulumi.ResourceOptions(provider=kubernetes, retain_on_delete=True),
     )
 
 
-def with_endpoint(
-    config: LensembleConfig, endpoint: str, image_repository: str | None
-) -> LensembleConfig:
-    """The config a participant stack deploys.
+def _kustomize_dir(config: LensembleConfig, settings: StackSettings) -> str:
+    return settings.kustomize_dir or f"overlays/{config.deployment.environment}"
 
-    It dials the coordinator at ``endpoint`` (``host:port``) and, when given, pulls from the
-    image repository of its own region.
+
+def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:
+    """The config a participant stack deploys: it dials the coordinator at ``endpoint``.
+
+    Only ``network.host`` and ``network.port`` change, which the config hash leaves out, so the
+    participant and the coordinator still agree on the hash.
 
     Raises:
         ConfigError: The endpoint is not ``host:port``.
@@ -91,11 +103,6 @@ def with_endpoint(
         )
     data = config.model_dump(mode="json")
     data["network"] = {**data["network"], "host": host, "port": int(port)}
-    if image_repository is not None:
-        data["deployment"]["image"] = {
-            **data["deployment"]["image"],
-            "repository": image_repository,
-        }
     return LensembleConfig.model_validate(data)
 
 
@@ -133,10 +140,11 @@ def coordinator_source(settings: StackSettings) -> tuple[pulumi.Output[str], pul
 def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment:
     """The whole run on an existing kind cluster: namespaces and the release, no cloud."""
     kubernetes = k8s.Provider("kind", context=config.deployment.kube_context)
+    helm = settings.deploy_with == "helm"
     namespaces = {coordinator_namespace(config)} | {
         participant_namespace(config, td) for td in config.trust_domains
     }
-    created = [_namespace(ns, kubernetes) for ns in sorted(namespaces)]
+    created = [_namespace(config, ns, kubernetes) for ns in sorted(namespaces)] if helm else []
     LensembleRelease(
         "release",
         LensembleReleaseArgs(
@@ -146,13 +154,14 @@ def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment
             trust_domain=None,
             release_name=config.run.name,
             namespace=coordinator_namespace(config),
+            overrides=stack_overrides(namespaces_by_pulumi=helm) if helm else {},
             deploy_with=settings.deploy_with,
-            kustomize_dir=settings.kustomize_dir,
+            kustomize_dir=_kustomize_dir(config, settings),
             depends_on=tuple(created),
         ),
     )
     return Deployment(
-        coordinator_endpoint=f"{config.network.host}:{config.network.port}",
+        coordinator_endpoint=_in_cluster_endpoint(config),
         image_repository_url=config.deployment.image.repository,
         participants={
             p.id: {
@@ -165,21 +174,45 @@ def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment
     )
 
 
+def _in_cluster_endpoint(config: LensembleConfig) -> str:
+    """``host:port`` the chart's pods dial (a loopback host becomes the coordinator Service)."""
+    return f"{container_config(config).network.host}:{config.network.port}"
+
+
+def _tls_identities(settings: StackSettings, config: LensembleConfig) -> tuple[TlsIdentity, ...]:
+    return tuple(
+        TlsIdentity(
+            secret_name=tls_secret(config, pid),
+            certificate=_read_text(settings, "lensemble:participantTls", files.cert_file),
+            private_key=pulumi.Output.secret(
+                _read_text(settings, "lensemble:participantTls", files.key_file)
+            ),
+        )
+        for pid, files in sorted(settings.participant_tls.items())
+    )
+
+
 def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
     """A cluster in AWS for the stack's role: everything, the coordinator, or one participant."""
     role = settings.role
     env = config.deployment.environment
+    helm = settings.deploy_with == "helm"
     partition = Partition(config.deployment.cloud.partition)
     tags = {
         "lensemble.dev/run": config.run.name,
         "lensemble.dev/environment": env,
         "lensemble.dev/stack": settings.stack,
     }
+    endpoint: pulumi.Input[str] = _in_cluster_endpoint(config)
+    ca: pulumi.Input[str] | None = (
+        _read_text(settings, "lensemble:caFile", settings.ca_file) if settings.ca_file else None
+    )
     if role == "participant":
         assert settings.trust_domain is not None  # read_settings guarantees it
         domains = [settings.trust_domain]
         region = trust_domain_region(config, settings.trust_domain)
-        cluster_name = f"{config.run.name}-{settings.trust_domain}"
+        cluster_name = safe_name(f"{config.run.name}-{settings.trust_domain}")
+        endpoint, ca = coordinator_source(settings)
     else:
         domains = list(config.trust_domains) if role == "all" else []
         region = config.deployment.cloud.region
@@ -206,15 +239,6 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
             tags=tags,
         ),
     )
-    ingress: tuple[LoadBalancerIngress, ...] = ()
-    if role != "participant" and settings.coordinator_ingress_cidrs:
-        ingress = (
-            LoadBalancerIngress(
-                port=config.network.port,
-                cidrs=settings.coordinator_ingress_cidrs,
-                description="Participants reach the coordinator's gRPC endpoint (mutual TLS)",
-            ),
-        )
     cluster = Cluster(
         "cluster",
         ClusterArgs(
@@ -236,7 +260,6 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 participant_instance_type=settings.participant_instance_type,
                 participant_nodes=settings.participant_nodes,
             ),
-            load_balancer_ingress=ingress,
             tags=tags,
         ),
     )
@@ -249,11 +272,13 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
         ),
     )
 
-    # One namespace per trust domain is made by its component; a shared one is made here.
+    # A trust domain's own namespace is made by its component; a shared one is made here.
+    # With Kustomize the overlay makes them all.
     shared = config.deployment.namespace.strategy == "single"
     created: list[pulumi.Resource] = []
-    if shared or role != "participant":
-        created.append(_namespace(coordinator_namespace(config), cluster.kubernetes))
+    if helm and (shared or role != "participant"):
+        created.append(_namespace(config, coordinator_namespace(config), cluster.kubernetes))
+    tls = _tls_identities(settings, config)
     trust_domains = {
         td: ParticipantTrustDomain(
             td,
@@ -268,18 +293,62 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 cluster_provider=provider,
                 kubernetes=cluster.kubernetes,
                 namespace=participant_namespace(config, td),
-                create_namespace=not shared,
+                namespace_labels=namespace_labels(config, td),
+                create_namespace=helm and not shared,
                 service_account=participant_service_account(config, td),
                 account_id=settings.account_id,
                 tags=tags,
+                tls=tls if role == "participant" else (),
+                ca_certificate=ca,
             ),
             opts=pulumi.ResourceOptions(depends_on=list(created)),
         )
         for td in domains
     }
 
-    deployment = Deployment(
-        coordinator_endpoint=f"{config.network.host}:{config.network.port}",
+    release = LensembleReleaseArgs(
+        kubernetes=cluster.kubernetes,
+        config=config,
+        mode=role,
+        trust_domain=None,
+        release_name=config.run.name,
+        namespace=coordinator_namespace(config),
+        overrides=stack_overrides(
+            namespaces_by_pulumi=True,
+            coordinator_ingress_cidrs=settings.coordinator_ingress_cidrs,
+        )
+        if helm
+        else {},
+        deploy_with=settings.deploy_with,
+        kustomize_dir=_kustomize_dir(config, settings),
+        depends_on=(*created, *trust_domains.values()),
+    )
+    if role == "participant":
+        td = domains[0]
+        release = dataclasses.replace(
+            release,
+            config=pulumi.Output.from_input(endpoint).apply(
+                lambda dialed: with_endpoint(config, dialed)
+            ),
+            trust_domain=td,
+            release_name=safe_name(f"{config.run.name}-{td}"),
+            namespace=participant_namespace(config, td),
+            overrides=image.repository_url.apply(
+                lambda url: stack_overrides(
+                    namespaces_by_pulumi=True,
+                    image_repository=url,
+                    coordinator_cidrs=settings.coordinator_cidrs,
+                )
+            ),
+        )
+    LensembleRelease("release", release)
+
+    extra: dict[str, Any] = {"clusterName": cluster.name, "region": region}
+    if network.nat_public_ip is not None:
+        extra["egressIp"] = network.nat_public_ip
+    return Deployment(
+        coordinator_endpoint=endpoint,
+        coordinator_ca=ca,
         image_repository_url=image.repository_url,
         participants={
             p.id: {
@@ -295,46 +364,8 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
             if p.trust_domain == td
         },
         kubeconfig=cluster.kubeconfig,
-        extra={"clusterName": cluster.name, "region": region},
+        extra=extra,
     )
-    if network.nat_public_ip is not None:
-        deployment.extra["egressIp"] = network.nat_public_ip
-    if cluster.load_balancer_security_group_id is not None:
-        deployment.extra["coordinatorLoadBalancerSecurityGroupId"] = (
-            cluster.load_balancer_security_group_id
-        )
-
-    release = LensembleReleaseArgs(
-        kubernetes=cluster.kubernetes,
-        config=config,
-        mode=role,
-        trust_domain=None,
-        release_name=config.run.name,
-        namespace=coordinator_namespace(config),
-        deploy_with=settings.deploy_with,
-        kustomize_dir=settings.kustomize_dir,
-        depends_on=(*created, *trust_domains.values()),
-    )
-    if role == "participant":
-        td = domains[0]
-        endpoint, ca = coordinator_source(settings)
-        release = dataclasses.replace(
-            release,
-            config=pulumi.Output.all(endpoint, image.repository_url).apply(
-                lambda parts: with_endpoint(config, parts[0], parts[1])
-            ),
-            trust_domain=td,
-            release_name=f"{config.run.name}-{td}",
-            namespace=participant_namespace(config, td),
-        )
-        deployment = dataclasses.replace(
-            deployment, coordinator_endpoint=endpoint, coordinator_ca=ca
-        )
-    elif settings.ca_file is not None:
-        ca_text = _read_text(settings, "lensemble:caFile", settings.ca_file)
-        deployment = dataclasses.replace(deployment, coordinator_ca=ca_text)
-    LensembleRelease("release", release)
-    return deployment
 
 
 def main() -> None:
@@ -344,7 +375,7 @@ def main() -> None:
     ``coordinatorCa`` (PEM, when known), ``kubeconfig`` (secret, cloud stacks),
     ``imageRepositoryUrl``, ``participants`` (per participant id: trust domain, namespace and,
     in the cloud, region, bucket, KMS key ARN and role ARN), and per target ``clusterName``,
-    ``region``, ``egressIp``, ``coordinatorLoadBalancerSecurityGroupId`` or ``kubeContext``.
+    ``region``, ``egressIp`` (participant and staging stacks) or ``kubeContext``.
 
     Raises:
         ConfigError: The stack config or the LensembleConfig is invalid.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pulumi
@@ -12,6 +12,7 @@ import yaml
 
 from infra.settings import PROJECT_ROOT
 from lensemble.config import LensembleConfig
+from lensemble.render.helm_values import render_helm_values
 
 ReleaseMode = Literal["all", "coordinator", "participant"]
 #: The chart every environment deploys (relative to the project root).
@@ -32,8 +33,12 @@ class LensembleReleaseArgs:
             (the trust domain's participants only): the split the chart supports.
         trust_domain: The trust domain of a ``participant`` release.
         release_name: Helm release name.
-        namespace: Namespace of the Helm release record (and of the coordinator).
-        deploy_with: ``helm`` (chart plus rendered values) or ``kustomize`` (an overlay).
+        namespace: Namespace of the Helm release record.
+        overrides: Chart knobs the stack owns, layered over the rendered values (namespaces made
+            by Pulumi, the coordinator's load balancer, peers in other clusters, the image
+            repository of the participant's region). Empty for the plain render.
+        deploy_with: ``helm`` (chart plus rendered values) or ``kustomize`` (an overlay, which
+            takes no overrides).
         kustomize_dir: Overlay directory relative to the project root, for ``kustomize``.
         depends_on: Resources that must exist first (namespaces, Pod Identity associations).
     """
@@ -44,23 +49,19 @@ class LensembleReleaseArgs:
     trust_domain: str | None
     release_name: str
     namespace: str
+    overrides: pulumi.Input[dict[str, Any]] = field(default_factory=dict)
     deploy_with: Literal["helm", "kustomize"] = "helm"
     kustomize_dir: str | None = None
     depends_on: tuple[pulumi.Resource, ...] = ()
 
 
-def helm_values(
-    config: LensembleConfig, mode: ReleaseMode, trust_domain: str | None
-) -> dict[str, Any]:
-    """The chart values for one release: exactly ``lensemble render helm-values``.
+def values_file(values: dict[str, Any]) -> pulumi.StringAsset:
+    """A Helm values file (YAML) as an asset.
 
-    Raises:
-        ConfigError: The config cannot be rendered for this mode or trust domain.
+    A file rather than the ``values`` map: Pulumi drops None-valued keys from maps, while Helm
+    gives a null in a values file its own meaning (remove the chart default).
     """
-    from lensemble.render.helm_values import render_helm_values
-
-    values: dict[str, Any] = render_helm_values(config, mode=mode, trust_domain=trust_domain)
-    return values
+    return pulumi.StringAsset(yaml.safe_dump(values, sort_keys=False))
 
 
 def _from_program_dir(relative: str) -> str:
@@ -72,10 +73,15 @@ def _from_program_dir(relative: str) -> str:
 class LensembleRelease(pulumi.ComponentResource):
     """Deploys Lensemble onto a cluster.
 
-    Either a Helm release of ``charts/lensemble`` with values rendered from the config, or the
-    environment's Kustomize overlay.
+    With Helm: a release of ``charts/lensemble`` with two values files, exactly what
+    ``lensemble render helm-values`` writes for the config, mode and trust domain, then the
+    stack's overrides (``helm install -f values.yaml -f overrides.yaml``). With Kustomize: the
+    environment's overlay as it is.
 
     Outputs: ``name``, ``namespace``, ``status`` (Helm only).
+
+    Raises:
+        ValueError: Kustomize without an overlay directory, or with overrides.
     """
 
     def __init__(
@@ -87,24 +93,19 @@ class LensembleRelease(pulumi.ComponentResource):
         )
         status: pulumi.Output[Any] | None = None
         if args.deploy_with == "helm":
-            # A values file, not the values map: Pulumi drops None-valued keys from maps, while
-            # Helm gives a null in a values file its own meaning (remove the chart default).
-            values_file = pulumi.Output.from_input(args.config).apply(
-                lambda config: [
-                    pulumi.StringAsset(
-                        yaml.safe_dump(
-                            helm_values(config, args.mode, args.trust_domain), sort_keys=False
-                        )
-                    )
-                ]
+            rendered = pulumi.Output.from_input(args.config).apply(
+                lambda config: values_file(
+                    render_helm_values(config, mode=args.mode, trust_domain=args.trust_domain)
+                )
             )
+            stack_owned = pulumi.Output.from_input(args.overrides).apply(values_file)
             release = k8s.helm.v3.Release(
                 f"{name}-helm",
                 name=args.release_name,
                 chart=_from_program_dir(CHART_DIR),
                 namespace=args.namespace,
                 create_namespace=False,
-                value_yaml_files=values_file,
+                value_yaml_files=[rendered, stack_owned],
                 atomic=True,
                 cleanup_on_fail=True,
                 timeout=RELEASE_TIMEOUT_S,
@@ -114,6 +115,8 @@ class LensembleRelease(pulumi.ComponentResource):
         else:
             if not args.kustomize_dir:
                 raise ValueError("deploy_with kustomize needs kustomize_dir")
+            if args.overrides:
+                raise ValueError("a Kustomize overlay takes no overrides; deploy with helm")
             k8s.kustomize.v2.Directory(
                 f"{name}-kustomize",
                 directory=_from_program_dir(args.kustomize_dir),

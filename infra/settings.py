@@ -25,6 +25,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 Role = Literal["all", "coordinator", "participant"]
 DeployWith = Literal["helm", "kustomize"]
 ROLES: tuple[Role, ...] = ("all", "coordinator", "participant")
+#: CIDRs that mean "every address".
+ANYWHERE = ("0.0.0.0/0", "::/0")
 DEPLOY_WITH: tuple[DeployWith, ...] = ("helm", "kustomize")
 
 
@@ -45,6 +47,19 @@ class CoordinatorSource:
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of one participant identity, made and kept on the organisation's site.
+
+    Attributes:
+        cert_file: Certificate signed by the consortium CA (path).
+        key_file: Private key (path); Pulumi keeps its content only as a secret.
+    """
+
+    cert_file: Path
+    key_file: Path
+
+
+@dataclass(frozen=True)
 class StackSettings:
     """Everything a stack file may say, validated.
 
@@ -58,12 +73,18 @@ class StackSettings:
         coordinator: Where a participant stack finds the coordinator; None otherwise.
         ca_file: PEM CA certificate (path) the coordinator stack publishes to participants.
         deploy_with: ``helm`` (the chart with rendered values) or ``kustomize`` (an overlay).
-        kustomize_dir: Overlay directory (relative to the project root) for ``kustomize``.
+        kustomize_dir: Overlay directory (relative to the project root) for ``kustomize``;
+            None means ``overlays/<environment>``.
         vpc_cidr: IPv4 CIDR of the VPC.
         availability_zones: Private subnets to spread nodes over (count, 2-3).
         api_allowed_cidrs: CIDRs allowed to reach a public EKS endpoint (staging only).
-        coordinator_ingress_cidrs: CIDRs allowed to reach the coordinator's load balancer on
-            ``network.port`` (sovereign-prod coordinator: the participants' egress addresses).
+        coordinator_ingress_cidrs: Addresses allowed to reach the coordinator's load balancer on
+            ``network.port`` (a coordinator stack: the participants' egress addresses). Empty:
+            the coordinator is reachable inside its cluster only.
+        coordinator_cidrs: Addresses of the coordinator's load balancer, the only egress a
+            participant stack's pods get besides DNS.
+        participant_tls: TLS files per participant id, for the Secrets a participant stack
+            makes (with the coordinator's CA); participants not listed bring their own Secret.
         account_id: AWS account the providers refuse to leave, when set.
         kubernetes_version: EKS control-plane version.
         system_instance_type: Instance type of the system node group.
@@ -84,6 +105,8 @@ class StackSettings:
     availability_zones: int
     api_allowed_cidrs: tuple[str, ...]
     coordinator_ingress_cidrs: tuple[str, ...]
+    coordinator_cidrs: tuple[str, ...]
+    participant_tls: dict[str, TlsFiles]
     account_id: str | None
     kubernetes_version: str
     system_instance_type: str
@@ -101,11 +124,13 @@ def _problem(stack: str, key: str, message: str) -> ConfigError:
     return ConfigError([ConfigProblem(f"lensemble:{key}", message, source=f"Pulumi.{stack}.yaml")])
 
 
-def _path(value: str | None) -> Path | None:
-    if value is None:
-        return None
+def _resolve(value: str) -> Path:
     path = Path(value)
     return path if path.is_absolute() else PROJECT_ROOT / path
+
+
+def _path(value: str | None) -> Path | None:
+    return None if value is None else _resolve(value)
 
 
 def _strings(cfg: pulumi.Config, key: str) -> tuple[str, ...]:
@@ -117,6 +142,26 @@ def _strings(cfg: pulumi.Config, key: str) -> tuple[str, ...]:
             pulumi.get_stack(), key, f"{raw!r} is not a list of strings; give a YAML list."
         )
     return tuple(cast(list[str], raw))
+
+
+def _participant_tls(stack: str, cfg: pulumi.Config) -> dict[str, TlsFiles]:
+    raw = cfg.get_object("participantTls")
+    if raw is None:
+        return {}
+    bad = _problem(
+        stack, "participantTls", "must map each participant id to {certFile: PATH, keyFile: PATH}."
+    )
+    if not isinstance(raw, dict):
+        raise bad
+    out: dict[str, TlsFiles] = {}
+    for pid, files in raw.items():
+        if not isinstance(files, dict):
+            raise bad
+        cert, key = files.get("certFile"), files.get("keyFile")
+        if not isinstance(cert, str) or not isinstance(key, str):
+            raise bad
+        out[str(pid)] = TlsFiles(cert_file=_resolve(cert), key_file=_resolve(key))
+    return out
 
 
 def read_settings() -> StackSettings:
@@ -147,13 +192,6 @@ def read_settings() -> StackSettings:
             stack, "deployWith", f"{deploy_with!r} is not allowed; use helm or kustomize."
         )
     kustomize_dir = cfg.get("kustomizeDir")
-    if deploy_with == "kustomize" and not kustomize_dir:
-        raise _problem(
-            stack,
-            "kustomizeDir",
-            "is required with deployWith kustomize; name the overlay "
-            "directory, e.g. deploy/kustomize/overlays/staging.",
-        )
     trust_domain = cfg.get("trustDomain")
     coordinator: CoordinatorSource | None = None
     if role == "participant":
@@ -204,6 +242,8 @@ def read_settings() -> StackSettings:
         availability_zones=zones,
         api_allowed_cidrs=_strings(cfg, "apiAllowedCidrs"),
         coordinator_ingress_cidrs=_strings(cfg, "coordinatorIngressCidrs"),
+        coordinator_cidrs=_strings(cfg, "coordinatorCidrs"),
+        participant_tls=_participant_tls(stack, cfg),
         account_id=cfg.get("accountId"),
         kubernetes_version=cfg.get("kubernetesVersion", "1.33"),
         system_instance_type=cfg.get("systemInstanceType", "m6i.large"),
@@ -260,6 +300,36 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             f"{settings.trust_domain!r} is not a trust domain of {settings.config_file.name}; "
             f"use one of {', '.join(config.trust_domains)}.",
         )
+    if settings.deploy_with == "kustomize" and settings.role != "all":
+        raise _problem(
+            settings.stack,
+            "deployWith",
+            "'kustomize' deploys an overlay of the whole run (mode all); a coordinator or "
+            "participant stack deploys the chart: use helm.",
+        )
+    for key, cidrs in (
+        ("coordinatorIngressCidrs", settings.coordinator_ingress_cidrs),
+        ("coordinatorCidrs", settings.coordinator_cidrs),
+    ):
+        if env == "sovereign-prod" and any(c in ANYWHERE for c in cidrs):
+            raise _problem(
+                settings.stack,
+                key,
+                "opens the coordinator to the whole internet, which sovereign-prod refuses; "
+                "list the participants' egress addresses (their stacks' egressIp).",
+            )
+    if settings.participant_tls:
+        members = {
+            p.id for p in config.federation.participants if p.trust_domain == settings.trust_domain
+        }
+        unknown = sorted(set(settings.participant_tls) - members)
+        if settings.role != "participant" or unknown:
+            raise _problem(
+                settings.stack,
+                "participantTls",
+                f"names {', '.join(unknown) or 'participants'} outside this participant stack's "
+                f"trust domain; list only {', '.join(sorted(members)) or 'its participants'}.",
+            )
     coordinator_here = settings.role in ("all", "coordinator")
     if (
         coordinator_here

@@ -10,7 +10,7 @@ so a mistake in one policy does not open the data (RFC-0016 residency; anchors Â
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -58,6 +58,21 @@ KEY_ADMIN_ACTIONS = (
 
 
 @dataclass(frozen=True)
+class TlsIdentity:
+    """One participant's TLS Secret (``kubernetes.io/tls`` with ``ca.crt``).
+
+    Attributes:
+        secret_name: Secret name the chart mounts for this participant.
+        certificate: PEM certificate signed by the consortium CA.
+        private_key: PEM private key, made on the organisation's site (a Pulumi secret).
+    """
+
+    secret_name: str
+    certificate: str
+    private_key: pulumi.Input[str]
+
+
+@dataclass(frozen=True)
 class ParticipantTrustDomainArgs:
     """Inputs of a :class:`ParticipantTrustDomain`.
 
@@ -70,11 +85,14 @@ class ParticipantTrustDomainArgs:
         cluster_provider: AWS provider of the cluster's region (for the association).
         kubernetes: Kubernetes provider of the cluster.
         namespace: Namespace of the trust domain's pods.
+        namespace_labels: Labels of the namespace when it is created here.
         create_namespace: Create the namespace here (False when several trust domains share
-            one namespace, which the program then creates once).
+            one namespace, which the program then creates once, or when an overlay makes it).
         service_account: Service account of the trust domain's pods.
         account_id: AWS account the regional provider refuses to leave, when known.
         tags: Default tags of the regional provider.
+        tls: TLS Secrets to make in the namespace, one per participant listed.
+        ca_certificate: PEM CA (the consortium's) written as ``ca.crt`` into each TLS Secret.
     """
 
     trust_domain: str
@@ -87,8 +105,11 @@ class ParticipantTrustDomainArgs:
     namespace: str
     create_namespace: bool
     service_account: str
+    namespace_labels: dict[str, str] = field(default_factory=dict)
     account_id: str | None = None
     tags: dict[str, str] | None = None
+    tls: tuple[TlsIdentity, ...] = ()
+    ca_certificate: pulumi.Input[str] | None = None
 
 
 def pod_identity_trust_policy(namespace: str, service_account: str, cluster_name: str) -> str:
@@ -254,17 +275,37 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
             opts=pulumi.InvokeOutputOptions(parent=self, provider=regional)
         )
 
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.kubernetes)
+        namespace: k8s.core.v1.Namespace | None = None
         if args.create_namespace:
-            k8s.core.v1.Namespace(
+            # Participant data volumes live here: destroying the stack leaves the namespace.
+            namespace = k8s.core.v1.Namespace(
                 f"{name}-namespace",
                 metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=args.namespace,
-                    labels={
-                        TRUST_DOMAIN_LABEL: args.trust_domain,
-                        "pod-security.kubernetes.io/enforce": "restricted",
-                    },
+                    name=args.namespace, labels=args.namespace_labels
                 ),
-                opts=pulumi.ResourceOptions(parent=self, provider=args.kubernetes),
+                opts=pulumi.ResourceOptions.merge(
+                    in_cluster, pulumi.ResourceOptions(retain_on_delete=True)
+                ),
+            )
+        for identity in args.tls:
+            k8s.core.v1.Secret(
+                f"{name}-{identity.secret_name}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=identity.secret_name,
+                    namespace=args.namespace,
+                    labels={TRUST_DOMAIN_LABEL: args.trust_domain},
+                ),
+                type="kubernetes.io/tls",
+                string_data={
+                    "tls.crt": identity.certificate,
+                    "tls.key": pulumi.Output.secret(identity.private_key),
+                    "ca.crt": args.ca_certificate or "",
+                },
+                opts=pulumi.ResourceOptions.merge(
+                    in_cluster,
+                    pulumi.ResourceOptions(depends_on=[namespace] if namespace else []),
+                ),
             )
 
         role = aws.iam.Role(

@@ -31,14 +31,16 @@ REFERENCE_ENDPOINT = "coordinator.consortium.example.org:50051"
 REFERENCE_CA = "-----BEGIN CERTIFICATE-----\nMOCK\n-----END CERTIFICATE-----\n"
 
 
-def _plain(value: Any) -> Any:
-    """Inputs with Pulumi secrets unwrapped (a secret's value is still what was sent)."""
+def _plain(value: Any, secrets: set[str] | None = None, path: str = "") -> Any:
+    """Inputs with Pulumi secrets unwrapped; the dotted path of each secret goes to ``secrets``."""
     if isinstance(value, Mapping):
         if value.get(SECRET_SIG) == SECRET_VALUE:
-            return _plain(value.get("value"))
-        return {k: _plain(v) for k, v in value.items()}
+            if secrets is not None:
+                secrets.add(path)
+            return _plain(value.get("value"), secrets, path)
+        return {k: _plain(v, secrets, f"{path}.{k}" if path else k) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [_plain(v, secrets, f"{path}[{i}]") for i, v in enumerate(value)]
     return value
 
 
@@ -53,6 +55,7 @@ class Registered:
     provider: str
     custom: bool
     inputs: dict[str, Any]
+    secret_paths: set[str] = field(default_factory=set)
 
     @property
     def provider_id(self) -> str:
@@ -117,6 +120,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request: Any) -> Any:
         response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
+            secrets: set[str] = set()
+            inputs = _plain(rpc.deserialize_properties(request.object), secrets)
             self.capture.resources.append(
                 Registered(
                     urn=response.urn,
@@ -125,7 +130,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     parent=request.parent,
                     provider=request.provider,
                     custom=bool(request.custom),
-                    inputs=_plain(rpc.deserialize_properties(request.object)),
+                    inputs=inputs,
+                    secret_paths=secrets,
                 )
             )
         return response

@@ -4,14 +4,18 @@ audit logs, VPC endpoints, node groups per trust domain."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.infra.conftest import (
     CLOUD_STACKS,
     PARTICIPANT_STACKS,
+    REPO,
     SOVEREIGN_STACKS,
     stack_lensemble_config,
 )
 from tests.infra.recording import run_stack
+
+CHART_VALUES = REPO / "charts" / "lensemble" / "values.yaml"
 
 # pulumi_aws warns about its own deprecated classes whenever the engine loads them.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
@@ -24,53 +28,44 @@ LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 EKS = "aws:eks/cluster:Cluster"
 
 
-def load_balancer_ports(config):
-    """Documented (README, "Pulumi"): only the coordinator's gRPC port may face the internet."""
-    return {config.network.port}
-
-
-def open_ingress(capture, config):
-    """Ingress rules open to anywhere that are not on a documented load-balancer port."""
-    bad = []
-    for rule in capture.of_type(INGRESS):
-        cidr = rule.inputs.get("cidrIpv4") or rule.inputs.get("cidrIpv6")
-        if cidr not in ANYWHERE:
-            continue
-        group = next(
-            r for r in capture.resources if f"{r.name}-id" == rule.inputs["securityGroupId"]
-        )
-        documented = (
-            group.name.endswith("-load-balancer")
-            and rule.inputs["fromPort"] == rule.inputs["toPort"]
-            and rule.inputs["fromPort"] in load_balancer_ports(config)
-        )
-        if not documented:
-            bad.append(rule.name)
-    return bad
-
-
 @pytest.mark.parametrize("stack", CLOUD_STACKS)
 def test_no_security_group_rule_is_open_to_the_internet(captured, stack):
     capture = captured(stack)
-    assert capture.of_type(INGRESS), "no ingress rule was registered"
-    assert open_ingress(capture, stack_lensemble_config(stack)) == []
+    rules = capture.of_type(INGRESS)
+    assert rules, "no ingress rule was registered"
+    for rule in rules:
+        assert rule.inputs.get("cidrIpv4") not in ANYWHERE, rule.name
+        assert rule.inputs.get("cidrIpv6") not in ANYWHERE, rule.name
     assert capture.of_type("aws:ec2/securityGroupRule:SecurityGroupRule") == []
     for group in capture.of_type("aws:ec2/securityGroup:SecurityGroup"):
         assert not group.inputs.get("ingress"), "inline ingress escapes the rule check"
 
 
-def test_coordinator_load_balancer_opens_only_the_grpc_port():
-    config = stack_lensemble_config("sovereign-prod")
+def test_coordinator_load_balancer_admits_only_the_listed_participants():
+    """Documented: the coordinator's gRPC port faces the internet only through its load
+    balancer, for the addresses in lensemble:coordinatorIngressCidrs."""
     capture = run_stack(
         "sovereign-prod",
-        config.deployment.cloud.partition,
-        {"lensemble:coordinatorIngressCidrs": ["0.0.0.0/0", "198.51.100.0/24"]},
+        "aws",
+        {"lensemble:coordinatorIngressCidrs": ["198.51.100.0/24", "203.0.113.10/32"]},
     )
-    rules = [r for r in capture.of_type(INGRESS) if "load-balancer" in r.name]
-    assert {r.inputs["fromPort"] for r in rules} == {config.network.port}
-    assert sorted(r.inputs["cidrIpv4"] for r in rules) == ["0.0.0.0/0", "198.51.100.0/24"]
-    assert open_ingress(capture, config) == []
-    assert capture.exports["coordinatorLoadBalancerSecurityGroupId"]
+    [release] = capture.of_type("kubernetes:helm.sh/v3:Release")
+    overrides = yaml.safe_load(release.inputs["valueYamlFiles"][1].text)
+    service = overrides["coordinator"]["service"]
+    assert service["type"] == "LoadBalancer"
+    ranges = service["annotations"]["service.beta.kubernetes.io/load-balancer-source-ranges"]
+    assert ranges.split(",") == ["198.51.100.0/24", "203.0.113.10/32"]
+    peers = [p["ipBlock"]["cidr"] for p in overrides["networkPolicy"]["participantPeers"]]
+    assert peers == ["198.51.100.0/24", "203.0.113.10/32"]
+    # Public subnets for the load balancer, still no route out for the nodes.
+    assert capture.of_type("aws:ec2/internetGateway:InternetGateway")
+    assert capture.of_type("aws:ec2/natGateway:NatGateway") == []
+
+
+def test_without_listed_participants_the_coordinator_stays_inside_its_cluster(captured):
+    [release] = captured("sovereign-prod").of_type("kubernetes:helm.sh/v3:Release")
+    overrides = yaml.safe_load(release.inputs["valueYamlFiles"][1].text)
+    assert "coordinator" not in overrides and "networkPolicy" not in overrides
 
 
 @pytest.mark.parametrize("stack", SOVEREIGN_STACKS)
@@ -110,19 +105,37 @@ def _template_of(capture, group):
     return next(t for t in capture.of_type(LAUNCH_TEMPLATE) if f"{t.name}-id" == template_id)
 
 
-def test_confidential_coordinator_pool_enables_sev_snp(captured):
+def _tolerated(taint, tolerations):
+    effects = {
+        "NO_SCHEDULE": "NoSchedule",
+        "NO_EXECUTE": "NoExecute",
+        "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+    }
+    return any(
+        t["key"] == taint["key"]
+        and (t["operator"] == "Exists" or t.get("value") == taint.get("value"))
+        and t.get("effect") in (None, effects[taint["effect"]])
+        for t in tolerations
+    )
+
+
+def test_confidential_coordinator_pool_enables_sev_snp_where_the_chart_places_it(captured):
     config = stack_lensemble_config("sovereign-prod")
     assert config.deployment.confidential_compute
+    chart = yaml.safe_load(CHART_VALUES.read_text())["coordinator"]
     capture = captured("sovereign-prod")
     confidential = [
         g
         for g in capture.of_type(NODE_GROUP)
-        if g.inputs["labels"].get("lensemble.dev/confidential-compute") == "amd-sev-snp"
+        if chart["confidentialNodeSelector"].items() <= g.inputs["labels"].items()
     ]
     assert len(confidential) == 1
     template = _template_of(capture, confidential[0]).inputs
     assert template["cpuOptions"]["amdSevSnp"] == "enabled"
     assert template["instanceType"].split(".")[0] in SNP_FAMILIES
+    taints = confidential[0].inputs["taints"]
+    assert taints, "other pods could land on the confidential nodes"
+    assert all(_tolerated(t, chart["confidentialTolerations"]) for t in taints)
 
 
 @pytest.mark.parametrize("stack", CLOUD_STACKS)

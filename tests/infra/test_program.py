@@ -27,41 +27,64 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
 def expected_release(capture, stack):
-    """(config, mode, trust domain, namespace) the stack's release must render.
+    """(config, mode, trust domain, release namespace, overrides) a stack's release must have.
 
-    A participant stack deploys the config with the coordinator endpoint it was given and the
-    image repository of its own region.
+    A participant stack renders the config with the coordinator endpoint it was given, and
+    pulls the image from its own region's repository.
     """
     config = stack_lensemble_config(stack)
     role = capture.exports["role"]
+    overrides = {"namespaces": {"create": False}}
     if role != "participant":
-        return config, role, None, config.deployment.namespace.name
+        return config, role, None, config.deployment.namespace.name, overrides
     [domain] = capture.of_type("lensemble:aws:ParticipantTrustDomain")
     [repository] = capture.of_type("aws:ecr/repository:Repository")
     pulled = capture.exports["imageRepositoryUrl"]
-    region = capture.exports["region"]
-    assert pulled.endswith(f"/{repository.inputs['name']}") and f".ecr.{region}." in pulled
+    assert pulled.endswith(f"/{repository.inputs['name']}")
+    assert f".ecr.{capture.exports['region']}." in pulled
     host, port = REFERENCE_ENDPOINT.rsplit(":", 1)
     data = config.model_dump(mode="json")
     data["network"].update(host=host, port=int(port))
-    data["deployment"]["image"]["repository"] = pulled
     effective = type(config).model_validate(data)
-    return effective, role, domain.name, namespace_of(config, domain.name)
+    overrides["image"] = {"repository": pulled}
+    return effective, role, domain.name, namespace_of(config, domain.name), overrides
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_release_values_equal_render_helm_values(captured, stack):
+    from lensemble.config import config_hash
     from lensemble.render.helm_values import render_helm_values
 
     capture = captured(stack)
     [release] = capture.of_type(RELEASE)
-    config, mode, trust_domain, namespace = expected_release(capture, stack)
-    expected = render_helm_values(config, mode=mode, trust_domain=trust_domain)
-    [values_file] = release.inputs["valueYamlFiles"]
-    assert yaml.safe_load(values_file.text) == expected
+    config, mode, trust_domain, namespace, overrides = expected_release(capture, stack)
+    rendered, stack_owned = release.inputs["valueYamlFiles"]
+    assert yaml.safe_load(rendered.text) == render_helm_values(
+        config, mode=mode, trust_domain=trust_domain
+    )
+    assert yaml.safe_load(stack_owned.text) == overrides
     assert "values" not in release.inputs
     assert release.inputs["namespace"] == namespace
     assert (Path.cwd() / release.inputs["chart"]).resolve() == REPO / "charts" / "lensemble"
+    # What a participant stack changes (where to dial) leaves the config hash alone.
+    assert config_hash(config) == config_hash(stack_lensemble_config(stack))
+
+
+def test_release_namespaces_are_made_by_pulumi_and_kept_on_destroy(captured):
+    config = stack_lensemble_config("sovereign-prod")
+    for stack in ("sovereign-prod", *PARTICIPANT_STACKS):
+        capture = captured(stack)
+        [release] = capture.of_type(RELEASE)
+        made = {
+            n.inputs["metadata"]["name"]: n for n in capture.of_type("kubernetes:core/v1:Namespace")
+        }
+        assert release.inputs["namespace"] in made
+        for namespace in made.values():
+            labels = namespace.inputs["metadata"]["labels"]
+            assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        assert set(made) <= {config.deployment.namespace.name} | {
+            namespace_of(config, td) for td in config.trust_domains
+        }
 
 
 def test_local_registers_no_aws_resources(captured):
@@ -89,8 +112,11 @@ def test_cloud_stack_outputs(captured, stack):
         assert exports["coordinatorCa"] == REFERENCE_CA
         assert exports["egressIp"]
     else:
+        from lensemble.render.helm_values import render_helm_values
+
         config = stack_lensemble_config(stack)
-        assert exports["coordinatorEndpoint"] == f"{config.network.host}:{config.network.port}"
+        dialed = render_helm_values(config)["config"]["network"]
+        assert exports["coordinatorEndpoint"] == f"{dialed['host']}:{dialed['port']}"
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -159,6 +185,12 @@ def test_image_repository_is_immutable_scanned_and_keeps_sha_tags(captured):
         ),
         ("staging", {"lensemble:configFile": None}, "lensemble:configFile"),
         ("staging", {"lensemble:deployWith": "kubectl"}, "lensemble:deployWith"),
+        ("sovereign-prod", {"lensemble:deployWith": "kustomize"}, "lensemble:deployWith"),
+        (
+            "sovereign-prod",
+            {"lensemble:coordinatorIngressCidrs": ["0.0.0.0/0"]},
+            "lensemble:coordinatorIngressCidrs",
+        ),
     ],
 )
 def test_bad_stack_settings_name_the_key(stack, extra, key):
@@ -215,3 +247,44 @@ def test_program_imports_no_torch():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr or "infra.program imported torch"
+
+
+def test_participant_stack_makes_tls_secrets_with_the_coordinator_ca(tmp_path):
+    config = stack_lensemble_config("sovereign-prod-org-dublin")
+    cert, key = tmp_path / "dublin.crt", tmp_path / "dublin.key"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nDUBLIN\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nSITE-ONLY\n-----END PRIVATE KEY-----\n")
+    capture = run_stack(
+        "sovereign-prod-org-dublin",
+        "aws",
+        {"lensemble:participantTls": {"dublin": {"certFile": str(cert), "keyFile": str(key)}}},
+    )
+    [secret] = capture.of_type("kubernetes:core/v1:Secret")
+    assert secret.inputs["type"] == "kubernetes.io/tls"
+    assert secret.inputs["metadata"]["name"] == f"{config.run.name}-dublin-tls"
+    assert secret.inputs["metadata"]["namespace"] == namespace_of(config, "org-dublin")
+    data = secret.inputs["stringData"]
+    assert data["ca.crt"] == REFERENCE_CA
+    assert "DUBLIN" in data["tls.crt"] and "SITE-ONLY" in data["tls.key"]
+    # The key reaches the engine only as a secret (Pulumi encrypts it in the state).
+    assert secret.secret_paths & {"stringData", "stringData.tls.key"}
+
+
+def test_participant_tls_for_another_organisation_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        run_stack(
+            "sovereign-prod-org-dublin",
+            "aws",
+            {"lensemble:participantTls": {"berlin": {"certFile": "a.crt", "keyFile": "a.key"}}},
+        )
+    assert caught.value.problems[0].path == "lensemble:participantTls"
+    assert "berlin" in caught.value.problems[0].message
+
+
+def test_staging_can_deploy_its_kustomize_overlay():
+    capture = run_stack("staging", "aws", {"lensemble:deployWith": "kustomize"})
+    [directory] = capture.of_type("kubernetes:kustomize/v2:Directory")
+    assert (Path.cwd() / directory.inputs["directory"]).resolve() == REPO / "overlays" / "staging"
+    assert capture.of_type(RELEASE) == []
+    # The overlay makes the namespaces; Pulumi makes none that would collide with them.
+    assert capture.of_type("kubernetes:core/v1:Namespace") == []
