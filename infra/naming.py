@@ -27,7 +27,7 @@ __all__ = [
     "participant_namespace",
     "participant_service_account",
     "safe_name",
-    "tls_secret",
+    "tls_secret_name",
 ]
 
 #: Node label and taint key that pins a trust domain's pods to its own node group.
@@ -75,6 +75,6 @@ def participant_service_account(config: LensembleConfig, trust_domain: str) -> s
     return safe_name(f"{config.run.name}-{trust_domain}")
 
 
-def tls_secret(config: LensembleConfig, identity: str) -> str:
+def tls_secret_name(config: LensembleConfig, identity: str) -> str:
     """Default name of an identity's TLS Secret: ``<run.name>-<identity>-tls``."""
     return f"{config.run.name}-{identity}-tls"

@@ -28,7 +28,7 @@ from infra.naming import (
     participant_namespace,
     participant_service_account,
     safe_name,
-    tls_secret,
+    tls_secret_name,
 )
 from infra.network import Network, NetworkArgs
 from infra.overrides import stack_overrides
@@ -36,7 +36,8 @@ from infra.partition import Partition
 from infra.placement import node_pools, trust_domain_region
 from infra.release import LensembleRelease, LensembleReleaseArgs
 from infra.settings import StackSettings, check_against, read_settings
-from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs, TlsIdentity
+from infra.tls import TlsIdentity, read_identity, tls_secret
+from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs
 from lensemble.config import LensembleConfig, load_config
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.render.helm_values import container_config
@@ -144,7 +145,21 @@ def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment
     namespaces = {coordinator_namespace(config)} | {
         participant_namespace(config, td) for td in config.trust_domains
     }
-    created = [_namespace(config, ns, kubernetes) for ns in sorted(namespaces)] if helm else []
+    created: list[pulumi.Resource] = (
+        [_namespace(config, ns, kubernetes) for ns in sorted(namespaces)] if helm else []
+    )
+    secrets = _coordinator_tls(config, settings, kubernetes, created)
+    for td in config.trust_domains:
+        for identity in _participant_tls(config, settings, td, None):
+            secrets.append(
+                tls_secret(
+                    f"tls-{identity.secret_name}",
+                    identity,
+                    participant_namespace(config, td),
+                    namespace_labels(config, td),
+                    pulumi.ResourceOptions(provider=kubernetes, depends_on=created),
+                )
+            )
     LensembleRelease(
         "release",
         LensembleReleaseArgs(
@@ -157,7 +172,7 @@ def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment
             overrides=stack_overrides(namespaces_by_pulumi=helm) if helm else {},
             deploy_with=settings.deploy_with,
             kustomize_dir=_kustomize_dir(config, settings),
-            depends_on=tuple(created),
+            depends_on=(*created, *secrets),
         ),
     )
     return Deployment(
@@ -179,16 +194,54 @@ def _in_cluster_endpoint(config: LensembleConfig) -> str:
     return f"{container_config(config).network.host}:{config.network.port}"
 
 
-def _tls_identities(settings: StackSettings, config: LensembleConfig) -> tuple[TlsIdentity, ...]:
+def _identity(
+    config: LensembleConfig,
+    settings: StackSettings,
+    identity: str,
+    ca_certificate: pulumi.Input[str] | None = None,
+) -> TlsIdentity:
+    assert settings.tls_dir is not None
+    return read_identity(
+        settings.tls_dir,
+        identity,
+        tls_secret_name(config, identity),
+        source=settings.stack_file,
+        ca_certificate=ca_certificate,
+    )
+
+
+def _coordinator_tls(
+    config: LensembleConfig,
+    settings: StackSettings,
+    kubernetes: k8s.Provider,
+    namespaces: list[pulumi.Resource],
+) -> list[pulumi.Resource]:
+    """The coordinator's TLS Secret when the stack was given ``lensemble:tlsDir``."""
+    if settings.tls_dir is None or not config.network.tls.enabled:
+        return []
+    secret = tls_secret(
+        "tls-coordinator",
+        _identity(config, settings, "coordinator"),
+        coordinator_namespace(config),
+        namespace_labels(config),
+        pulumi.ResourceOptions(provider=kubernetes, depends_on=namespaces),
+    )
+    return [secret]
+
+
+def _participant_tls(
+    config: LensembleConfig,
+    settings: StackSettings,
+    trust_domain: str,
+    ca_certificate: pulumi.Input[str] | None,
+) -> tuple[TlsIdentity, ...]:
+    """TLS Secrets of one trust domain's participants, when given ``lensemble:tlsDir``."""
+    if settings.tls_dir is None or not config.network.tls.enabled:
+        return ()
     return tuple(
-        TlsIdentity(
-            secret_name=tls_secret(config, pid),
-            certificate=_read_text(settings, "lensemble:participantTls", files.cert_file),
-            private_key=pulumi.Output.secret(
-                _read_text(settings, "lensemble:participantTls", files.key_file)
-            ),
-        )
-        for pid, files in sorted(settings.participant_tls.items())
+        _identity(config, settings, p.id, ca_certificate)
+        for p in config.federation.participants
+        if p.trust_domain == trust_domain
     )
 
 
@@ -278,7 +331,10 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
     created: list[pulumi.Resource] = []
     if helm and (shared or role != "participant"):
         created.append(_namespace(config, coordinator_namespace(config), cluster.kubernetes))
-    tls = _tls_identities(settings, config)
+    if role != "participant":
+        created += _coordinator_tls(config, settings, cluster.kubernetes, list(created))
+    # A participant trusts the coordinator's CA, whatever its own directory holds.
+    participant_ca = ca if role == "participant" else None
     trust_domains = {
         td: ParticipantTrustDomain(
             td,
@@ -298,8 +354,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 service_account=participant_service_account(config, td),
                 account_id=settings.account_id,
                 tags=tags,
-                tls=tls if role == "participant" else (),
-                ca_certificate=ca,
+                tls=_participant_tls(config, settings, td, participant_ca),
             ),
             opts=pulumi.ResourceOptions(depends_on=list(created)),
         )

@@ -47,19 +47,6 @@ class CoordinatorSource:
 
 
 @dataclass(frozen=True)
-class TlsFiles:
-    """PEM files of one participant identity, made and kept on the organisation's site.
-
-    Attributes:
-        cert_file: Certificate signed by the consortium CA (path).
-        key_file: Private key (path); Pulumi keeps its content only as a secret.
-    """
-
-    cert_file: Path
-    key_file: Path
-
-
-@dataclass(frozen=True)
 class StackSettings:
     """Everything a stack file may say, validated.
 
@@ -83,8 +70,9 @@ class StackSettings:
             the coordinator is reachable inside its cluster only.
         coordinator_cidrs: Addresses of the coordinator's load balancer, the only egress a
             participant stack's pods get besides DNS.
-        participant_tls: TLS files per participant id, for the Secrets a participant stack
-            makes (with the coordinator's CA); participants not listed bring their own Secret.
+        tls_dir: Directory laid out as ``lensemble certs init`` writes it; the stack then
+            makes the TLS Secret of every identity it deploys. None: the Secrets are brought
+            another way (cert-manager, ``kubectl create secret``).
         account_id: AWS account the providers refuse to leave, when set.
         kubernetes_version: EKS control-plane version.
         system_instance_type: Instance type of the system node group.
@@ -106,7 +94,7 @@ class StackSettings:
     api_allowed_cidrs: tuple[str, ...]
     coordinator_ingress_cidrs: tuple[str, ...]
     coordinator_cidrs: tuple[str, ...]
-    participant_tls: dict[str, TlsFiles]
+    tls_dir: Path | None
     account_id: str | None
     kubernetes_version: str
     system_instance_type: str
@@ -142,26 +130,6 @@ def _strings(cfg: pulumi.Config, key: str) -> tuple[str, ...]:
             pulumi.get_stack(), key, f"{raw!r} is not a list of strings; give a YAML list."
         )
     return tuple(cast(list[str], raw))
-
-
-def _participant_tls(stack: str, cfg: pulumi.Config) -> dict[str, TlsFiles]:
-    raw = cfg.get_object("participantTls")
-    if raw is None:
-        return {}
-    bad = _problem(
-        stack, "participantTls", "must map each participant id to {certFile: PATH, keyFile: PATH}."
-    )
-    if not isinstance(raw, dict):
-        raise bad
-    out: dict[str, TlsFiles] = {}
-    for pid, files in raw.items():
-        if not isinstance(files, dict):
-            raise bad
-        cert, key = files.get("certFile"), files.get("keyFile")
-        if not isinstance(cert, str) or not isinstance(key, str):
-            raise bad
-        out[str(pid)] = TlsFiles(cert_file=_resolve(cert), key_file=_resolve(key))
-    return out
 
 
 def read_settings() -> StackSettings:
@@ -243,7 +211,7 @@ def read_settings() -> StackSettings:
         api_allowed_cidrs=_strings(cfg, "apiAllowedCidrs"),
         coordinator_ingress_cidrs=_strings(cfg, "coordinatorIngressCidrs"),
         coordinator_cidrs=_strings(cfg, "coordinatorCidrs"),
-        participant_tls=_participant_tls(stack, cfg),
+        tls_dir=_path(cfg.get("tlsDir")),
         account_id=cfg.get("accountId"),
         kubernetes_version=cfg.get("kubernetesVersion", "1.33"),
         system_instance_type=cfg.get("systemInstanceType", "m6i.large"),
@@ -307,6 +275,14 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             "'kustomize' deploys an overlay of the whole run (mode all); a coordinator or "
             "participant stack deploys the chart: use helm.",
         )
+    if settings.deploy_with == "kustomize" and settings.tls_dir is not None:
+        raise _problem(
+            settings.stack,
+            "tlsDir",
+            "does not combine with deployWith kustomize: the overlay makes the namespaces the "
+            "Secrets go to; create them after the overlay (as lensemble kind up does) or deploy "
+            "with helm.",
+        )
     for key, cidrs in (
         ("coordinatorIngressCidrs", settings.coordinator_ingress_cidrs),
         ("coordinatorCidrs", settings.coordinator_cidrs),
@@ -317,18 +293,6 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
                 key,
                 "opens the coordinator to the whole internet, which sovereign-prod refuses; "
                 "list the participants' egress addresses (their stacks' egressIp).",
-            )
-    if settings.participant_tls:
-        members = {
-            p.id for p in config.federation.participants if p.trust_domain == settings.trust_domain
-        }
-        unknown = sorted(set(settings.participant_tls) - members)
-        if settings.role != "participant" or unknown:
-            raise _problem(
-                settings.stack,
-                "participantTls",
-                f"names {', '.join(unknown) or 'participants'} outside this participant stack's "
-                f"trust domain; list only {', '.join(sorted(members)) or 'its participants'}.",
             )
     coordinator_here = settings.role in ("all", "coordinator")
     if (

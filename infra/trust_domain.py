@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 
 from infra.naming import TRUST_DOMAIN_LABEL
 from infra.partition import Partition
+from infra.tls import TlsIdentity, tls_secret
 
 #: Object-level S3 actions only the participant's role may perform on its bucket.
 DATA_ACTIONS = (
@@ -58,21 +59,6 @@ KEY_ADMIN_ACTIONS = (
 
 
 @dataclass(frozen=True)
-class TlsIdentity:
-    """One participant's TLS Secret (``kubernetes.io/tls`` with ``ca.crt``).
-
-    Attributes:
-        secret_name: Secret name the chart mounts for this participant.
-        certificate: PEM certificate signed by the consortium CA.
-        private_key: PEM private key, made on the organisation's site (a Pulumi secret).
-    """
-
-    secret_name: str
-    certificate: str
-    private_key: pulumi.Input[str]
-
-
-@dataclass(frozen=True)
 class ParticipantTrustDomainArgs:
     """Inputs of a :class:`ParticipantTrustDomain`.
 
@@ -91,8 +77,7 @@ class ParticipantTrustDomainArgs:
         service_account: Service account of the trust domain's pods.
         account_id: AWS account the regional provider refuses to leave, when known.
         tags: Default tags of the regional provider.
-        tls: TLS Secrets to make in the namespace, one per participant listed.
-        ca_certificate: PEM CA (the consortium's) written as ``ca.crt`` into each TLS Secret.
+        tls: TLS Secrets to make in the namespace, one per participant.
     """
 
     trust_domain: str
@@ -109,7 +94,6 @@ class ParticipantTrustDomainArgs:
     account_id: str | None = None
     tags: dict[str, str] | None = None
     tls: tuple[TlsIdentity, ...] = ()
-    ca_certificate: pulumi.Input[str] | None = None
 
 
 def pod_identity_trust_policy(namespace: str, service_account: str, cluster_name: str) -> str:
@@ -289,20 +273,12 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
                 ),
             )
         for identity in args.tls:
-            k8s.core.v1.Secret(
+            tls_secret(
                 f"{name}-{identity.secret_name}",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name=identity.secret_name,
-                    namespace=args.namespace,
-                    labels={TRUST_DOMAIN_LABEL: args.trust_domain},
-                ),
-                type="kubernetes.io/tls",
-                string_data={
-                    "tls.crt": identity.certificate,
-                    "tls.key": pulumi.Output.secret(identity.private_key),
-                    "ca.crt": args.ca_certificate or "",
-                },
-                opts=pulumi.ResourceOptions.merge(
+                identity,
+                args.namespace,
+                {TRUST_DOMAIN_LABEL: args.trust_domain},
+                pulumi.ResourceOptions.merge(
                     in_cluster,
                     pulumi.ResourceOptions(depends_on=[namespace] if namespace else []),
                 ),

@@ -249,16 +249,53 @@ def test_program_imports_no_torch():
     assert done.returncode == 0, done.stderr or "infra.program imported torch"
 
 
-def test_participant_stack_makes_tls_secrets_with_the_coordinator_ca(tmp_path):
+def certs_dir(root, identities):
+    """A directory laid out as docs/architecture.md says `lensemble certs init` writes it."""
+    root.mkdir()
+    (root / "ca.crt").write_text("CA CERTIFICATE\n")
+    (root / "ca.key").write_text("CA PRIVATE KEY\n")
+    for identity in identities:
+        (root / identity).mkdir()
+        (root / identity / "tls.crt").write_text(f"{identity} CERTIFICATE\n")
+        (root / identity / "tls.key").write_text(f"{identity} PRIVATE KEY\n")
+        (root / identity / "ca.crt").write_text("CA CERTIFICATE\n")
+    return root
+
+
+def test_local_makes_a_tls_secret_per_identity_from_a_certs_directory(tmp_path):
+    config = stack_lensemble_config("local")
+    identities = ["coordinator", *(p.id for p in config.federation.participants)]
+    certs = certs_dir(tmp_path / "certs", identities)
+    capture = run_stack("local", "aws", {"lensemble:tlsDir": str(certs)})
+    secrets = {
+        s.inputs["metadata"]["name"]: s for s in capture.of_type("kubernetes:core/v1:Secret")
+    }
+    assert sorted(secrets) == sorted(f"{config.run.name}-{i}-tls" for i in identities)
+    for identity in identities:
+        secret = secrets[f"{config.run.name}-{identity}-tls"]
+        data = secret.inputs["stringData"]
+        assert data["tls.crt"] == (certs / identity / "tls.crt").read_text()
+        assert data["ca.crt"] == (certs / "ca.crt").read_text()
+        assert secret.secret_paths & {"stringData", "stringData.tls.key"}
+    # The development CA's own key never leaves the directory.
+    ca_key = (certs / "ca.key").read_text()
+    assert not any(ca_key in str(r.inputs) for r in capture.resources)
+
+
+def test_participant_stack_trusts_the_coordinator_ca(tmp_path):
     config = stack_lensemble_config("sovereign-prod-org-dublin")
-    cert, key = tmp_path / "dublin.crt", tmp_path / "dublin.key"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nDUBLIN\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nSITE-ONLY\n-----END PRIVATE KEY-----\n")
-    capture = run_stack(
-        "sovereign-prod-org-dublin",
-        "aws",
-        {"lensemble:participantTls": {"dublin": {"certFile": str(cert), "keyFile": str(key)}}},
+    site = tmp_path / "dublin"
+    site.mkdir()
+    (site / "tls.crt").write_text(
+        "-----BEGIN CERTIFICATE-----\nDUBLIN\n-----END CERTIFICATE-----\n"
     )
+    (site / "tls.key").write_text(
+        "-----BEGIN PRIVATE KEY-----\nSITE-ONLY\n-----END PRIVATE KEY-----\n"
+    )
+    (site / "ca.crt").write_text(
+        "-----BEGIN CERTIFICATE-----\nSOME-OTHER-CA\n-----END CERTIFICATE-----\n"
+    )
+    capture = run_stack("sovereign-prod-org-dublin", "aws", {"lensemble:tlsDir": str(tmp_path)})
     [secret] = capture.of_type("kubernetes:core/v1:Secret")
     assert secret.inputs["type"] == "kubernetes.io/tls"
     assert secret.inputs["metadata"]["name"] == f"{config.run.name}-dublin-tls"
@@ -270,15 +307,12 @@ def test_participant_stack_makes_tls_secrets_with_the_coordinator_ca(tmp_path):
     assert secret.secret_paths & {"stringData", "stringData.tls.key"}
 
 
-def test_participant_tls_for_another_organisation_is_refused(tmp_path):
+def test_missing_tls_file_names_the_setting(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        run_stack(
-            "sovereign-prod-org-dublin",
-            "aws",
-            {"lensemble:participantTls": {"berlin": {"certFile": "a.crt", "keyFile": "a.key"}}},
-        )
-    assert caught.value.problems[0].path == "lensemble:participantTls"
-    assert "berlin" in caught.value.problems[0].message
+        run_stack("sovereign-prod-org-dublin", "aws", {"lensemble:tlsDir": str(tmp_path)})
+    problem = caught.value.problems[0]
+    assert problem.path == "lensemble:tlsDir"
+    assert "dublin/tls.crt" in problem.message
 
 
 def test_staging_can_deploy_its_kustomize_overlay():
