@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from lensemble.config import LensembleConfig, load_config
+from tests.infra.expected import stack_config
 from tests.support.tools import require
 
 if TYPE_CHECKING:
@@ -26,8 +27,6 @@ PARTICIPANT_STACKS = [s for s in SOVEREIGN_STACKS if s != "sovereign-prod"]
 
 def stack_lensemble_config(stack: str) -> LensembleConfig:
     """The LensembleConfig a stack file names."""
-    from tests.infra.recording import stack_config
-
     return load_config(REPO / stack_config(stack)["lensemble:configFile"])
 
 
@@ -46,3 +45,12 @@ def captured() -> Callable[[str], Capture]:
         return cache[stack]
 
     return get
+
+
+@pytest.fixture
+def run_stack() -> Callable[..., Capture]:
+    """``run_stack(stack, partition, extra_config, *, sev_snp_offered)``: a fresh run, uncached."""
+    require("pulumi")
+    from tests.infra.recording import run_stack as run
+
+    return run

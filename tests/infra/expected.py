@@ -6,14 +6,30 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from lensemble.config import LensembleConfig
-from tests.infra.recording import Capture, Registered
+
+REPO = Path(__file__).resolve().parents[2]
+
+if TYPE_CHECKING:
+    from tests.infra.recording import Capture, Registered
 
 TRUST_DOMAIN_TYPE = "lensemble:aws:ParticipantTrustDomain"
+#: Endpoint and CA the mocked coordinator stack reference returns.
+REFERENCE_ENDPOINT = "coordinator.consortium.example.org:50051"
+REFERENCE_CA = "-----BEGIN CERTIFICATE-----\nMOCK\n-----END CERTIFICATE-----\n"
 #: AWS services without a region: their resources are exempt from region pinning.
 GLOBAL_MODULES = ("iam",)
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """The ``config:`` mapping of ``Pulumi.<stack>.yaml``."""
+    document = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text(encoding="utf-8"))
+    return dict(document.get("config") or {})
 
 
 def namespace_of(config: LensembleConfig, trust_domain: str) -> str:

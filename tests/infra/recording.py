@@ -17,18 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime.sync_await import _sync_await
+
+from tests.infra.expected import REFERENCE_CA, REFERENCE_ENDPOINT, stack_config
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "210987654321"
 SECRET_SIG = rpc._special_sig_key
 SECRET_VALUE = rpc._special_secret_sig
-#: Endpoint and CA the mocked coordinator stack reference returns.
-REFERENCE_ENDPOINT = "coordinator.consortium.example.org:50051"
-REFERENCE_CA = "-----BEGIN CERTIFICATE-----\nMOCK\n-----END CERTIFICATE-----\n"
 
 
 def _plain(value: Any, secrets: set[str] | None = None, path: str = "") -> Any:
@@ -212,12 +210,6 @@ class PlausibleCloud(pulumi.runtime.Mocks):
             arn = f"arn:{self.partition}:iam::{ACCOUNT}:user/deployer"
             return {"accountId": ACCOUNT, "arn": arn, "userId": "DEPLOYER", "id": ACCOUNT}, []
         raise AssertionError(f"the program called an unmocked data source: {args.token}")
-
-
-def stack_config(stack: str) -> dict[str, Any]:
-    """The ``config:`` mapping of ``Pulumi.<stack>.yaml``."""
-    document = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text(encoding="utf-8"))
-    return dict(document.get("config") or {})
 
 
 def run_stack(

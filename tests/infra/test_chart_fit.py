@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from tests.infra.conftest import PARTICIPANT_STACKS, STACKS, stack_lensemble_config
-from tests.infra.recording import run_stack
 from tests.support.tools import require
 
 # pulumi_aws warns about its own deprecated classes whenever the engine loads them.
@@ -99,7 +98,7 @@ def test_coordinator_lands_on_the_confidential_pool(captured):
         assert any(t["key"] == taint["key"] for t in pod["tolerations"])
 
 
-def test_coordinator_service_faces_only_the_listed_participants():
+def test_coordinator_service_faces_only_the_listed_participants(run_stack):
     config = stack_lensemble_config("sovereign-prod")
     capture = run_stack(
         "sovereign-prod", "aws", {"lensemble:coordinatorIngressCidrs": ["198.51.100.0/24"]}
@@ -115,3 +114,27 @@ def test_coordinator_service_faces_only_the_listed_participants():
     assert (
         annotations["service.beta.kubernetes.io/load-balancer-source-ranges"] == "198.51.100.0/24"
     )
+
+
+def test_long_names_are_shortened_like_the_chart_does(run_stack, tmp_path):
+    from tests.infra.conftest import REPO
+
+    data = yaml.safe_load((REPO / "config/staging.yaml").read_text())
+    data["run"]["name"] = "a-rather-long-consortium-run-name-2026"
+    data["federation"]["participants"] = [
+        {"id": f"site-{i}", "trust_domain": f"organisation-with-long-name-{i}"} for i in range(3)
+    ]
+    data["federation"]["participant_count"] = 3
+    config_file = tmp_path / "long.yaml"
+    config_file.write_text(yaml.safe_dump(data))
+    capture = run_stack("staging", "aws", {"lensemble:configFile": str(config_file)})
+    bound = {
+        a.inputs["serviceAccount"]
+        for a in capture.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+    assert all(len(name) <= 52 for name in bound)
+    used = {
+        s["spec"]["template"]["spec"]["serviceAccountName"]
+        for s in of_kind(rendered(capture), "StatefulSet")
+    }
+    assert used == bound and len(bound) == 3

@@ -13,7 +13,6 @@ from tests.infra.conftest import (
     SOVEREIGN_STACKS,
     stack_lensemble_config,
 )
-from tests.infra.recording import run_stack
 
 CHART_VALUES = REPO / "charts" / "lensemble" / "values.yaml"
 
@@ -41,7 +40,7 @@ def test_no_security_group_rule_is_open_to_the_internet(captured, stack):
         assert not group.inputs.get("ingress"), "inline ingress escapes the rule check"
 
 
-def test_coordinator_load_balancer_admits_only_the_listed_participants():
+def test_coordinator_load_balancer_admits_only_the_listed_participants(run_stack):
     """Documented: the coordinator's gRPC port faces the internet only through its load
     balancer, for the addresses in lensemble:coordinatorIngressCidrs."""
     capture = run_stack(
@@ -76,7 +75,7 @@ def test_sovereign_api_server_is_private(captured, stack):
     assert vpc["endpointPrivateAccess"] is True
 
 
-def test_staging_api_server_is_public_only_to_listed_networks(captured):
+def test_staging_api_server_is_public_only_to_listed_networks(run_stack, captured):
     [private] = captured("staging").of_type(EKS)
     assert private.inputs["vpcConfig"]["endpointPublicAccess"] is False
     config = stack_lensemble_config("staging")
@@ -150,14 +149,14 @@ def test_only_the_confidential_pool_asks_for_sev_snp_and_every_node_hides_imds(c
         assert template["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
 
 
-def test_non_snp_coordinator_instance_type_is_refused():
+def test_non_snp_coordinator_instance_type_is_refused(run_stack):
     from lensemble.errors import ConfigError
 
     with pytest.raises(ConfigError, match="coordinatorInstanceType"):
         run_stack("sovereign-prod", "aws", {"lensemble:coordinatorInstanceType": "m6i.xlarge"})
 
 
-def test_region_without_sev_snp_fails_before_creating_the_pool():
+def test_region_without_sev_snp_fails_before_creating_the_pool(run_stack):
     with pytest.raises(Exception, match="not offered with AMD SEV-SNP in eu-central-1"):
         run_stack("sovereign-prod", "aws", sev_snp_offered=False)
 

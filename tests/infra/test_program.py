@@ -17,8 +17,8 @@ from tests.infra.conftest import (
     STACKS,
     stack_lensemble_config,
 )
-from tests.infra.expected import namespace_of, strings_in
-from tests.infra.recording import REFERENCE_CA, REFERENCE_ENDPOINT, run_stack
+from tests.infra.expected import REFERENCE_CA, REFERENCE_ENDPOINT, namespace_of, strings_in
+from tests.support.tools import require
 
 # pulumi_aws warns about its own deprecated classes whenever the engine loads them.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
@@ -132,7 +132,7 @@ def test_every_component_parents_its_children_and_registers_outputs(captured, st
             assert owner is not None and owner.type.startswith("lensemble:"), resource.name
 
 
-def test_arns_follow_the_configured_partition(tmp_path):
+def test_arns_follow_the_configured_partition(run_stack, tmp_path):
     data = yaml.safe_load((REPO / "config/staging.yaml").read_text())
     data["deployment"]["cloud"] = {
         "provider": "aws",
@@ -193,14 +193,14 @@ def test_image_repository_is_immutable_scanned_and_keeps_sha_tags(captured):
         ),
     ],
 )
-def test_bad_stack_settings_name_the_key(stack, extra, key):
+def test_bad_stack_settings_name_the_key(run_stack, stack, extra, key):
     with pytest.raises(ConfigError) as caught:
         run_stack(stack, "aws", extra)
     assert caught.value.problems[0].path == key
     assert caught.value.problems[0].source == f"Pulumi.{stack}.yaml"
 
 
-def test_participant_stack_can_take_the_coordinator_from_config(tmp_path):
+def test_participant_stack_can_take_the_coordinator_from_config(run_stack, tmp_path):
     ca = tmp_path / "consortium-ca.crt"
     ca.write_text("-----BEGIN CERTIFICATE-----\nDIRECT\n-----END CERTIFICATE-----\n")
     capture = run_stack(
@@ -242,6 +242,7 @@ def test_every_resource_has_an_explicit_provider(captured, stack):
 
 
 def test_program_imports_no_torch():
+    require("pulumi")
     code = "import sys; import infra.program; sys.exit('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
@@ -262,7 +263,7 @@ def certs_dir(root, identities):
     return root
 
 
-def test_local_makes_a_tls_secret_per_identity_from_a_certs_directory(tmp_path):
+def test_local_makes_a_tls_secret_per_identity_from_a_certs_directory(run_stack, tmp_path):
     config = stack_lensemble_config("local")
     identities = ["coordinator", *(p.id for p in config.federation.participants)]
     certs = certs_dir(tmp_path / "certs", identities)
@@ -282,7 +283,7 @@ def test_local_makes_a_tls_secret_per_identity_from_a_certs_directory(tmp_path):
     assert not any(ca_key in str(r.inputs) for r in capture.resources)
 
 
-def test_participant_stack_trusts_the_coordinator_ca(tmp_path):
+def test_participant_stack_trusts_the_coordinator_ca(run_stack, tmp_path):
     config = stack_lensemble_config("sovereign-prod-org-dublin")
     site = tmp_path / "dublin"
     site.mkdir()
@@ -307,7 +308,7 @@ def test_participant_stack_trusts_the_coordinator_ca(tmp_path):
     assert secret.secret_paths & {"stringData", "stringData.tls.key"}
 
 
-def test_missing_tls_file_names_the_setting(tmp_path):
+def test_missing_tls_file_names_the_setting(run_stack, tmp_path):
     with pytest.raises(ConfigError) as caught:
         run_stack("sovereign-prod-org-dublin", "aws", {"lensemble:tlsDir": str(tmp_path)})
     problem = caught.value.problems[0]
@@ -315,7 +316,7 @@ def test_missing_tls_file_names_the_setting(tmp_path):
     assert "dublin/tls.crt" in problem.message
 
 
-def test_staging_can_deploy_its_kustomize_overlay():
+def test_staging_can_deploy_its_kustomize_overlay(run_stack):
     capture = run_stack("staging", "aws", {"lensemble:deployWith": "kustomize"})
     [directory] = capture.of_type("kubernetes:kustomize/v2:Directory")
     assert (Path.cwd() / directory.inputs["directory"]).resolve() == REPO / "overlays" / "staging"
