@@ -157,7 +157,7 @@ def test_non_snp_coordinator_instance_type_is_refused(run_stack):
 
 
 def test_region_without_sev_snp_fails_before_creating_the_pool(run_stack):
-    with pytest.raises(Exception, match="not offered with AMD SEV-SNP in eu-central-1"):
+    with pytest.raises(Exception, match="not offered with AMD SEV-SNP in eu-west-1"):
         run_stack("sovereign-prod", "aws", sev_snp_offered=False)
 
 
