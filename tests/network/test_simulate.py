@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import yaml
 
 from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import committed_chain
-from lensemble.network.launcher import ProcessFailed
+from lensemble.network.launcher import LocalFederation, ProcessFailed
 from lensemble.network.local_run import run_network_simulation
 from tests.support.cli import run_cli
 from tests.support.federation import build
@@ -127,3 +129,43 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
         assert entry["kind"] == "grpc_channel", entry
         assert entry["target"].startswith("'127.0.0.1:"), entry
     assert len({e["target"] for e in entries}) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_children_die_with_their_launcher_and_teardown_happens_once(tmp_path: Path) -> None:
+    sleeper = f"[{sys.executable!r}, '-c', 'import time; time.sleep(120)']"
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from lensemble.network.launcher import LocalFederation\n"
+        f"fed = LocalFederation(Path('c.yaml'), [], Path({str(tmp_path)!r}), program={sleeper})\n"
+        "print(fed.start_coordinator().popen.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    child = int(launcher.stdout.readline())
+    assert _alive(child)
+    launcher.kill()  # the launcher crashes: no teardown code runs
+    launcher.wait()
+    end = time.monotonic() + 20
+    while _alive(child):
+        assert time.monotonic() < end, "the child outlived its launcher"
+        time.sleep(0.05)
+    # A normal teardown stops every child, exactly once however often it is asked for.
+    fed = LocalFederation(
+        Path("c.yaml"), [], tmp_path, program=[sys.executable, "-c", "import time; time.sleep(120)"]
+    )
+    proc = fed.start_participant("alpha")
+    fed.close()
+    fed.close()
+    with fed:
+        pass
+    assert fed.teardowns == 1 and proc.returncode is not None

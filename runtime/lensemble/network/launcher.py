@@ -5,8 +5,8 @@ Used by ``lensemble simulate --set federation.transport=network`` and by the tes
 - runs a ``lensemble`` command (or any program taking the same arguments) with ``--set``
   overrides: JSON logs, free ports (``--health-port 0 --metrics-port 0``; the ready line reports
   them);
-- dies with its parent: ``PR_SET_PDEATHSIG`` makes the kernel send it ``SIGKILL`` when the
-  thread that started it ends, so a crashed launcher leaves no orphan;
+- dies with its parent: ``PR_SET_PDEATHSIG`` (set by a tiny exec wrapper) makes the kernel send
+  it ``SIGKILL`` when the thread that started it ends, so a crashed launcher leaves no orphan;
 - has its stdout read for exactly one ready line, and its stderr copied to
   ``<logs>/<identity>.log`` while its JSON events are kept for whoever follows the run.
 
@@ -16,7 +16,6 @@ after a grace period) and runs exactly once, however it is reached.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -37,9 +36,21 @@ LENSEMBLE_PROGRAM = (sys.executable, "-c", "from lensemble.cli import main; main
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+#: Runs first in every child: ask for SIGKILL when the parent dies, give up if it already did,
+#: then exec the real command. (A ``preexec_fn`` would do the same, but it forces a plain fork()
+#: of the parent, and gRPC's fork handlers in a parent with live channels can abort the child.)
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def die_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` wrapped so that the child gets SIGKILL when this process's current thread ends."""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,14 +95,13 @@ class ManagedProcess:
         self._stdout_done = False
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.popen = subprocess.Popen(
-            self.argv,
+            die_with_parent(self.argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 (no locks are taken in the child)
         )
         threading.Thread(target=self._read_stdout, name=f"{identity}-stdout", daemon=True).start()
         threading.Thread(target=self._read_stderr, name=f"{identity}-stderr", daemon=True).start()
@@ -166,6 +176,11 @@ class ManagedProcess:
             ready = self.ready
         if ready is None or ready.get("event") != "ready":
             code = self.popen.poll()
+            if code is None and self._stdout_done:  # stdout closed without a ready line
+                try:
+                    code = self.popen.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    code = None
             state = f"exited with code {code}" if code is not None else "is not ready"
             raise ProcessFailed(
                 f"{self.identity} {state} after {timeout_s:.0f} s: {self.last_error()}",

@@ -163,7 +163,7 @@ def _ready_or_fail(proc: ManagedProcess, everyone: list[ManagedProcess], timeout
             proc.wait_ready(min(1.0, max(0.0, end - time.monotonic())))
             return
         except ProcessFailed:
-            if proc.returncode is not None or time.monotonic() >= end:
+            if proc.returncode is None and time.monotonic() >= end:
                 raise
 
 

@@ -313,7 +313,7 @@ class ParticipantLoop:
         self.client = client
         self.metrics = client.metrics
         self.stop = stop or threading.Event()
-        self.on_ready = on_ready or (lambda ready: None)
+        self._on_ready = on_ready or (lambda ready: None)
         self.backoff = backoff or Backoff(config.network.connect_backoff_max_s)
         self.after: tuple[int, int] = (-1, -1)
         self.joined = False
@@ -321,6 +321,10 @@ class ParticipantLoop:
         self._failing_since: float | None = None
 
     # ---------------------------------------------------------------------------- helpers
+    def _ready(self, ready: bool) -> None:
+        self.metrics.joined.set(1 if ready else 0)
+        self._on_ready(ready)
+
     def _check_stop(self) -> None:
         if self.stop.is_set():
             raise ShutdownRequested(f"participant {self.client.id} is shutting down;")
@@ -329,7 +333,7 @@ class ParticipantLoop:
         if self._failing_since is not None:
             down_s = time.monotonic() - self._failing_since
             event(_log, "reconnected", f"reached the coordinator again after {down_s:.1f} s.")
-            self.on_ready(True)
+            self._ready(True)
         self._failing_since = None
         self.backoff.reset()
 
@@ -338,7 +342,7 @@ class ParticipantLoop:
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-            self.on_ready(False)
+            self._ready(False)
         limit = self.config.federation.join_timeout_s
         if now - self._failing_since > limit:
             raise CoordinatorUnreachable(
@@ -396,8 +400,7 @@ class ParticipantLoop:
         self._succeeded()
         self._line_up(reply)
         self.joined = True
-        self.metrics.joined.set(1)
-        self.on_ready(True)
+        self._ready(True)
 
     def _line_up(self, reply: pb.JoinReply) -> None:
         """Restore the inner state for the next round this participant will train.
@@ -487,12 +490,19 @@ class ParticipantLoop:
         self, announcement: pb.RoundAnnouncement, opening: RoundOpening
     ) -> Contribution | None:
         where = f"round {opening.round_index} attempt {opening.attempt}"
-        for attempt in range(1, FETCH_ATTEMPTS + 1):
+        attempt = 0
+        while attempt < FETCH_ATTEMPTS:
+            attempt += 1
             self._check_stop()
             try:
                 payload = self.client.fetch(announcement)
             except grpc.RpcError as exc:
-                self._on_error(f"fetching the model of {where}", classify(exc))
+                error = classify(exc)
+                if error.kind == Failure.TRANSIENT and time.monotonic() < opening.deadline_s:
+                    self._failed(f"fetching the model of {where}", error)
+                    attempt -= 1  # the model was not checked: not a verification failure
+                    continue
+                self._on_error(f"fetching the model of {where}", error)
                 return None
             except PayloadError as exc:
                 _log.error("the model of %s is unusable: %s", where, exc)
