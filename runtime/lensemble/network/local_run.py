@@ -5,8 +5,8 @@ The launcher issues development certificates into ``<output_dir>/certs`` (and be
 participant with the same config file and overrides, waits for every ready line, follows the
 coordinator's round events, and summarises the run from the ledger exactly as the in-process
 simulation does: the hash chain, bytes, the final model hash and, when the world model is
-available, the held-out evaluation of the final model (each participant's cached held-out
-episodes stand for it evaluating inside its own trust domain).
+available, the held-out evaluation of the final model next to the local-only baseline (each
+participant's cached held-out episodes stand for it evaluating inside its own trust domain).
 
 Any process that fails stops the run: the launcher reports one sentence naming the process and
 its last error, tears every process down exactly once, and raises ``ProcessFailed``.
@@ -206,10 +206,11 @@ def _summarise(
     evaluate_final: bool,
 ) -> SimulationResult:
     checkpoint = CheckpointStore(out).load()
-    final: dict[str, Any] | None = None
-    if checkpoint is not None and evaluate_final:
-        final = _evaluate(config, checkpoint.params)
     committed = [r for r in records if r.state == "closed"]
+    final: dict[str, Any] | None = None
+    local_only: dict[str, dict[str, Any]] = {}
+    if checkpoint is not None and evaluate_final:
+        final, local_only = _evaluate(config, checkpoint.params, len(committed))
     metrics = [
         RoundMetrics(
             round=r.round,
@@ -225,6 +226,7 @@ def _summarise(
     ]
     if metrics:
         metrics[-1].federated = final
+        metrics[-1].local_only = local_only or None
     (out / "metrics.jsonl").write_text(
         "".join(m.to_json() + "\n" for m in metrics), encoding="utf-8"
     )
@@ -234,17 +236,30 @@ def _summarise(
         metrics=metrics,
         model_hash=checkpoint.model_hash if checkpoint is not None else "",
         final=final,
-        final_local_only={},
+        final_local_only=local_only,
         output_dir=out,
         wall_s=wall_s,
     )
 
 
-def _evaluate(config: LensembleConfig, params: Any) -> dict[str, Any]:
-    """Held-out evaluation of the final model on the participants' cached data."""
+def _evaluate(
+    config: LensembleConfig, params: Any, rounds: int
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Held-out evaluation of the final model and, if configured, of each local-only model.
+
+    The local-only baseline (each participant training alone for the same inner steps) is
+    trained here, as the in-process simulation does, on the participants' cached data.
+    """
     from lensemble.data.trajectories import load_or_collect
     from lensemble.eval.heldout import evaluate
+    from lensemble.model.learner import train_local_only
 
     datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
-    report: dict[str, Any] = evaluate(config, params, datasets).to_dict()
-    return report
+    final: dict[str, Any] = evaluate(config, params, datasets).to_dict()
+    local_only: dict[str, dict[str, Any]] = {}
+    if config.evaluation.local_only_baseline:
+        steps = config.federation.inner_steps
+        for pid, data in datasets.items():
+            alone = train_local_only(config, pid, data, rounds, steps)
+            local_only[pid] = evaluate(config, alone, datasets).to_dict()
+    return final, local_only
