@@ -99,8 +99,6 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
         "data.episodes=8",
         "--set",
         "data.episode_steps=40",
-        "--set",
-        "evaluation.local_only_baseline=false",
     ]
     in_process = run_cli("simulate", "config/local.yaml", *small, "--json")
     assert in_process.code == 0, in_process.err
@@ -121,7 +119,8 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
     assert summary["hash_chain"] == expected["hash_chain"] and len(summary["hash_chain"]) == 3
     assert summary["model_hash"] == expected["model_hash"]
     assert summary["config_hash"] == expected["config_hash"]
-    assert summary["federated_union_k_step_error"] == expected["federated_union_k_step_error"]
+    for key in ("federated_union_k_step_error", "local_only_mean_union_k_step_error"):
+        assert summary[key] == expected[key] and summary[key] is not None
     assert summary["bytes_up"] == expected["bytes_up"]
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len({e["pid"] for e in entries}) == 4  # the four participants, nothing else
