@@ -316,7 +316,6 @@ class ParticipantLoop:
         self._on_ready = on_ready or (lambda ready: None)
         self.backoff = backoff or Backoff(config.network.connect_backoff_max_s)
         self.after: tuple[int, int] = (-1, -1)
-        self.joined = False
         self.rounds_contributed: list[tuple[int, int]] = []
         self._failing_since: float | None = None
 
@@ -332,7 +331,7 @@ class ParticipantLoop:
     def _succeeded(self) -> None:
         if self._failing_since is not None:
             down_s = time.monotonic() - self._failing_since
-            event(_log, "reconnected", f"reached the coordinator again after {down_s:.1f} s.")
+            event(_log, "reconnected", f"reached the coordinator after {down_s:.1f} s of retries.")
             self._ready(True)
         self._failing_since = None
         self.backoff.reset()
@@ -399,7 +398,6 @@ class ParticipantLoop:
             )
         self._succeeded()
         self._line_up(reply)
-        self.joined = True
         self._ready(True)
 
     def _line_up(self, reply: pb.JoinReply) -> None:
@@ -569,10 +567,11 @@ class ParticipantLoop:
             self._succeeded()
             self.metrics.verdict(reply.accepted, reply.reason)
             self.rounds_contributed.append((opening.round_index, opening.attempt))
+            note = "" if reply.reason == "accepted" else f" ({reply.message})"
             event(
                 _log,
                 "submitted",
-                f"update of {where} {reply.reason}: {reply.message}",
+                f"update of {where}: {reply.reason}{note}",
                 round=opening.round_index,
                 attempt=opening.attempt,
                 reason=reply.reason,
