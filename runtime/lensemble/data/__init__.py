@@ -1,0 +1,1 @@
+"""Each participant's private data: environments, trajectories and their cache."""
