@@ -112,11 +112,21 @@ def main() -> None:
         single, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=5)
         with default_threads():
             threads = torch.get_num_threads()
-            multi, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=5)
+            multi, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=3)
         rows += [
             (f"train_round, {fed.inner_steps} steps, 1 thread", f"{single * 1000:.1f} ms"),
             (f"train_round, {fed.inner_steps} steps, {threads} threads", f"{multi * 1000:.1f} ms"),
         ]
+        sig_config = load_config(
+            args.config,
+            [*args.overrides, f"run.output_dir={tmp}", "model.regularizer=sigreg"],
+        )
+        sig = WorldModelLearner(sig_config, ids[0], datasets[ids[0]])
+        sig.train_round(theta0, 0, fed.inner_steps)  # warm-up
+        sig_s, _ = timed(lambda: sig.train_round(theta0, 1, fed.inner_steps), repeat=5)
+        rows.append(
+            (f"train_round, {fed.inner_steps} steps, sigreg, 1 thread", f"{sig_s * 1000:.1f} ms")
+        )
         eval_s, _ = timed(lambda: evaluate(config, theta0, datasets), repeat=5)
         rows.append((f"evaluate, {len(ids)} participants + union", f"{eval_s * 1000:.1f} ms"))
 
@@ -128,6 +138,7 @@ def main() -> None:
             }
         )
         eval_fed: EvalReport = evaluate(config, theta, datasets)
+        eval_init = evaluate(config, theta0, datasets)
         eval_local = {pid: evaluate(config, local[pid], datasets) for pid in ids}
         job = time.perf_counter() - job_start
         rows += [
@@ -151,6 +162,10 @@ def main() -> None:
     print(
         f"{'federated (DiLoCo)':<22} {eval_fed.union.k_step_error:>12.4f} "
         f"{eval_fed.union.probe_r2:>10.4f}"
+    )
+    print(
+        f"{'untrained (theta_0)':<22} {eval_init.union.k_step_error:>12.4f} "
+        f"{eval_init.union.probe_r2:>10.4f}"
     )
     for pid in ids:
         u = eval_local[pid].union

@@ -26,7 +26,7 @@ import torch
 
 from lensemble.data.envs import state_names
 from lensemble.model.determinism import single_threaded
-from lensemble.model.worldmodel import WorldModel, build_model
+from lensemble.model.worldmodel import WorldModel, build_model, check_architecture
 
 if TYPE_CHECKING:
     from lensemble.config.schema import LensembleConfig
@@ -190,8 +190,6 @@ def evaluate(
         ValueError: ``datasets`` is empty.
         ArchitectureMismatch: ``params`` does not match the world model.
     """
-    from lensemble.model.learner import check_architecture
-
     if not datasets:
         raise ValueError("evaluate() needs at least one participant's data")
     ids = sorted(datasets)

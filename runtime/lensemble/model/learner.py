@@ -27,7 +27,13 @@ from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.federation.learner import LocalRound
 from lensemble.model.determinism import single_threaded
 from lensemble.model.objective import jepa_loss
-from lensemble.model.worldmodel import Params, WorldModel, build_model, initial_parameters
+from lensemble.model.worldmodel import (
+    Params,
+    WorldModel,
+    build_model,
+    check_architecture,
+    initial_parameters,
+)
 from lensemble.seeds import derive
 
 if TYPE_CHECKING:
@@ -35,31 +41,6 @@ if TYPE_CHECKING:
     from lensemble.data.trajectories import ParticipantData
 
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
-
-
-def check_architecture(
-    params: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], what: str
-) -> None:
-    """Raise unless ``params`` has exactly the names and shapes of ``expected``.
-
-    Raises:
-        ArchitectureMismatch: A name is missing or extra, or a shape differs.
-    """
-    missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
-    if missing or extra:
-        raise ArchitectureMismatch(
-            f"{what} do not match the world model: missing {missing or 'none'}, unexpected "
-            f"{extra or 'none'}.",
-            remediation="Use the same model.* settings for every participant and the coordinator.",
-        )
-    for name, tensor in expected.items():
-        if tuple(params[name].shape) != tuple(tensor.shape):
-            raise ArchitectureMismatch(
-                f"{what}: '{name}' has shape {tuple(params[name].shape)}, the world model "
-                f"expects {tuple(tensor.shape)}.",
-                remediation="Use the same model.* settings for every participant and the "
-                "coordinator.",
-            )
 
 
 class WorldModelLearner:

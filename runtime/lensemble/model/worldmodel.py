@@ -13,11 +13,13 @@ look like ``encoder.layers.0.weight`` and ``predictor.layers.2.bias``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from lensemble.errors import ArchitectureMismatch
 from lensemble.seeds import derive
 
 if TYPE_CHECKING:
@@ -134,10 +136,12 @@ def build_model(config: LensembleConfig, spec: EnvSpec) -> WorldModel:
 def initial_parameters(config: LensembleConfig, spec: EnvSpec) -> Params:
     """The deterministic initial parameters of the global model.
 
-    Every linear layer is drawn uniformly from ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]`` (PyTorch's
-    default scale) from one generator seeded by ``derive(root_seed, "model-init")``, in parameter
-    order; the predictor's output layer is then scaled down so a fresh predictor is close to
-    the identity.
+    Every tensor is drawn uniformly, in parameter order, from one generator seeded by
+    ``derive(root_seed, "model-init")``: weights from ``+-sqrt(3 / fan_in)`` (LeCun: unit
+    variance in, unit variance out, so a fresh encoder is a generic nonlinear map rather than
+    the almost linear one PyTorch's smaller default gives), biases from ``+-1/sqrt(fan_in)``,
+    and the predictor's output layer from a tenth of PyTorch's default range, so a fresh
+    predictor is close to the identity.
 
     Args:
         config: The run's config (``run.root_seed`` and ``model``).
@@ -155,10 +159,38 @@ def initial_parameters(config: LensembleConfig, spec: EnvSpec) -> Params:
     with torch.no_grad():
         shapes = {name: p.shape for name, p in model.named_parameters()}
         for name, shape in shapes.items():
-            fan_in = shapes[name.removesuffix(".bias") + ".weight"][1]
-            bound = fan_in**-0.5
-            value = torch.rand(shape, generator=generator) * (2 * bound) - bound
+            fan_in = shapes[name.rsplit(".", 1)[0] + ".weight"][1]
             if name.startswith(last):
-                value = value * _PREDICTOR_OUTPUT_GAIN
+                bound = _PREDICTOR_OUTPUT_GAIN * fan_in**-0.5
+            elif len(shape) == 2:
+                bound = (3.0 / fan_in) ** 0.5  # LeCun: weight variance 1 / fan_in
+            else:
+                bound = fan_in**-0.5
+            value = torch.rand(shape, generator=generator) * (2 * bound) - bound
             out[name] = value.to(torch_dtype(m.dtype))
     return out
+
+
+def check_architecture(
+    params: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], what: str
+) -> None:
+    """Raise unless ``params`` has exactly the names and shapes of ``expected``.
+
+    Raises:
+        ArchitectureMismatch: A name is missing or extra, or a shape differs.
+    """
+    missing, extra = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+    if missing or extra:
+        raise ArchitectureMismatch(
+            f"{what} do not match the world model: missing {missing or 'none'}, unexpected "
+            f"{extra or 'none'}.",
+            remediation="Use the same model.* settings for every participant and the coordinator.",
+        )
+    for name, tensor in expected.items():
+        if tuple(params[name].shape) != tuple(tensor.shape):
+            raise ArchitectureMismatch(
+                f"{what}: '{name}' has shape {tuple(params[name].shape)}, the world model "
+                f"expects {tuple(tensor.shape)}.",
+                remediation="Use the same model.* settings for every participant and the "
+                "coordinator.",
+            )
