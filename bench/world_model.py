@@ -98,38 +98,9 @@ def main() -> None:
         ids = config.participant_ids
         job_start = time.perf_counter()
 
+        # The main job's share, in the order the runtime runs it.
         cold, datasets = timed(lambda: {pid: load_or_collect(config, pid) for pid in ids})
-        warm, _ = timed(lambda: {pid: load_or_collect(config, pid) for pid in ids}, repeat=3)
-        rows += [
-            (f"data collection, {len(ids)} participants (cold)", f"{cold:.3f} s"),
-            (f"data from cache, {len(ids)} participants (warm)", f"{warm:.3f} s"),
-        ]
-
         theta0 = initial_global_parameters(config)
-        n_params = sum(v.numel() for v in theta0.values())
-        one = WorldModelLearner(config, ids[0], datasets[ids[0]])
-        one.train_round(theta0, 0, fed.inner_steps)  # warm-up
-        single, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=5)
-        with default_threads():
-            threads = torch.get_num_threads()
-            multi, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=3)
-        rows += [
-            (f"train_round, {fed.inner_steps} steps, 1 thread", f"{single * 1000:.1f} ms"),
-            (f"train_round, {fed.inner_steps} steps, {threads} threads", f"{multi * 1000:.1f} ms"),
-        ]
-        sig_config = load_config(
-            args.config,
-            [*args.overrides, f"run.output_dir={tmp}", "model.regularizer=sigreg"],
-        )
-        sig = WorldModelLearner(sig_config, ids[0], datasets[ids[0]])
-        sig.train_round(theta0, 0, fed.inner_steps)  # warm-up
-        sig_s, _ = timed(lambda: sig.train_round(theta0, 1, fed.inner_steps), repeat=5)
-        rows.append(
-            (f"train_round, {fed.inner_steps} steps, sigreg, 1 thread", f"{sig_s * 1000:.1f} ms")
-        )
-        eval_s, _ = timed(lambda: evaluate(config, theta0, datasets), repeat=5)
-        rows.append((f"evaluate, {len(ids)} participants + union", f"{eval_s * 1000:.1f} ms"))
-
         fed_s, (theta, losses) = timed(lambda: diloco(config, datasets, theta0))
         local_s, local = timed(
             lambda: {
@@ -142,13 +113,43 @@ def main() -> None:
         eval_local = {pid: evaluate(config, local[pid], datasets) for pid in ids}
         job = time.perf_counter() - job_start
         rows += [
+            (f"data collection, {len(ids)} participants (cold)", f"{cold:.3f} s"),
             (
                 f"DiLoCo, {fed.rounds} rounds x {fed.inner_steps} steps x {len(ids)}",
                 f"{fed_s:.2f} s",
             ),
             (f"local-only, {len(ids)} x {fed.rounds * fed.inner_steps} steps", f"{local_s:.2f} s"),
-            ("everything above (one process)", f"{job:.2f} s"),
+            ("all of the above + evaluations (one process)", f"{job:.2f} s"),
         ]
+
+        # Single operations (median of several).
+        warm, _ = timed(lambda: {pid: load_or_collect(config, pid) for pid in ids}, repeat=3)
+        rows.append((f"data from cache, {len(ids)} participants (warm)", f"{warm:.3f} s"))
+        n_params = sum(v.numel() for v in theta0.values())
+        one = WorldModelLearner(config, ids[0], datasets[ids[0]])
+        one.train_round(theta0, 0, fed.inner_steps)  # warm-up
+        single, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=5)
+        rows.append((f"train_round, {fed.inner_steps} steps, 1 thread", f"{single * 1000:.1f} ms"))
+        sig_config = load_config(
+            args.config,
+            [*args.overrides, f"run.output_dir={tmp}", "model.regularizer=sigreg"],
+        )
+        sig = WorldModelLearner(sig_config, ids[0], datasets[ids[0]])
+        sig.train_round(theta0, 0, fed.inner_steps)  # warm-up
+        sig_s, _ = timed(lambda: sig.train_round(theta0, 1, fed.inner_steps), repeat=5)
+        rows.append(
+            (f"train_round, {fed.inner_steps} steps, sigreg, 1 thread", f"{sig_s * 1000:.1f} ms")
+        )
+        eval_s, _ = timed(lambda: evaluate(config, theta0, datasets), repeat=5)
+        rows.append((f"evaluate, {len(ids)} participants + union", f"{eval_s * 1000:.1f} ms"))
+        # Last: an OpenMP pool of several threads keeps spinning after use and would slow
+        # whatever is measured next.
+        with default_threads():
+            threads = torch.get_num_threads()
+            multi, _ = timed(lambda: one.train_round(theta0, 1, fed.inner_steps), repeat=3)
+        rows.append(
+            (f"train_round, {fed.inner_steps} steps, {threads} threads", f"{multi * 1000:.1f} ms")
+        )
 
     width = max(len(k) for k, _ in rows)
     print(f"world model: {n_params} parameters, torch {torch.__version__}")
