@@ -12,7 +12,7 @@ import sys
 import typer
 
 from lensemble import __version__
-from lensemble.cli import config_cmd, render_cmd
+from lensemble.cli import config_cmd, kind_cmd, render_cmd, simulate_cmd, stack_cmd, vendor_cmd
 from lensemble.cli.output import report_error
 from lensemble.errors import EXIT_INTERRUPTED, LensembleError
 
@@ -27,6 +27,10 @@ app = typer.Typer(
 )
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(render_cmd.app, name="render")
+app.command(name="simulate")(simulate_cmd.simulate)
+app.add_typer(stack_cmd.app)
+app.add_typer(kind_cmd.app, name="kind")
+app.add_typer(vendor_cmd.app, name="vendor")
 
 
 def _version(value: bool) -> None:

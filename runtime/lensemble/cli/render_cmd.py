@@ -2,9 +2,161 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
+
+from lensemble.cli.options import ConfigOption, SetOption, load
 
 app = typer.Typer(
     help="Render deployment artifacts (Compose, Helm values, Kubernetes manifests) from a config.",
     no_args_is_help=True,
 )
+
+
+# ------------------------------------------------------------------------------ compose
+@app.command("compose")
+def compose(
+    config: Path | None = ConfigOption,
+    set_: list[str] = SetOption,
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="Write the Compose file here, and the config its containers read next to it "
+        "(lensemble.yaml). Without it the Compose file goes to stdout.",
+        metavar="FILE",
+    ),
+    certs: str = typer.Option(
+        "certs",
+        "--certs",
+        help="Folder `lensemble certs init` fills, relative to the Compose file's folder.",
+        metavar="DIR",
+    ),
+    gpu_tag: str | None = typer.Option(
+        None,
+        "--gpu-tag",
+        help="Image tag of the gpu profile (default: the config's tag with the cu126 line).",
+        metavar="TAG",
+    ),
+) -> None:
+    """Render a Docker Compose file (profiles cpu and gpu) from a config."""
+    import shlex
+    import sys
+
+    from lensemble.config import default_config_path
+    from lensemble.render.compose import compose_header, compose_text, render_compose, write_compose
+
+    cfg = load(config, set_)
+    path = str(config) if config is not None else str(default_config_path())
+    flags = [arg for item in set_ or [] for arg in ("--set", item)]
+    source = shlex.join([path, *flags])
+    if output is None:
+        compose_map = render_compose(cfg, certs_dir=certs, gpu_tag=gpu_tag)
+        header = compose_header(cfg, source=source, certs_dir=certs)
+        sys.stdout.write(compose_text(compose_map, header))
+        sys.stderr.write(
+            "note: the containers also need the config file lensemble.yaml next to the "
+            "Compose file; render with -o FILE to write both.\n"
+        )
+        return
+    command = shlex.join(["lensemble", "render", "compose", "--config", path, *flags])
+    command += " " + shlex.join(["-o", str(output)])
+    if certs != "certs":
+        command += " " + shlex.join(["--certs", certs])
+    if gpu_tag is not None:
+        command += " " + shlex.join(["--gpu-tag", gpu_tag])
+    files = write_compose(
+        cfg, output, command=command, source=source, certs_dir=certs, gpu_tag=gpu_tag
+    )
+    typer.echo(f"wrote {files.compose} and {files.config}")
+
+
+# ------------------------------------------------------------------- Helm and Kubernetes (k8s)
+@app.command("helm-values")
+def helm_values(
+    config: Path | None = ConfigOption,
+    mode: str = typer.Option(
+        "all", "--mode", "-m", help="all, coordinator, or participant (one trust domain)."
+    ),
+    trust_domain: str | None = typer.Option(
+        None, "--trust-domain", "-t", help="Trust domain of a participant-mode release."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
+    ),
+    set_: list[str] = SetOption,
+) -> None:
+    """Print the Helm values (charts/lensemble) that deploy a config."""
+    import yaml
+
+    from lensemble.config import config_hash
+    from lensemble.render.helm_values import render_helm_values
+
+    cfg = load(config, set_)
+    values = render_helm_values(cfg, mode=mode, trust_domain=trust_domain)
+    text = (
+        f"# Helm values for charts/lensemble, mode {mode}, from {config or 'the default config'}\n"
+        f"# config hash: {config_hash(cfg)}\n" + yaml.safe_dump(values, sort_keys=False, width=100)
+    )
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+@app.command("k8s")
+def k8s(
+    config: Path | None = ConfigOption,
+    env: str | None = typer.Option(
+        None, "--env", "-e", help="Overlay (overlays/ENV); default: deployment.environment."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="Write DIR/lensemble-ENV.yaml instead of printing.",
+        metavar="DIR",
+    ),
+    chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
+    overlays: Path | None = typer.Option(
+        None, "--overlays", help="Overlays directory.", metavar="DIR"
+    ),
+    update_base: bool = typer.Option(
+        False,
+        "--update-base",
+        help="Also rewrite the committed generated files of overlays/ENV (base, kind files).",
+    ),
+    set_: list[str] = SetOption,
+) -> None:
+    """Render the chart (Helm v4) and apply the overlay (kubectl kustomize): final manifests."""
+    from lensemble.render import k8s as k8s_render
+    from lensemble.render.k8s_policy import enforce
+
+    cfg = load(config, set_)
+    environment = k8s_render.env_from_config(cfg, env)
+    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, overlays=overlays)
+    enforce(rendered.manifests, cfg, source=f"overlays/{environment}")
+    if update_base:
+        for path in k8s_render.write_overlay_files(
+            cfg, environment, chart=chart, overlays=overlays
+        ):
+            sys.stderr.write(f"wrote {path}\n")
+    if output is None:
+        sys.stdout.write(k8s_render.dump_manifests(rendered.manifests))
+    else:
+        path = k8s_render.write_manifests(rendered.manifests, output, environment)
+        sys.stderr.write(f"wrote {path} ({len(rendered.manifests)} objects)\n")
+
+
+@app.command("chart-files")
+def chart_files(
+    chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
+) -> None:
+    """Regenerate the chart's values.schema.json, default config and README.md."""
+    from lensemble.render.chart_files import regenerate
+    from lensemble.render.k8s import chart_dir
+
+    for path in regenerate(chart_dir(chart)):
+        typer.echo(f"wrote {path}")

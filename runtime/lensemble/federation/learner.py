@@ -60,5 +60,8 @@ class Learner(Protocol):
         ...
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Restore what :meth:`inner_state` returned (on resume or rejoin)."""
+        """Restore what :meth:`inner_state` returned (on resume or rejoin).
+
+        An empty mapping resets the learner to its initial inner state (no optimizer history).
+        """
         ...

@@ -1,0 +1,1 @@
+"""Lensemble's Pulumi program and its components (run by ``pulumi`` from ``infra/``)."""

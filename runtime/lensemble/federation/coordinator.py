@@ -1,0 +1,462 @@
+"""The coordinator: owns the global model and drives every round over any transport.
+
+Per round ``t`` (upstream RFC-0013; DiLoCo, arXiv 2311.08105, Algorithm 1):
+
+1. OPEN: publish ``theta_t`` (a safetensors payload) and its hash.
+2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`) until every
+   configured participant has one accepted, or ``round_timeout_s`` passes. A submission is
+   rejected, never crashing the coordinator, when it comes from an unknown sender, targets another
+   round, is corrupt, has another architecture, carries NaN/Inf, or conflicts with an earlier one.
+3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
+   retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
+4. AGGREGATING: float32 mean of the contributors' pseudo-gradients in sorted id order.
+5. COMMITTING: the outer Nesterov SGD step, the new model's hash (chained to its parent), an
+   atomic checkpoint, then the ledger line. This is the only place global state changes.
+
+The coordinator is single-threaded: transports hand it submissions one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from lensemble.config import LensembleConfig, config_hash
+from lensemble.errors import (
+    ArchitectureMismatch,
+    ConfigError,
+    IntegrityError,
+    PayloadError,
+    QuorumNotReached,
+)
+from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
+from lensemble.federation.diloco import OuterStep, canonical_mean, zeros_like
+from lensemble.federation.ledger import Ledger, RoundRecord
+from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
+from lensemble.federation.payload import bytes_hash, decode, encode, manifest, model_hash
+from lensemble.federation.quantization import dequantize
+from lensemble.federation.rounds import RoundMachine, RoundState
+from lensemble.federation.transport import CoordinatorTransport, Traffic
+
+Params = dict[str, torch.Tensor]
+
+
+class CoordinatorObserver(Protocol):
+    """Optional callbacks for progress displays and metrics."""
+
+    def on_state(self, round_index: int, attempt: int, state: RoundState) -> None:
+        """A round attempt entered ``state``."""
+        ...
+
+    def on_verdict(self, submission: Submission, verdict: Verdict) -> None:
+        """A submission was judged."""
+        ...
+
+    def on_round(self, record: RoundRecord) -> None:
+        """A round attempt ended (committed or aborted)."""
+        ...
+
+
+@dataclass
+class _Collection:
+    opening: RoundOpening
+    expected: frozenset[str]
+    deltas: dict[str, Params] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.expected <= set(self.deltas)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The outcome of :meth:`Coordinator.run`.
+
+    Attributes:
+        records: Every round attempt of this process, in order (resumed runs: since resume).
+        model_hash: Hash of the final committed model.
+        version: Final model version (= rounds committed).
+        params: Final global parameters.
+    """
+
+    records: list[RoundRecord]
+    model_hash: str
+    version: int
+    params: Params
+
+
+class Coordinator:
+    """Holds ``theta_t``, the outer momentum and the hash chain; commits rounds.
+
+    Args:
+        config: The run's config.
+        initial_params: ``theta_0`` (name -> float32 tensor); also defines the architecture
+            every submission must match.
+        output_dir: Where checkpoints and the ledger go (None keeps everything in memory).
+        resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
+        observer: Progress/metrics callbacks.
+
+    Raises:
+        ConfigError: Resuming a checkpoint written under a different config hash.
+        IntegrityError: The checkpoint or ledger to resume from is corrupt.
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        initial_params: Mapping[str, torch.Tensor],
+        *,
+        output_dir: Path | None = None,
+        resume: bool = False,
+        observer: CoordinatorObserver | None = None,
+    ) -> None:
+        self.config = config
+        self.config_hash = config_hash(config)
+        fed = config.federation
+        self.expected = frozenset(p.id for p in fed.participants)
+        self.outer = OuterStep(
+            fed.outer_optimizer.lr, fed.outer_optimizer.momentum, fed.outer_optimizer.nesterov
+        )
+        self.architecture = manifest({k: v.to(torch.float32) for k, v in initial_params.items()})
+        self.observer = observer
+        self.rejections: Counter[str] = Counter()
+        self.records: list[RoundRecord] = []
+        self._collection: _Collection | None = None
+        self._payload_cache: tuple[int, bytes] | None = None
+        self.checkpoints = CheckpointStore(output_dir) if output_dir else None
+        self.ledger = Ledger(output_dir / config.observability.ledger_path) if output_dir else None
+        ckpt = self.checkpoints.load() if (self.checkpoints and resume) else None
+        if ckpt is not None:
+            self._restore(ckpt)
+        else:
+            params = {k: v.detach().to(torch.float32).clone() for k, v in initial_params.items()}
+            self._set_state(0, params, zeros_like(params), model_hash(params, 0, ""), "")
+            self._save_checkpoint(record=None)
+
+    # ------------------------------------------------------------------ state and persistence
+    def _set_state(
+        self, version: int, params: Params, momentum: Params, hash_: str, parent: str
+    ) -> None:
+        self.version, self.params, self.momentum = version, params, momentum
+        self.model_hash, self.parent_hash = hash_, parent
+
+    def _restore(self, ckpt: CoordinatorCheckpoint) -> None:
+        if ckpt.config_hash != self.config_hash:
+            raise ConfigError(
+                f"the checkpoint in {self.checkpoints.folder if self.checkpoints else ''} was "
+                f"written with config hash {ckpt.config_hash}, this config has "
+                f"{self.config_hash}; resume with the same config or use a new run.output_dir."
+            )
+        self._set_state(ckpt.version, ckpt.params, ckpt.momentum, ckpt.model_hash, ckpt.parent_hash)
+        if self.ledger is not None:
+            self._repair_ledger()
+
+    def _repair_ledger(self) -> None:
+        """Drop ledger lines after the checkpoint; restore the checkpoint's own line if lost."""
+        assert self.ledger is not None and self.checkpoints is not None
+        kept = [r for r in self.ledger.records() if r.round < self.version]
+        committed = {r.round for r in kept if r.state == "closed"}
+        if self.version > 0 and self.version - 1 not in committed:
+            path = self.checkpoints.folder / f"model-v{self.version:06d}.safetensors"
+            record = decode(path.read_bytes()).metadata.get("record")
+            if record is None:
+                raise IntegrityError(
+                    f"the ledger lacks round {self.version - 1} and the checkpoint has no copy;",
+                    remediation="use a new run.output_dir.",
+                )
+            kept.append(RoundRecord(**json.loads(record)))
+        self.ledger.rewrite(kept)
+
+    def _save_checkpoint(self, record: RoundRecord | None) -> None:
+        if self.checkpoints is None:
+            return
+        self.checkpoints.save(
+            CoordinatorCheckpoint(
+                self.version,
+                self.params,
+                self.momentum,
+                self.model_hash,
+                self.parent_hash,
+                self.config_hash,
+            ),
+            extra_metadata={"record": record.to_json()} if record else None,
+        )
+
+    def model_payload(self) -> bytes:
+        """The current global model as a safetensors payload (cached per version)."""
+        if self._payload_cache is None or self._payload_cache[0] != self.version:
+            data = encode(
+                self.params,
+                {
+                    "kind": "global-model",
+                    "version": str(self.version),
+                    "model_hash": self.model_hash,
+                    "parent_hash": self.parent_hash,
+                },
+            )
+            self._payload_cache = (self.version, data)
+        return self._payload_cache[1]
+
+    # -------------------------------------------------------------------------- submissions
+    @property
+    def collecting_round(self) -> int:
+        """The round being collected, or the next one when none is open."""
+        return self._collection.opening.round_index if self._collection else self.version
+
+    def accept(self, submission: Submission) -> Verdict:
+        """Validate one submission for the open round and keep it if valid.
+
+        Never raises on bad input: every problem becomes a rejection with a reason. A
+        byte-identical resend of an accepted submission is accepted again without effect.
+
+        Returns:
+            The verdict (also counted in ``self.rejections`` when rejected).
+        """
+        verdict = self._judge(submission)
+        if not verdict.accepted:
+            self.rejections[verdict.reason.value] += 1
+            if self._collection and submission.sender in self._collection.expected:
+                self._collection.rejected[submission.sender] = verdict.reason.value
+        if self.observer is not None:
+            self.observer.on_verdict(submission, verdict)
+        return verdict
+
+    def _verdict(self, reason: Reason, message: str) -> Verdict:
+        return Verdict(reason, message, self.collecting_round)
+
+    def _judge(self, sub: Submission) -> Verdict:
+        col = self._collection
+        if sub.sender not in self.expected:
+            return self._verdict(
+                Reason.UNKNOWN_PARTICIPANT, f"'{sub.sender}' is not a participant of this run."
+            )
+        if col is None or sub.round_index != col.opening.round_index:
+            return self._verdict(
+                Reason.CLOSED_ROUND,
+                f"round {sub.round_index} is not open; the coordinator is at round "
+                f"{self.collecting_round}.",
+            )
+        digest = bytes_hash(sub.payload)
+        if digest != sub.payload_hash:
+            return self._verdict(
+                Reason.HASH_MISMATCH,
+                f"payload hashes to {digest[:19]}..., the sender declared "
+                f"{sub.payload_hash[:19]}...",
+            )
+        if sub.sender in col.hashes:
+            if col.hashes[sub.sender] == digest:
+                return self._verdict(Reason.DUPLICATE, "duplicate of an accepted submission.")
+            return self._verdict(
+                Reason.CONFLICTING_DUPLICATE,
+                f"'{sub.sender}' already submitted different bytes for round {sub.round_index}.",
+            )
+        try:
+            decoded = decode(sub.payload)
+        except PayloadError as exc:
+            return self._verdict(Reason.BAD_PAYLOAD, exc.message)
+        meta = decoded.metadata
+        fed = self.config.federation
+        expected_meta = {
+            "kind": "pseudo-gradient",
+            "round": str(col.opening.round_index),
+            "participant": sub.sender,
+            "quantization": fed.quantization,
+            "int8_chunk": str(fed.int8_chunk),
+        }
+        for key, value in expected_meta.items():
+            if meta.get(key) != value:
+                reason = Reason.BAD_PAYLOAD if key != "round" else Reason.CLOSED_ROUND
+                return self._verdict(
+                    reason, f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}."
+                )
+        if meta.get("base_hash") != col.opening.model_hash:
+            return self._verdict(
+                Reason.STALE_BASE,
+                "the pseudo-gradient was computed from another global model; fetch the current "
+                "one.",
+            )
+        try:
+            delta = dequantize(decoded.tensors, self.architecture, fed.quantization, fed.int8_chunk)
+        except ArchitectureMismatch as exc:
+            return self._verdict(Reason.ARCHITECTURE_MISMATCH, str(exc))
+        except PayloadError as exc:
+            return self._verdict(Reason.NON_FINITE, exc.message)
+        try:
+            loss = float(meta.get("mean_loss", "nan"))
+        except ValueError:
+            loss = math.nan
+        col.deltas[sub.sender] = delta
+        col.hashes[sub.sender] = digest
+        col.losses[sub.sender] = loss
+        col.rejected.pop(sub.sender, None)
+        return self._verdict(Reason.ACCEPTED, "accepted.")
+
+    # -------------------------------------------------------------------------------- rounds
+    def _notify(self, machine: RoundMachine) -> None:
+        if self.observer is not None:
+            self.observer.on_state(machine.round_index, machine.attempt, machine.state)
+
+    def run(self, transport: CoordinatorTransport) -> RunSummary:
+        """Run rounds until ``federation.rounds`` are committed.
+
+        Raises:
+            QuorumNotReached: Fewer than ``quorum`` participants joined within
+                ``join_timeout_s``, or a round stayed below quorum after every retry.
+        """
+        fed = self.config.federation
+        joined = transport.wait_for_participants(fed.quorum, fed.join_timeout_s)
+        if len(joined) < fed.quorum:
+            raise QuorumNotReached(
+                f"only {len(joined)} of {len(self.expected)} participants joined within "
+                f"federation.join_timeout_s ({fed.join_timeout_s} s); quorum is {fed.quorum}.",
+                remediation="start more participants, check their logs, or lower "
+                "federation.quorum.",
+            )
+        while self.version < fed.rounds:
+            self.run_round(transport)
+        transport.finish()
+        return RunSummary(list(self.records), self.model_hash, self.version, self.params)
+
+    def run_round(self, transport: CoordinatorTransport) -> RoundRecord:
+        """Run round ``self.version`` with retries; returns its committed record.
+
+        Raises:
+            QuorumNotReached: Still below quorum after ``max_round_retries`` retries.
+        """
+        fed = self.config.federation
+        record = None
+        for attempt in range(fed.max_round_retries + 1):
+            record = self.run_attempt(transport, attempt)
+            if record.state == RoundState.CLOSED:
+                return record
+        assert record is not None
+        raise QuorumNotReached(
+            f"round {record.round} reached only {len(record.contributors)} of "
+            f"{fed.quorum} required contributors in {fed.max_round_retries + 1} attempts "
+            f"(excluded: {', '.join(f'{k}={v}' for k, v in sorted(record.excluded.items()))}).",
+            remediation="check the excluded participants' logs, raise "
+            "federation.round_timeout_s, or lower federation.quorum.",
+        )
+
+    def run_attempt(self, transport: CoordinatorTransport, attempt: int) -> RoundRecord:
+        """One attempt at round ``self.version``: open, collect, and commit or abort."""
+        fed = self.config.federation
+        t = self.version
+        machine = RoundMachine(t, attempt)
+        self._notify(machine)
+        wall_start = time.perf_counter()
+        opening = RoundOpening(
+            round_index=t,
+            attempt=attempt,
+            model_version=self.version,
+            model_hash=self.model_hash,
+            deadline_s=transport.now() + fed.round_timeout_s,
+        )
+        col = _Collection(opening, self.expected)
+        self._collection = col
+        transport.open_round(opening, self.model_payload())
+        machine.advance(RoundState.COLLECTING)
+        self._notify(machine)
+        while not col.complete:
+            submission = transport.receive(opening.deadline_s)
+            if submission is None:
+                break
+            transport.reply(submission, self.accept(submission))
+        self._collection = None
+        traffic = transport.take_traffic()
+        contributors = sorted(col.deltas)
+        absent = sorted(self.expected - set(contributors))
+        excluded = {pid: col.rejected.get(pid, "timeout") for pid in absent}
+        parent = self.model_hash
+        if len(contributors) < fed.quorum:
+            machine.advance(RoundState.ABORTED)
+            self._notify(machine)
+            record = self._record(
+                machine,
+                state=RoundState.ABORTED,
+                contributors=contributors,
+                excluded=excluded,
+                parent=parent,
+                new_hash=parent,
+                col=col,
+                traffic=traffic,
+                wall_start=wall_start,
+            )
+            self._finish(record, transport)
+            return record
+        machine.advance(RoundState.AGGREGATING)
+        self._notify(machine)
+        mean = canonical_mean({pid: col.deltas[pid] for pid in contributors})
+        machine.advance(RoundState.COMMITTING)
+        self._notify(machine)
+        params, momentum = self.outer.apply(self.params, mean, self.momentum)
+        new_hash = model_hash(params, self.version + 1, parent)
+        record = self._record(
+            machine,
+            state=RoundState.CLOSED,
+            contributors=contributors,
+            excluded=excluded,
+            parent=parent,
+            new_hash=new_hash,
+            col=col,
+            traffic=traffic,
+            wall_start=wall_start,
+        )
+        self._set_state(self.version + 1, params, momentum, new_hash, parent)
+        self._save_checkpoint(record)
+        machine.advance(RoundState.CLOSED)
+        self._notify(machine)
+        self._finish(record, transport)
+        return record
+
+    def _record(
+        self,
+        machine: RoundMachine,
+        *,
+        state: RoundState,
+        contributors: list[str],
+        excluded: dict[str, str],
+        parent: str,
+        new_hash: str,
+        col: _Collection,
+        traffic: Traffic,
+        wall_start: float,
+    ) -> RoundRecord:
+        losses = [col.losses[p] for p in contributors if math.isfinite(col.losses[p])]
+        wall = time.perf_counter() - wall_start
+        return RoundRecord(
+            round=machine.round_index,
+            attempt=machine.attempt,
+            state=state.value,
+            contributors=contributors,
+            excluded=excluded,
+            parent_hash=parent,
+            model_hash=new_hash,
+            mean_inner_loss=sum(losses) / len(losses) if losses else None,
+            bytes_up=traffic.bytes_up,
+            bytes_down=traffic.bytes_down,
+            quantization=self.config.federation.quantization,
+            wall_s=round(wall, 6),
+            compute_s=round(traffic.compute_s, 6),
+            non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
+            config_hash=self.config_hash,
+        )
+
+    def _finish(self, record: RoundRecord, transport: CoordinatorTransport) -> None:
+        if self.ledger is not None:
+            self.ledger.append(record)
+        self.records.append(record)
+        transport.round_closed(record)
+        if self.observer is not None:
+            self.observer.on_round(record)

@@ -1,0 +1,142 @@
+"""The in-process transport: deterministic, event-driven, with a virtual clock and faults.
+
+When the coordinator opens a round, every participant that is not dropped trains immediately
+(sequentially, in sorted id order) and its submission is scheduled to arrive at a virtual time:
+``1 + 0.01 * rank`` seconds after opening, or a fault's delay. :meth:`InProcessTransport.receive`
+pops arrivals in time order and advances the virtual clock; a timeout costs no wall time. A
+submission scheduled after the deadline stays queued and reaches the coordinator in a later round,
+where it is rejected as late. Everything is a function of the config, seed and fault plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lensemble.federation.faults import FaultPlan
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.messages import RoundOpening, Submission, Verdict
+from lensemble.federation.participant import Participant
+from lensemble.federation.transport import Traffic
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A submission as delivered, minus its payload bytes."""
+
+    sender: str
+    round_index: int
+    payload_hash: str
+    size: int
+
+    @classmethod
+    def of(cls, submission: Submission) -> Delivery:
+        """Summarise a submission."""
+        return cls(
+            submission.sender,
+            submission.round_index,
+            submission.payload_hash,
+            len(submission.payload),
+        )
+
+
+BASE_ARRIVAL_S = 1.0
+ARRIVAL_STEP_S = 0.01
+
+
+class InProcessTransport:
+    """Coordinator and participants in one process.
+
+    Args:
+        participants: Participant id -> participant.
+        faults: Faults to inject.
+
+    Attributes:
+        delivered: Every submission handed to the coordinator, in delivery order, without its
+            payload bytes (so long runs do not keep every payload alive).
+        replies: Every (delivery, verdict) pair, in order.
+        sent_by: Participant id -> number of payloads that participant released.
+    """
+
+    def __init__(
+        self, participants: Mapping[str, Participant], faults: FaultPlan | None = None
+    ) -> None:
+        self.participants = dict(participants)
+        self.faults = faults or FaultPlan()
+        self.clock = 0.0
+        self._queue: list[tuple[float, int, Submission]] = []
+        self._seq = itertools.count()
+        self._down = self._up = 0
+        self._compute = 0.0
+        self.delivered: list[Delivery] = []
+        self.replies: list[tuple[Delivery, Verdict]] = []
+        self.sent_by: dict[str, int] = dict.fromkeys(self.participants, 0)
+        self.finished = False
+
+    def now(self) -> float:
+        """Virtual time (seconds)."""
+        return self.clock
+
+    def wait_for_participants(self, quorum: int, timeout_s: float) -> set[str]:
+        """Every in-process participant is present from the start."""
+        return set(self.participants)
+
+    def open_round(self, opening: RoundOpening, model_payload: bytes) -> None:
+        """Let each participant train and schedule its submission's arrival."""
+        t, a = opening.round_index, opening.attempt
+        order = sorted(self.participants)
+        if self.faults.active("reorder", t, a):
+            order.reverse()
+        for rank, pid in enumerate(order):
+            if self.faults.hits("drop", pid, t, a):
+                continue
+            contribution = self.participants[pid].contribute(opening, model_payload)
+            self.sent_by[pid] += 1
+            self._down += len(model_payload)
+            self._compute += contribution.compute_s
+            payload = contribution.payload
+            if self.faults.hits("corrupt", pid, t, a):
+                payload = payload[: len(payload) // 2] + bytes(8) + payload[len(payload) // 2 + 8 :]
+            arrival = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
+            delay = self.faults.hits("delay", pid, t, a)
+            if delay is not None:
+                span = opening.deadline_s - self.clock
+                arrival = self.clock + (delay.seconds if delay.seconds is not None else span + 1)
+            submission = Submission(pid, t, payload, contribution.payload_hash)
+            copies = 2 if self.faults.hits("duplicate", pid, t, a) else 1
+            for copy in range(copies):
+                # A resend lands right behind the original, inside the same round.
+                resend = arrival + copy * ARRIVAL_STEP_S / 10
+                heapq.heappush(self._queue, (resend, next(self._seq), submission))
+
+    def receive(self, until_s: float) -> Submission | None:
+        """Next arrival at or before ``until_s``; otherwise jump the clock to ``until_s``."""
+        if self._queue and self._queue[0][0] <= until_s:
+            arrival, _, submission = heapq.heappop(self._queue)
+            self.clock = max(self.clock, arrival)
+            self.delivered.append(Delivery.of(submission))
+            self._up += len(submission.payload)
+            return submission
+        self.clock = max(self.clock, until_s)
+        return None
+
+    def reply(self, submission: Submission, verdict: Verdict) -> None:
+        """Record the verdict (in-process participants need no answer)."""
+        self.replies.append((Delivery.of(submission), verdict))
+
+    def round_closed(self, record: RoundRecord) -> None:
+        """Nothing to announce in-process."""
+
+    def take_traffic(self) -> Traffic:
+        """Bytes moved and compute time (sequential, so summed) since the last call."""
+        traffic = Traffic(self._down, self._up, self._compute)
+        self._down = self._up = 0
+        self._compute = 0.0
+        return traffic
+
+    def finish(self) -> None:
+        """Drop late submissions still queued; the run is over."""
+        self._queue.clear()
+        self.finished = True

@@ -1,0 +1,85 @@
+"""What crosses the transport seam: round openings, submissions and verdicts.
+
+These are plain frozen dataclasses; every transport (in-process or gRPC) carries exactly these
+fields. Tensors travel only inside ``payload`` bytes (safetensors), never as objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class RoundOpening:
+    """The coordinator opens a round.
+
+    Attributes:
+        round_index: 0-based round ``t``; the round commits model version ``t + 1``.
+        attempt: 0 for the first try, incremented when an aborted round is retried.
+        model_version: Version of the global model the round starts from (equals round_index).
+        model_hash: ``sha256:<hex>`` of that model (hash chain, see ``payload.model_hash``).
+        deadline_s: Transport-clock time (seconds) when collection ends.
+        final: True once the run is over (no round to train; participants leave).
+    """
+
+    round_index: int
+    attempt: int
+    model_version: int
+    model_hash: str
+    deadline_s: float
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A participant's pseudo-gradient for one round, as received.
+
+    Attributes:
+        sender: Identity the transport authenticated (participant id from the mTLS certificate,
+            the bearer token, or the in-process sender); never taken from the payload.
+        round_index: Round the sender says it contributes to.
+        payload: Safetensors bytes sealed by the participant's residency guard.
+        payload_hash: ``sha256:<hex>`` of ``payload`` as the sender declared it.
+    """
+
+    sender: str
+    round_index: int
+    payload: bytes
+    payload_hash: str
+
+
+class Reason(StrEnum):
+    """Why a submission was accepted or rejected (a Prometheus label and ledger field)."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    UNKNOWN_PARTICIPANT = "unknown_participant"
+    CLOSED_ROUND = "closed_round"
+    STALE_BASE = "stale_base"
+    HASH_MISMATCH = "hash_mismatch"
+    BAD_PAYLOAD = "bad_payload"
+    ARCHITECTURE_MISMATCH = "architecture_mismatch"
+    NON_FINITE = "non_finite"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    TOO_LARGE = "too_large"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The coordinator's answer to one submission.
+
+    Attributes:
+        reason: Accepted, duplicate (accepted once, idempotent) or a rejection reason.
+        message: One sentence for the participant's log.
+        current_round: The round the coordinator is collecting for.
+    """
+
+    reason: Reason
+    message: str
+    current_round: int
+
+    @property
+    def accepted(self) -> bool:
+        """True for an accepted submission or a byte-identical duplicate of one."""
+        return self.reason in (Reason.ACCEPTED, Reason.DUPLICATE)

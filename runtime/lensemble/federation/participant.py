@@ -1,0 +1,180 @@
+"""A participant: verifies the global model, trains locally, and releases a pseudo-gradient.
+
+The participant does not know which transport carries it. A transport driver hands it each
+:class:`~lensemble.federation.messages.RoundOpening` with the model payload bytes it fetched, and
+sends back the payload bytes :meth:`Participant.contribute` returns. Those bytes are produced
+only by the residency guard, so nothing but a model-shaped pseudo-gradient can leave.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lensemble.config import LensembleConfig
+from lensemble.errors import IntegrityError, PayloadError
+from lensemble.federation.checkpoint import InnerStateStore
+from lensemble.federation.diloco import pseudo_gradient
+from lensemble.federation.learner import Learner
+from lensemble.federation.messages import RoundOpening
+from lensemble.federation.payload import (
+    TensorSpec,
+    bytes_hash,
+    check_architecture,
+    decode,
+    model_hash,
+)
+from lensemble.federation.quantization import quantize, wire_specs
+from lensemble.federation.residency import ResidencyGuard
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What a participant hands its transport for one round.
+
+    Attributes:
+        payload: Safetensors bytes sealed by the residency guard.
+        payload_hash: ``sha256:<hex>`` of ``payload``.
+        mean_loss: Mean inner loss (unitless).
+        compute_s: Time in the inner steps (seconds).
+    """
+
+    payload: bytes
+    payload_hash: str
+    mean_loss: float
+    compute_s: float
+
+
+def verify_model_payload(
+    data: bytes, expected_hash: str, architecture: Mapping[str, TensorSpec] | None = None
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Decode a global-model payload and check it hashes to ``expected_hash``.
+
+    Returns:
+        ``(params, version)``.
+
+    Raises:
+        IntegrityError: The payload is corrupt or its hash differs (never train on it).
+    """
+    try:
+        decoded = decode(data)
+        version = int(decoded.metadata.get("version", "-1"))
+        parent = decoded.metadata.get("parent_hash", "")
+        if architecture is not None:
+            check_architecture(decoded.tensors, architecture, what="the global model")
+    except (PayloadError, ValueError) as exc:
+        raise IntegrityError(
+            f"the global model payload is unusable ({exc});",
+            remediation="the coordinator or the network corrupted it; the participant will "
+            "fetch it again.",
+        ) from None
+    actual = model_hash(decoded.tensors, version, parent)
+    if actual != expected_hash:
+        raise IntegrityError(
+            f"the global model hashes to {actual[:19]}..., the round announced "
+            f"{expected_hash[:19]}...;",
+            remediation="refusing to train on a model that is not the committed one.",
+        )
+    return decoded.tensors, version
+
+
+class Participant:
+    """One participant of the federation.
+
+    Args:
+        config: The run's config.
+        participant_id: This participant's id (must be in the config).
+        learner: Its local training (keeps inner optimizer state across rounds, as DiLoCo).
+        architecture: The global model's tensor specs (from the initial parameters).
+        output_dir: Root of run output; inner-state snapshots go under
+            ``participants/<id>/state`` (None disables them).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participant_id: str,
+        learner: Learner,
+        architecture: Mapping[str, TensorSpec],
+        output_dir: Path | None = None,
+    ) -> None:
+        config.participant(participant_id)  # KeyError for an unknown id
+        self.config = config
+        self.id = participant_id
+        self.learner = learner
+        self.architecture = dict(architecture)
+        fed = config.federation
+        self.guard = ResidencyGuard(
+            participant_id,
+            wire_specs(self.architecture, fed.quantization, fed.int8_chunk),
+            enforced=config.data.residency_enforced,
+        )
+        self.states = InnerStateStore(output_dir, participant_id) if output_dir else None
+        self._trained: tuple[int, int] | None = None
+
+    def restore(self, round_index: int, attempt: int = 0) -> bool:
+        """Put the inner state back to just before training ``(round_index, attempt)``.
+
+        Used on resume, on rejoin, and when a restarted coordinator reopens a round this
+        participant already trained: the retraining then reproduces the same pseudo-gradient.
+
+        Returns:
+            True when a snapshot was loaded; False when none exists (the learner is reset to
+            its initial inner state) or snapshots are disabled.
+        """
+        if self.states is None:
+            return False
+        found = self.states.latest_before(round_index, attempt)
+        self.learner.load_inner_state(found[1] if found else {})
+        self._trained = found[0] if found else None
+        return found is not None
+
+    def contribute(self, opening: RoundOpening, model_payload: bytes) -> Contribution:
+        """Train on local data from the round's global model and seal the pseudo-gradient.
+
+        Args:
+            opening: The round being collected.
+            model_payload: The global model's payload, as fetched.
+
+        Returns:
+            The sealed payload and its statistics.
+
+        Raises:
+            IntegrityError: The model payload does not match ``opening.model_hash``.
+            ResidencyViolation: The outgoing payload is not a model-shaped pseudo-gradient.
+            PayloadError: The pseudo-gradient is not finite.
+        """
+        fed = self.config.federation
+        global_params, _ = verify_model_payload(
+            model_payload, opening.model_hash, self.architecture
+        )
+        here = (opening.round_index, opening.attempt)
+        if self._trained is not None and self._trained >= here:
+            # The coordinator restarted and reopened a round this participant already trained:
+            # rewind the inner state so the retraining reproduces the same pseudo-gradient.
+            self.restore(*here)
+        start = time.perf_counter()
+        local = self.learner.train_round(global_params, opening.round_index, fed.inner_steps)
+        compute_s = time.perf_counter() - start
+        delta = pseudo_gradient(global_params, local.params)
+        wire = quantize(delta, fed.quantization, fed.int8_chunk)
+        metadata = {
+            "kind": "pseudo-gradient",
+            "round": str(opening.round_index),
+            "attempt": str(opening.attempt),
+            "participant": self.id,
+            "base_hash": opening.model_hash,
+            "quantization": fed.quantization,
+            "int8_chunk": str(fed.int8_chunk),
+            "mean_loss": repr(float(local.mean_loss)),
+            "compute_s": f"{compute_s:.6f}",
+        }
+        payload = self.guard.seal(wire, metadata)
+        self._trained = here
+        if self.states is not None:
+            self.states.save(opening.round_index, opening.attempt, self.learner.inner_state())
+        return Contribution(payload, bytes_hash(payload), float(local.mean_loss), compute_s)

@@ -1,0 +1,79 @@
+"""The one Transport seam the coordinator drives (in-process simulation or gRPC).
+
+The coordinator is single-threaded and talks to its transport only through
+:class:`CoordinatorTransport`. A transport delivers the round opening and the model payload to
+participants, hands back their submissions one at a time, and relays the coordinator's verdicts.
+Participants never see the transport either: a transport driver calls
+:meth:`lensemble.federation.participant.Participant.contribute` with each opening.
+
+Time is the transport's: the in-process transport runs a virtual clock (deterministic, instant
+timeouts), the network transport uses the monotonic clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.messages import RoundOpening, Submission, Verdict
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes the transport moved for one round attempt.
+
+    Attributes:
+        bytes_down: Model payload bytes delivered to participants.
+        bytes_up: Submission payload bytes received (accepted or not).
+        compute_s: Participants' inner-step time on the round's critical path (seconds), as
+            far as the transport can tell (0 when unknown).
+    """
+
+    bytes_down: int = 0
+    bytes_up: int = 0
+    compute_s: float = 0.0
+
+
+@runtime_checkable
+class CoordinatorTransport(Protocol):
+    """What the coordinator needs from a transport."""
+
+    def now(self) -> float:
+        """Current time on the transport's clock (seconds)."""
+        ...
+
+    def wait_for_participants(self, quorum: int, timeout_s: float) -> set[str]:
+        """Block until every configured participant has joined, or ``timeout_s`` passed.
+
+        Returns:
+            The ids that have joined (the caller checks quorum).
+        """
+        ...
+
+    def open_round(self, opening: RoundOpening, model_payload: bytes) -> None:
+        """Announce a round and make its model payload available to participants."""
+        ...
+
+    def receive(self, until_s: float) -> Submission | None:
+        """The next submission arriving before ``until_s`` (transport clock), else None.
+
+        Submissions larger than ``network.max_message_bytes`` never get here.
+        """
+        ...
+
+    def reply(self, submission: Submission, verdict: Verdict) -> None:
+        """Deliver the coordinator's verdict on ``submission`` to its sender."""
+        ...
+
+    def round_closed(self, record: RoundRecord) -> None:
+        """The round attempt is over (committed or aborted)."""
+        ...
+
+    def take_traffic(self) -> Traffic:
+        """Traffic since the last call (the coordinator calls it once per attempt)."""
+        ...
+
+    def finish(self) -> None:
+        """The run is over: tell participants to leave."""
+        ...

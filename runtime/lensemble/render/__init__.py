@@ -1,0 +1,1 @@
+"""Renderers: deployment artifacts generated from one LensembleConfig."""

@@ -1,0 +1,568 @@
+"""Docker Compose renderer: a Compose file, and the config its containers read, from one config.
+
+RFC-0016 §4, layer 1: a contributor runs every participant and the coordinator on one machine
+from the same ``LensembleConfig``. The rendered stack relies only on the process contract in
+``docs/architecture.md``:
+
+- one ``coordinator`` service, and per participant one service per profile: ``participant-<id>``
+  (profile ``cpu``) and ``participant-<id>-gpu`` (profile ``gpu``, GPUs reserved through
+  ``deploy.resources.reservations.devices``). Start one profile, never both. The coordinator
+  belongs to both profiles;
+- each participant's private data lives on its own named volume (``data-<id>``) that only that
+  participant's services mount (residency), and each participant has its own internal network
+  (``net-<id>``) shared only with the coordinator, so participants cannot reach each other or the
+  internet;
+- the coordinator keeps checkpoints and the ledger on the ``coordinator-state`` volume, so a
+  restarted coordinator resumes;
+- every container reads the same config, rendered next to the Compose file (``lensemble.yaml``)
+  and bind-mounted read-only at ``/etc/lensemble/config.yaml``. It is the source config with only
+  container-specific fields changed (coordinator host name, listen address, TLS paths, output
+  directory, JSON logs), none of which the config hash covers, so every container reports the
+  source config's hash in its ready line;
+- TLS material comes from the folder ``lensemble certs init`` fills: each service mounts only its
+  own identity folder (``<certs>/coordinator`` or ``<certs>/<participant id>``) read-only at
+  ``/etc/lensemble/tls``; the CA key is never mounted;
+- containers run as the image's non-root user (UID 10001) with a read-only root filesystem, a
+  tmpfs ``/tmp``, no capabilities, restart on failure (bounded) and the CPU and memory limits of
+  ``deployment.resources``.
+
+Everything here is validated with Debian's ``docker-compose`` 1.29 as well as Compose v2, so it
+uses no newer syntax: in particular the project name is not in the file (1.29 rejects the
+top-level ``name``); pass it with ``-p`` (``lensemble up`` does).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from lensemble.config import LensembleConfig, config_hash, dump_config
+from lensemble.config.load import validate_mapping
+from lensemble.config.schema import CUDA_TAG, ParticipantSpec, RoleResources
+from lensemble.errors import ConfigError, ConfigProblem, UsageError
+
+#: Where the contract puts things inside every container.
+CONTAINER_CONFIG_PATH = "/etc/lensemble/config.yaml"
+CONTAINER_TLS_DIR = "/etc/lensemble/tls"
+CONTAINER_STATE_DIR = "/var/lib/lensemble"
+#: The image's non-root user and group (see the Dockerfile).
+IMAGE_USER = "10001:10001"
+
+COORDINATOR = "coordinator"
+COORDINATOR_VOLUME = "coordinator-state"
+PROFILES = ("cpu", "gpu")
+#: CUDA line of the gpu profile when the config's tag is a CPU build: CUDA 12.6 wheels run on
+#: any NVIDIA driver >= 525 (CUDA minor-version compatibility), the widest 12.x reach.
+DEFAULT_GPU_LINE = "cu126"
+#: File name of the rendered container config, next to the Compose file.
+CONTAINER_CONFIG_NAME = "lensemble.yaml"
+#: Label keys on every rendered service, network and volume.
+LABEL_RUN = "dev.lensemble.run"
+LABEL_ROLE = "dev.lensemble.role"
+LABEL_PARTICIPANT = "dev.lensemble.participant"
+LABEL_TRUST_DOMAIN = "dev.lensemble.trust-domain"
+LABEL_PROFILE = "dev.lensemble.profile"
+
+#: A crashed process restarts (the coordinator resumes from its checkpoint volume); one that
+#: keeps failing stops after three restarts so the failure surfaces instead of looping.
+RESTART_POLICY = "on-failure:3"
+HEALTH_INTERVAL = "5s"
+HEALTH_TIMEOUT = "3s"
+HEALTH_RETRIES = 5
+#: Importing torch and building the model takes a while on a cold, small machine.
+HEALTH_START_PERIOD = "60s"
+#: Extra seconds after the longest RPC for a graceful SIGTERM shutdown (checkpoint, leave).
+STOP_GRACE_MARGIN_S = 10
+
+#: Kubernetes pull policy -> Compose. 'if_not_present' rather than v2's 'missing': Compose v2
+#: accepts both, docker-compose 1.29 only the former.
+PULL_POLICY = {"Always": "always", "IfNotPresent": "if_not_present", "Never": "never"}
+
+_TAG_LINE = re.compile(r"^(?P<version>.+)-(?P<line>cpu|cu[0-9]{3})$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+@dataclass(frozen=True)
+class ComposeFiles:
+    """The two files one render writes.
+
+    Attributes:
+        compose: The Compose file.
+        config: The container config next to it, bind-mounted into every container.
+    """
+
+    compose: Path
+    config: Path
+
+
+# ------------------------------------------------------------------------------- the config
+def check_composable(config: LensembleConfig) -> None:
+    """Refuse configs the Compose stack cannot run, naming the field and the fix.
+
+    Raises:
+        ConfigError: The transport is not ``network``, authentication is ``token`` (no token
+            files are rendered for Compose), or a participant id would collide with another
+            participant's gpu service name.
+    """
+    problems: list[ConfigProblem] = []
+    if config.federation.transport != "network":
+        problems.append(
+            ConfigProblem(
+                "federation.transport",
+                f"'{config.federation.transport}' runs every role in one process, but Compose "
+                "runs each in its own container; set it to 'network' (e.g. --set "
+                "federation.transport=network).",
+            )
+        )
+    if config.network.auth == "token":
+        problems.append(
+            ConfigProblem(
+                "network.auth",
+                "'token' is not rendered for Compose (no token files are mounted); use 'mtls' "
+                "with `lensemble certs init`, or 'insecure' on a trusted machine.",
+            )
+        )
+    ids = {p.id for p in config.federation.participants}
+    for i, p in enumerate(config.federation.participants):
+        base = p.id.removesuffix("-gpu")
+        if base != p.id and base in ids:
+            problems.append(
+                ConfigProblem(
+                    f"federation.participants[{i}].id",
+                    f"'{p.id}' collides with the gpu service of participant '{base}' in Compose "
+                    f"(participant-{p.id}); rename one of them.",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def container_config(config: LensembleConfig) -> LensembleConfig:
+    """The config every container reads: the source with container-specific fields changed.
+
+    Only fields the config hash leaves out change: ``network.host`` (the coordinator's service
+    name), ``network.listen_host`` (all interfaces), the TLS paths (the identity folder mounted at
+    ``/etc/lensemble/tls``), ``run.output_dir`` (``/var/lib/lensemble``) and
+    ``observability.log_format`` (``json``). So ``config_hash`` of the result equals the
+    source's.
+
+    Args:
+        config: The validated source config.
+
+    Returns:
+        The validated container config.
+
+    Raises:
+        ConfigError: The changed config fails validation (a bug: report it).
+    """
+    data = config.model_dump(mode="json")
+    data["run"]["output_dir"] = CONTAINER_STATE_DIR
+    network = data["network"]
+    network["host"] = COORDINATOR
+    network["listen_host"] = "0.0.0.0"  # noqa: S104 - inside its own container network
+    if network["tls"]["enabled"]:
+        network["tls"]["ca_file"] = f"{CONTAINER_TLS_DIR}/ca.crt"
+        network["tls"]["cert_file"] = f"{CONTAINER_TLS_DIR}/tls.crt"
+        network["tls"]["key_file"] = f"{CONTAINER_TLS_DIR}/tls.key"
+    data["observability"]["log_format"] = "json"
+    return validate_mapping(data, source="<container config>")
+
+
+# ------------------------------------------------------------------------------- the images
+def profile_images(config: LensembleConfig, gpu_tag: str | None = None) -> dict[str, str]:
+    """Image reference of each profile, following the tag scheme ``<version>-<line>``.
+
+    The config's tag serves the profile it was built for; the other profile swaps the line
+    (``0.1.0-cpu`` <-> ``0.1.0-cu126``). ``gpu_tag`` overrides the gpu profile's tag.
+
+    Args:
+        config: The source config (``deployment.image``).
+        gpu_tag: Tag of the gpu profile's image, or None to derive it.
+
+    Returns:
+        ``{"cpu": "repo:tag", "gpu": "repo:tag"}``.
+
+    Raises:
+        UsageError: The gpu tag cannot be derived (the tag names no line, e.g. ``sha-1a2b3c4``
+            or ``latest``) and none was given, or the given gpu tag is not a CUDA build.
+    """
+    image = config.deployment.image
+    match = _TAG_LINE.match(image.tag)
+    is_cuda = bool(CUDA_TAG.search(image.tag))
+    cpu_tag = f"{match['version']}-cpu" if match and is_cuda else image.tag
+    if gpu_tag is None:
+        if is_cuda:
+            gpu_tag = image.tag
+        elif match:
+            gpu_tag = f"{match['version']}-{DEFAULT_GPU_LINE}"
+        else:
+            raise UsageError(
+                f"deployment.image.tag '{image.tag}' names no CUDA line, so the gpu profile has "
+                "no image; pass --gpu-tag (e.g. --gpu-tag 0.1.0-cu126) or use a "
+                "'<version>-cpu' tag."
+            )
+    elif not CUDA_TAG.search(gpu_tag):
+        raise UsageError(
+            f"--gpu-tag '{gpu_tag}' is not a CUDA build; use a tag such as '0.1.0-cu126'."
+        )
+    return {"cpu": f"{image.repository}:{cpu_tag}", "gpu": f"{image.repository}:{gpu_tag}"}
+
+
+# ---------------------------------------------------------------------------- quantities
+def compose_cpus(quantity: str) -> str:
+    """Kubernetes CPU quantity as Compose ``cpus``: ``"500m"`` -> ``"0.5"``, ``"2"`` -> ``"2"``.
+
+    Args:
+        quantity: CPU cores as a Kubernetes quantity (``deployment.resources.*.cpu``).
+
+    Returns:
+        Cores as a decimal string.
+    """
+    cores = Decimal(quantity[:-1]) / 1000 if quantity.endswith("m") else Decimal(quantity)
+    return format(cores.normalize(), "f")
+
+
+def compose_memory(quantity: str) -> str:
+    """Kubernetes memory quantity as a Compose byte value (Docker's units are binary).
+
+    ``"1Gi"`` -> ``"1g"``, ``"256Mi"`` -> ``"256m"``, ``"1G"`` -> ``"1000000000b"``.
+
+    Args:
+        quantity: Bytes as a Kubernetes quantity (``deployment.resources.*.memory``).
+
+    Returns:
+        Bytes with the largest exact Docker unit (``g``, ``m``, ``k``) or ``b``.
+    """
+    match = re.fullmatch(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[KMGT]i?)?", quantity)
+    if match is None:
+        raise ValueError(quantity)  # the schema's pattern already refused it
+    unit = match["unit"] or ""
+    scale = _BINARY.get(unit) or _DECIMAL.get(unit) or 1
+    size = math.ceil(Decimal(match["number"]) * scale)
+    for suffix, factor in (("g", 2**30), ("m", 2**20), ("k", 2**10)):
+        if size % factor == 0:
+            return f"{size // factor}{suffix}"
+    return f"{size}b"
+
+
+# ------------------------------------------------------------------------------ services
+def participant_service(participant_id: str, profile: str) -> str:
+    """Compose service name of one participant in one profile (``participant-<id>[-gpu]``)."""
+    suffix = "" if profile == "cpu" else f"-{profile}"
+    return f"participant-{participant_id}{suffix}"
+
+
+def participant_network(participant_id: str) -> str:
+    """Name of the network one participant shares only with the coordinator."""
+    return f"net-{participant_id}"
+
+
+def participant_volume(participant_id: str) -> str:
+    """Name of the volume that holds one participant's private data."""
+    return f"data-{participant_id}"
+
+
+def _relative_dir(path: str) -> str:
+    """A bind source as Compose wants it: relative paths start with ``./``."""
+    posix = PurePosixPath(path)
+    if posix.is_absolute() or path.startswith(("./", "../")):
+        return str(posix)
+    return f"./{posix}"
+
+
+def _resources(role: RoleResources, gpus: int) -> dict[str, Any]:
+    resources: dict[str, Any] = {
+        "limits": {"cpus": compose_cpus(role.cpu), "memory": compose_memory(role.memory)}
+    }
+    if gpus > 0:
+        resources["reservations"] = {
+            "devices": [{"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]
+        }
+    return resources
+
+
+def _service(
+    config: LensembleConfig,
+    *,
+    identity: str,
+    participant: ParticipantSpec | None,
+    image: str,
+    profiles: list[str],
+    gpus: int,
+    certs_dir: str,
+    config_name: str,
+) -> dict[str, Any]:
+    """One container of the stack; ``participant`` is None for the coordinator."""
+    net = config.network
+    role = "coordinator" if participant is None else "participant"
+    environment = {"LENSEMBLE_ROLE": role, "LENSEMBLE_CONFIG": CONTAINER_CONFIG_PATH}
+    labels = {LABEL_RUN: config.run.name, LABEL_ROLE: role}
+    volumes: list[dict[str, Any]] = [
+        {
+            "type": "bind",
+            "source": _relative_dir(config_name),
+            "target": CONTAINER_CONFIG_PATH,
+            "read_only": True,
+        }
+    ]
+    if net.tls.enabled:
+        volumes.append(
+            {
+                "type": "bind",
+                "source": f"{_relative_dir(certs_dir)}/{identity}",
+                "target": CONTAINER_TLS_DIR,
+                "read_only": True,
+            }
+        )
+    if participant is None:
+        state = COORDINATOR_VOLUME
+        networks = [participant_network(pid) for pid in config.participant_ids]
+        resources = config.deployment.resources.coordinator
+    else:
+        state = participant_volume(participant.id)
+        networks = [participant_network(participant.id)]
+        resources = config.deployment.resources.participant
+        environment["LENSEMBLE_PARTICIPANT_ID"] = participant.id
+        labels[LABEL_PARTICIPANT] = participant.id
+        labels[LABEL_TRUST_DOMAIN] = participant.trust_domain
+    labels[LABEL_PROFILE] = ",".join(profiles)
+    volumes.append({"type": "volume", "source": state, "target": CONTAINER_STATE_DIR})
+    service: dict[str, Any] = {
+        "image": image,
+        "pull_policy": PULL_POLICY[config.deployment.image.pull_policy],
+        "profiles": profiles,
+        "command": ["serve"],
+        "environment": environment,
+        "user": IMAGE_USER,
+        "read_only": True,
+        "tmpfs": ["/tmp"],  # noqa: S108 - the contract's scratch space, a private tmpfs
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        # tini as PID 1 forwards SIGTERM and reaps children.
+        "init": True,
+        "volumes": volumes,
+        "networks": networks,
+    }
+    if participant is not None:
+        service["depends_on"] = {COORDINATOR: {"condition": "service_healthy"}}
+    service.update(
+        {
+            "healthcheck": {
+                "test": ["CMD", "lensemble", "health", "--port", str(net.health_port)],
+                "interval": HEALTH_INTERVAL,
+                "timeout": HEALTH_TIMEOUT,
+                "retries": HEALTH_RETRIES,
+                "start_period": HEALTH_START_PERIOD,
+            },
+            "restart": RESTART_POLICY,
+            "stop_signal": "SIGTERM",
+            "stop_grace_period": f"{math.ceil(net.rpc_timeout_s) + STOP_GRACE_MARGIN_S}s",
+            "deploy": {"resources": _resources(resources, gpus)},
+            "labels": labels,
+        }
+    )
+    return service
+
+
+def render_compose(
+    config: LensembleConfig,
+    *,
+    certs_dir: str = "certs",
+    gpu_tag: str | None = None,
+    config_name: str = CONTAINER_CONFIG_NAME,
+) -> dict[str, Any]:
+    """Render the Compose file of a config as a mapping (see the module docstring).
+
+    Args:
+        config: The validated source config; ``federation.transport`` must be ``network``.
+        certs_dir: Folder ``lensemble certs init`` fills, relative to the Compose file's folder
+            (or absolute); each service mounts its own ``<certs_dir>/<identity>`` folder.
+        gpu_tag: Image tag of the gpu profile; None derives it (see :func:`profile_images`).
+        config_name: Container config file, relative to the Compose file's folder.
+
+    Returns:
+        The Compose mapping (services, networks, volumes and an ``x-lensemble`` block with the
+        run name, used as project name, and the config hash).
+
+    Raises:
+        ConfigError: The config cannot run on Compose (see :func:`check_composable`).
+        UsageError: The gpu profile's image cannot be derived (see :func:`profile_images`).
+    """
+    check_composable(config)
+    images = profile_images(config, gpu_tag)
+    coordinator_gpus = config.deployment.resources.coordinator.gpu
+    # The coordinator only averages; it runs the CPU image unless the config gives it GPUs.
+    coordinator_image = config.deployment.image
+    shared = {"certs_dir": certs_dir, "config_name": config_name}
+    services: dict[str, Any] = {
+        COORDINATOR: _service(
+            config,
+            identity=COORDINATOR,
+            participant=None,
+            image=(
+                f"{coordinator_image.repository}:{coordinator_image.tag}"
+                if coordinator_gpus
+                else images["cpu"]
+            ),
+            profiles=list(PROFILES),
+            gpus=coordinator_gpus,
+            **shared,
+        )
+    }
+    participant_gpus = max(1, config.deployment.resources.participant.gpu)
+    by_id = {p.id: p for p in config.federation.participants}
+    for profile in PROFILES:
+        for pid in config.participant_ids:
+            services[participant_service(pid, profile)] = _service(
+                config,
+                identity=pid,
+                participant=by_id[pid],
+                image=images[profile],
+                profiles=[profile],
+                gpus=participant_gpus if profile == "gpu" else 0,
+                **shared,
+            )
+    run_label = {LABEL_RUN: config.run.name}
+    networks = {
+        participant_network(pid): {
+            # No route out: a participant talks to the coordinator and nothing else.
+            "internal": True,
+            "labels": {
+                **run_label,
+                LABEL_PARTICIPANT: pid,
+                LABEL_TRUST_DOMAIN: by_id[pid].trust_domain,
+            },
+        }
+        for pid in config.participant_ids
+    }
+    volumes: dict[str, Any] = {
+        COORDINATOR_VOLUME: {"labels": {**run_label, LABEL_ROLE: COORDINATOR}}
+    }
+    for pid in config.participant_ids:
+        volumes[participant_volume(pid)] = {
+            "labels": {
+                **run_label,
+                LABEL_PARTICIPANT: pid,
+                LABEL_TRUST_DOMAIN: by_id[pid].trust_domain,
+            }
+        }
+    return {
+        "x-lensemble": {
+            "project": config.run.name,
+            "config_hash": config_hash(config),
+            "container_config": config_name,
+            "certs": certs_dir,
+        },
+        "services": services,
+        "networks": networks,
+        "volumes": volumes,
+    }
+
+
+# ------------------------------------------------------------------------------- writing
+class _NoAliasDumper(yaml.SafeDumper):
+    """Plain YAML: repeated values are written out, never as anchors and aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _comment(lines: Sequence[str]) -> str:
+    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
+
+
+def compose_text(compose: dict[str, Any], header: Sequence[str] = ()) -> str:
+    """The Compose mapping as YAML, after ``header`` lines written as comments."""
+    body = yaml.dump(
+        compose, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=100
+    )
+    return _comment(header) + body
+
+
+def container_config_text(config: LensembleConfig, header: Sequence[str] = ()) -> str:
+    """The container config (see :func:`container_config`) as YAML after ``header`` comments."""
+    return _comment(header) + dump_config(container_config(config))
+
+
+def write_compose(
+    config: LensembleConfig,
+    output: Path,
+    *,
+    command: str = "",
+    source: str = "",
+    certs_dir: str = "certs",
+    gpu_tag: str | None = None,
+) -> ComposeFiles:
+    """Render and write the Compose file and, next to it, the container config.
+
+    The output is deterministic (no time stamps or absolute paths), so a committed render can
+    be checked for staleness by rendering again and comparing.
+
+    Args:
+        config: The validated source config.
+        output: Path of the Compose file; its folder is created when missing.
+        command: The command line that regenerates the files, quoted in their headers.
+        source: Where the config came from (file and overrides), quoted in the headers.
+        certs_dir: See :func:`render_compose`.
+        gpu_tag: See :func:`render_compose`.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        ConfigError: See :func:`render_compose`.
+        UsageError: See :func:`render_compose`.
+        OSError: A file cannot be written.
+    """
+    compose = render_compose(config, certs_dir=certs_dir, gpu_tag=gpu_tag)
+    config_path = output.parent / CONTAINER_CONFIG_NAME
+    header = compose_header(config, command=command, source=source, certs_dir=certs_dir)
+    config_header = [
+        f"Rendered by `lensemble render compose`{f' from: {source}' if source else ''}",
+        "The config every container of the Compose stack reads (mounted read-only at",
+        f"{CONTAINER_CONFIG_PATH}). Do not edit. Its config hash equals the source config's:",
+        config_hash(config),
+    ]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(compose_text(compose, header), encoding="utf-8")
+    config_path.write_text(container_config_text(config, config_header), encoding="utf-8")
+    return ComposeFiles(compose=output, config=config_path)
+
+
+def compose_header(
+    config: LensembleConfig, *, command: str = "", source: str = "", certs_dir: str = "certs"
+) -> list[str]:
+    """Comment lines that open a rendered Compose file: provenance and how to start it."""
+    project = config.run.name
+    lines = [
+        f"Rendered by `lensemble render compose`{f' from: {source}' if source else ''}",
+        "Do not edit: change the config and render again" + (" with" if command else "."),
+    ]
+    if command:
+        lines.append(f"  {command}")
+    lines += [
+        f"Config hash: {config_hash(config)}",
+        "",
+        "Easiest: `lensemble up --substrate compose --config FILE` renders, creates the",
+        "certificates, starts the stack, waits for every ready line and follows the rounds.",
+        "By hand, from this folder (pick ONE profile: cpu or gpu):",
+    ]
+    if config.network.tls.enabled:
+        lines += [
+            f"  lensemble certs init {certs_dir} --config {CONTAINER_CONFIG_NAME}",
+            f"  chmod 700 {certs_dir} && chmod -R a+rX {certs_dir}/*/"
+            "   # the image's user (UID 10001) reads its folder",
+        ]
+    lines += [
+        f"  docker compose -p {project} --profile cpu up -d",
+        f"  docker compose -p {project} --profile cpu down",
+    ]
+    return lines

@@ -1,0 +1,203 @@
+"""Helm values for ``charts/lensemble`` rendered from one :class:`LensembleConfig`.
+
+The values hold the config itself under ``config:`` (the chart mounts it read-only at
+``/etc/lensemble/config.yaml``) plus the few chart knobs that follow from the config and the
+install mode. Every other knob keeps the chart default, which takes its value from the config.
+
+The mounted config is the *container view* of the source config: the same federation, with the
+fields that describe where a process runs rewritten for a pod (``docs/architecture.md``). Only
+fields the config hash leaves out change, so the hash a pod reports equals the source config's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lensemble.config.hashing import config_hash
+from lensemble.config.load import validate_mapping
+from lensemble.config.schema import LensembleConfig
+from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, UsageError
+from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
+
+#: Where the chart mounts things inside every container (docs/architecture.md).
+TLS_DIR = "/etc/lensemble/tls"
+STATE_DIR = "/var/lib/lensemble"
+
+#: Hosts a participant in another pod cannot dial: rewritten to the coordinator's Service.
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}  # noqa: S104
+
+
+def coordinator_namespace(config: LensembleConfig) -> str:
+    """Namespace of the coordinator (``deployment.namespace.name``)."""
+    return config.deployment.namespace.name
+
+
+def participant_namespace(config: LensembleConfig, trust_domain: str) -> str:
+    """Namespace of one trust domain's participants.
+
+    Returns:
+        ``<name>`` with the ``single`` strategy, ``<name>-<trust_domain>`` with
+        ``per-trust-domain``.
+    """
+    ns = config.deployment.namespace
+    return ns.name if ns.strategy == "single" else f"{ns.name}-{trust_domain}"
+
+
+def coordinator_service(config: LensembleConfig) -> str:
+    """In-cluster DNS name of the coordinator's Service: ``<run.name>-coordinator.<ns>.svc``."""
+    return f"{config.run.name}-coordinator.{coordinator_namespace(config)}.svc"
+
+
+def participants_by_trust_domain(config: LensembleConfig) -> dict[str, list[str]]:
+    """Participant ids per trust domain, in config order (the StatefulSet ordinal order).
+
+    Returns:
+        Trust domain -> participant ids; pod ``<statefulset>-<i>`` of a trust domain is its
+        i-th participant (``docs/architecture.md``, participant identity).
+    """
+    out: dict[str, list[str]] = {}
+    for p in config.federation.participants:
+        out.setdefault(p.trust_domain, []).append(p.id)
+    return dict(sorted(out.items()))
+
+
+def container_config(config: LensembleConfig) -> LensembleConfig:
+    """The config as a pod reads it: network transport, container paths, JSON logs.
+
+    Changes ``federation.transport`` (network), ``network.listen_host`` (0.0.0.0), a loopback
+    ``network.host`` (to the coordinator Service), ``run.output_dir`` (/var/lib/lensemble), the
+    TLS paths (``/etc/lensemble/tls/{identity}/...``: one Secret per identity, as
+    ``lensemble certs init`` and cert-manager lay them out) and ``observability.log_format``.
+
+    Raises:
+        ConfigError: The config cannot run on Kubernetes: bearer-token auth (tokens would need
+            a Secret per participant; use mtls), a participant or trust domain named
+            'coordinator', a coordinator host participants in other namespaces cannot resolve,
+            an integer Helm would round, or a rule of the network transport fails.
+    """
+    net = config.network
+    if net.auth == "token":
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "network.auth",
+                    "'token' is not supported on Kubernetes (tokens are for development "
+                    "outside a cluster); use mtls, or insecure in local.",
+                )
+            ]
+        )
+    for i, p in enumerate(config.federation.participants):
+        for field, value in (("id", p.id), ("trust_domain", p.trust_domain)):
+            if value == "coordinator":
+                raise ConfigError(
+                    [
+                        ConfigProblem(
+                            f"federation.participants[{i}].{field}",
+                            "'coordinator' names the coordinator's objects and certificate on "
+                            "Kubernetes; choose another name.",
+                        )
+                    ]
+                )
+    data = config.model_dump(mode="json")
+    data["run"]["output_dir"] = STATE_DIR
+    data["federation"]["transport"] = "network"
+    data["observability"]["log_format"] = "json"
+    network = data["network"]
+    network["listen_host"] = "0.0.0.0"  # noqa: S104 - the pod's own interfaces
+    if net.host in _LOOPBACK:
+        network["host"] = coordinator_service(config)
+    elif config.deployment.namespace.strategy == "per-trust-domain" and "." not in net.host:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "network.host",
+                    f"'{net.host}' is a short name that participants in other namespaces cannot "
+                    f"resolve; use '{coordinator_service(config)}' or a fully qualified name.",
+                )
+            ]
+        )
+    if net.tls.enabled:
+        network["tls"]["ca_file"] = f"{TLS_DIR}/{{identity}}/ca.crt"
+        network["tls"]["cert_file"] = f"{TLS_DIR}/{{identity}}/tls.crt"
+        network["tls"]["key_file"] = f"{TLS_DIR}/{{identity}}/tls.key"
+    _check_float64_safe(data, "")
+    out = validate_mapping(data, source="<container view>")
+    if config_hash(out) != config_hash(config):
+        raise IntegrityError(
+            "the container view of the config changed its hash; this is a bug in "
+            "lensemble.render.helm_values, please report it."
+        )
+    return out
+
+
+def _check_float64_safe(node: Any, path: str) -> None:
+    """Refuse integers Helm would round (it stores numbers as float64)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_float64_safe(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_float64_safe(value, f"{path}[{i}]")
+    elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > HELM_MAX_SAFE_INT:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    path,
+                    f"{node} is above 2^53 - 1, which Helm cannot carry exactly (it stores "
+                    "numbers as float64); choose a smaller value.",
+                )
+            ]
+        )
+
+
+def render_helm_values(
+    config: LensembleConfig, *, mode: str = "all", trust_domain: str | None = None
+) -> dict[str, Any]:
+    """Helm values for ``charts/lensemble`` that deploy ``config``.
+
+    Args:
+        config: The validated source config.
+        mode: ``all`` (coordinator and every participant), ``coordinator``, or ``participant``
+            (one trust domain per release).
+        trust_domain: The trust domain a ``participant`` release installs; required with that
+            mode and refused with the others.
+
+    Returns:
+        JSON-ready values: ``mode``, ``trustDomain``, ``trustDomainIsolation`` (on in
+        sovereign-prod) and ``config`` (the container view, see :func:`container_config`).
+        Keys are in chart order; every other knob keeps its chart default.
+
+    Raises:
+        UsageError: An unknown mode, or a trust domain that is missing, unknown or not
+            allowed with the mode.
+        ConfigError: The config cannot run on Kubernetes (see :func:`container_config`).
+    """
+    if mode not in MODES:
+        raise UsageError(
+            f"mode '{mode}' is not one of {', '.join(MODES)}.",
+            remediation="Pass --mode all, coordinator or participant.",
+        )
+    domains = config.trust_domains
+    if mode == "participant":
+        if not trust_domain:
+            raise UsageError(
+                "mode 'participant' installs one trust domain, but none was given.",
+                remediation=f"Pass --trust-domain with one of: {', '.join(domains)}.",
+            )
+        if trust_domain not in domains:
+            raise UsageError(
+                f"trust domain '{trust_domain}' is not the trust domain of any participant.",
+                remediation=f"Use one of: {', '.join(domains)}.",
+            )
+    elif trust_domain:
+        raise UsageError(
+            f"--trust-domain only applies to mode 'participant', not '{mode}'.",
+            remediation="Drop --trust-domain or pass --mode participant.",
+        )
+    view = container_config(config)
+    return {
+        "mode": mode,
+        "trustDomain": trust_domain or "",
+        "trustDomainIsolation": config.deployment.environment == "sovereign-prod",
+        "config": view.model_dump(mode="json"),
+    }

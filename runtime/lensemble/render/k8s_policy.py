@@ -1,0 +1,264 @@
+"""Security and residency policy over rendered Kubernetes manifests, written once.
+
+Every rendered output (Helm, every overlay, every install mode) must pass :func:`violations`;
+``lensemble render k8s`` refuses to write manifests that do not (:func:`enforce`), and the tests
+run it on everything they render. Each rule returns one sentence per offending object.
+
+Rules: hardened containers (non-root, read-only root filesystem, no privilege escalation, all
+capabilities dropped, seccomp RuntimeDefault, resources set); no privileged, hostPath, host
+network/PID/IPC or host ports; no API token mounted; a default-deny NetworkPolicy in every
+namespace with lensemble pods; no NetworkPolicy rule open to every address; each participant data
+volume mounted only by its own trust domain's pods and never by the coordinator; no Secret
+objects and no key material in ConfigMaps; Pod Security Admission ``restricted`` on every
+namespace created; no ``latest`` image outside local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.errors import IntegrityError
+from lensemble.render.chart_values import OPEN_CIDRS
+
+Manifest = dict[str, Any]
+
+TRUST_DOMAIN_LABEL = "lensemble.dev/trust-domain"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "Pod")
+#: Text that marks key or certificate material.
+_SECRET_MARKERS = ("-----BEGIN", "PRIVATE KEY")
+
+
+def _name(doc: Manifest) -> str:
+    meta = doc.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{doc.get('kind')}/{meta.get('name')}" + (f" in {ns}" if ns else "")
+
+
+def _namespace(doc: Manifest) -> str:
+    return str((doc.get("metadata") or {}).get("namespace", ""))
+
+
+def pod_template(doc: Manifest) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pod metadata and spec of a workload, or None for other kinds."""
+    kind = doc.get("kind")
+    if kind not in WORKLOAD_KINDS:
+        return None
+    if kind == "Pod":
+        return doc.get("metadata") or {}, doc.get("spec") or {}
+    spec = doc.get("spec") or {}
+    if kind == "CronJob":
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    template = spec.get("template") or {}
+    return template.get("metadata") or {}, template.get("spec") or {}
+
+
+def workloads(
+    docs: Iterable[Manifest],
+) -> Iterator[tuple[Manifest, dict[str, Any], dict[str, Any]]]:
+    """Every workload with its pod metadata and pod spec."""
+    for doc in docs:
+        found = pod_template(doc)
+        if found is not None:
+            yield doc, found[0], found[1]
+
+
+def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+
+def _hardened(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc, _, spec in workloads(docs):
+        pod_ctx = spec.get("securityContext") or {}
+        for c in _containers(spec):
+            ctx = c.get("securityContext") or {}
+            where = f"{_name(doc)} container {c.get('name')}"
+            if not (ctx.get("runAsNonRoot") or pod_ctx.get("runAsNonRoot")):
+                yield f"{where} may run as root (set runAsNonRoot: true)."
+            if 0 in (ctx.get("runAsUser"), pod_ctx.get("runAsUser")):
+                yield f"{where} runs as UID 0."
+            if ctx.get("readOnlyRootFilesystem") is not True:
+                yield f"{where} has a writable root filesystem."
+            if ctx.get("allowPrivilegeEscalation") is not False:
+                yield f"{where} allows privilege escalation."
+            if ctx.get("privileged"):
+                yield f"{where} is privileged."
+            if "ALL" not in ((ctx.get("capabilities") or {}).get("drop") or []):
+                yield f"{where} does not drop ALL capabilities."
+            if (ctx.get("capabilities") or {}).get("add"):
+                yield f"{where} adds capabilities."
+            seccomp = (ctx.get("seccompProfile") or pod_ctx.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                yield f"{where} has no RuntimeDefault seccomp profile."
+            resources = c.get("resources") or {}
+            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+            if not ({"cpu", "memory"} <= set(requests) and "memory" in limits):
+                yield f"{where} lacks cpu/memory requests or a memory limit."
+            if any(p.get("hostPort") for p in c.get("ports") or []):
+                yield f"{where} uses a hostPort."
+
+
+def _no_host_access(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc, _, spec in workloads(docs):
+        for field in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(field):
+                yield f"{_name(doc)} sets {field}."
+        for volume in spec.get("volumes") or []:
+            if "hostPath" in volume:
+                yield f"{_name(doc)} mounts hostPath volume {volume.get('name')}."
+
+
+def _no_api_token(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc in docs:
+        if doc.get("kind") == "ServiceAccount" and doc.get("automountServiceAccountToken", True):
+            yield f"{_name(doc)} automounts its API token."
+    for doc, _, spec in workloads(docs):
+        if spec.get("automountServiceAccountToken", True):
+            yield f"{_name(doc)} mounts a service account token."
+
+
+def _is_default_deny(doc: Manifest) -> bool:
+    spec = doc.get("spec") or {}
+    return (
+        doc.get("kind") == "NetworkPolicy"
+        and spec.get("podSelector") in ({}, None)
+        and set(spec.get("policyTypes") or []) >= {"Ingress", "Egress"}
+        and not spec.get("ingress")
+        and not spec.get("egress")
+    )
+
+
+def _default_deny(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    denied = {_namespace(d) for d in docs if _is_default_deny(d)}
+    namespaces = {_namespace(doc) for doc, _, _ in workloads(docs)}
+    for ns in sorted(namespaces - denied):
+        yield f"namespace {ns} runs lensemble pods but has no default-deny NetworkPolicy."
+
+
+def _no_open_rules(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc in docs:
+        if doc.get("kind") != "NetworkPolicy":
+            continue
+        spec = doc.get("spec") or {}
+        for direction, peers_key in (("egress", "to"), ("ingress", "from")):
+            for rule in spec.get(direction) or []:
+                peers = rule.get(peers_key)
+                if not peers:
+                    yield f"{_name(doc)} has an {direction} rule open to every address."
+                    continue
+                for peer in peers:
+                    if (peer.get("ipBlock") or {}).get("cidr") in OPEN_CIDRS:
+                        yield f"{_name(doc)} allows {direction} with {peer['ipBlock']['cidr']}."
+
+
+def _claims(spec: dict[str, Any]) -> list[str]:
+    return [
+        v["persistentVolumeClaim"].get("claimName", "")
+        for v in spec.get("volumes") or []
+        if "persistentVolumeClaim" in v
+    ]
+
+
+def _data_volumes(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    claim_owner: dict[tuple[str, str], str | None] = {}
+    for doc in docs:
+        if doc.get("kind") == "PersistentVolumeClaim":
+            meta = doc.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            claim_owner[(meta.get("namespace", ""), meta.get("name", ""))] = labels.get(
+                TRUST_DOMAIN_LABEL
+            )
+    for doc, meta, spec in workloads(docs):
+        labels = meta.get("labels") or {}
+        own = labels.get(TRUST_DOMAIN_LABEL)
+        role = labels.get(COMPONENT_LABEL)
+        ns = (doc.get("metadata") or {}).get("namespace", "")
+        for template in (doc.get("spec") or {}).get("volumeClaimTemplates") or []:
+            owner = ((template.get("metadata") or {}).get("labels") or {}).get(TRUST_DOMAIN_LABEL)
+            if role == "coordinator" and owner:
+                yield f"{_name(doc)} (coordinator) claims participant data of {owner}."
+            elif role == "participant" and owner != own:
+                yield f"{_name(doc)} of trust domain {own} claims a volume of {owner}."
+        for claim in _claims(spec):
+            owner = claim_owner.get((ns, claim))
+            if role == "coordinator" and owner:
+                yield f"{_name(doc)} (coordinator) mounts participant data {claim} of {owner}."
+            elif role != "coordinator" and owner != own:
+                yield f"{_name(doc)} of trust domain {own} mounts {claim} of {owner}."
+
+
+def _no_secret_material(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc in docs:
+        if doc.get("kind") == "Secret":
+            yield f"{_name(doc)}: the chart never writes Secrets (TLS comes from existing ones)."
+        if doc.get("kind") != "ConfigMap":
+            continue
+        data = {**(doc.get("data") or {}), **(doc.get("binaryData") or {})}
+        for key, value in data.items():
+            if key.endswith((".key", ".pem", ".crt")) or any(
+                m in str(value) for m in _SECRET_MARKERS
+            ):
+                yield f"{_name(doc)} holds key or certificate material in {key}."
+
+
+def _restricted_namespaces(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    for doc in docs:
+        if doc.get("kind") != "Namespace":
+            continue
+        labels = (doc.get("metadata") or {}).get("labels") or {}
+        if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
+            yield f"{_name(doc)} does not enforce Pod Security 'restricted'."
+
+
+def _pinned_images(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    if config.deployment.environment == "local":
+        return
+    for doc, _, spec in workloads(docs):
+        for c in _containers(spec):
+            image = str(c.get("image", ""))
+            tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else "latest"
+            if tag == "latest" and "@sha256:" not in image:
+                yield f"{_name(doc)} runs {image or 'an image'} with the 'latest' tag."
+
+
+Rule = Callable[[Sequence[Manifest], LensembleConfig], Iterator[str]]
+
+#: Every rule, by name.
+RULES: dict[str, Rule] = {
+    "hardened-containers": _hardened,
+    "no-host-access": _no_host_access,
+    "no-api-token": _no_api_token,
+    "default-deny-networkpolicy": _default_deny,
+    "no-open-networkpolicy-rule": _no_open_rules,
+    "participant-data-isolation": _data_volumes,
+    "no-secret-material": _no_secret_material,
+    "restricted-namespaces": _restricted_namespaces,
+    "pinned-images": _pinned_images,
+}
+
+
+def violations(docs: Sequence[Manifest], config: LensembleConfig) -> list[str]:
+    """Every policy violation in ``docs``, as ``rule: sentence`` lines (empty when clean).
+
+    Args:
+        docs: Rendered Kubernetes objects (any mix of kinds).
+        config: The config they were rendered from (its environment decides the image rule).
+    """
+    return [f"{name}: {line}" for name, rule in RULES.items() for line in rule(docs, config)]
+
+
+def enforce(docs: Sequence[Manifest], config: LensembleConfig, *, source: str) -> None:
+    """Fail closed when rendered manifests break a policy.
+
+    Raises:
+        IntegrityError: At least one violation; the message lists them all and names
+            ``source`` (the overlay or chart that produced them).
+    """
+    found = violations(docs, config)
+    if found:
+        raise IntegrityError(
+            f"{source} renders manifests that break the Kubernetes policy: " + " ".join(found),
+            remediation="Fix the overlay or values; see runtime/lensemble/render/k8s_policy.py.",
+        )

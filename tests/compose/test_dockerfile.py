@@ -1,0 +1,182 @@
+"""The Dockerfile and its build context, checked statically (no Docker engine in CI).
+
+``scripts/docker-checks.sh`` runs the checks that need a Docker host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from lensemble import __version__
+from tests.compose.conftest import REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> DockerfileParser:
+    return DockerfileParser(str(REPO / "Dockerfile"))
+
+
+def instructions(parser: DockerfileParser, name: str) -> list[dict[str, Any]]:
+    return [i for i in parser.structure if i["instruction"] == name]
+
+
+def stages(parser: DockerfileParser) -> list[list[dict[str, Any]]]:
+    """Instructions per build stage (the part after each FROM)."""
+    out: list[list[dict[str, Any]]] = []
+    for item in parser.structure:
+        if item["instruction"] == "FROM":
+            out.append([])
+        elif out:
+            out[-1].append(item)
+    return out
+
+
+def final_stage(parser: DockerfileParser, name: str) -> list[str]:
+    return [i["value"] for i in stages(parser)[-1] if i["instruction"] == name]
+
+
+def test_multi_stage_on_a_pinned_base(dockerfile: DockerfileParser) -> None:
+    assert dockerfile.is_multistage
+    assert len(stages(dockerfile)) == 2
+    for image in dockerfile.parent_images:
+        repository, _, tag = image.partition("@")[0].rpartition(":")
+        assert repository, f"base image {image!r} has no tag; pin a version"
+        assert tag != "latest"
+        # A full version (major.minor.patch), not a moving 'python:3' or '3.11'.
+        assert re.match(r"^\d+\.\d+\.\d+-", tag), f"base image {image!r} is not pinned to a version"
+
+
+def test_runs_as_a_fixed_non_root_user(dockerfile: DockerfileParser) -> None:
+    users = final_stage(dockerfile, "USER")
+    assert users, "the final stage sets no USER, so it runs as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) >= 1000, users[-1]
+    assert gid == "" or (gid.isdigit() and int(gid) != 0)
+    created = " ".join(final_stage(dockerfile, "RUN"))
+    assert f"--uid {uid}" in created
+
+
+def test_entrypoint_cmd_healthcheck_stopsignal(dockerfile: DockerfileParser) -> None:
+    assert [json.loads(v) for v in final_stage(dockerfile, "ENTRYPOINT")] == [["lensemble"]]
+    assert [json.loads(v) for v in final_stage(dockerfile, "CMD")] == [["serve"]]
+    (health,) = final_stage(dockerfile, "HEALTHCHECK")
+    command = json.loads(health.split("CMD", 1)[1])
+    assert command == ["lensemble", "health", "--port", "50052"]
+    assert final_stage(dockerfile, "STOPSIGNAL") == ["SIGTERM"]
+
+
+def test_build_args_choose_the_torch_line(dockerfile: DockerfileParser) -> None:
+    args = {
+        v.split("=", 1)[0]: v.split("=", 1)[1] if "=" in v else None
+        for v in (i["value"] for i in instructions(dockerfile, "ARG"))
+    }
+    assert args["TORCH_CUDA"] == "cpu"
+    assert args["TORCH_SPEC"].startswith("torch==")
+    runs = [i["value"] for i in instructions(dockerfile, "RUN")]
+    torch_layer = [r for r in runs if "download.pytorch.org/whl/${TORCH_CUDA}" in r]
+    assert len(torch_layer) == 1, "torch is installed in one layer from its line's index"
+    assert "--index-url" in torch_layer[0]
+    assert "${TORCH_SPEC}" in torch_layer[0]
+    # torch comes first, in its own layer, before the package and its constraints.
+    assert runs.index(torch_layer[0]) < next(
+        i for i, r in enumerate(runs) if "constraints.txt" in r
+    )
+    assert "pip install" not in torch_layer[0].split("pip install", 1)[1]
+
+
+def test_installs_with_the_readme_command(dockerfile: DockerfileParser) -> None:
+    readme_commands = set(re.findall(r"pip install -c constraints\.txt \S+", README))
+    assert "pip install -c constraints.txt ." in readme_commands
+    runs = " ".join(i["value"] for i in instructions(dockerfile, "RUN"))
+    assert "pip install -c constraints.txt ." in runs
+    # For CUDA lines only, the CPU torch pin is dropped from the constraints.
+    assert re.search(
+        r'if \[ "\$\{TORCH_CUDA\}" != "cpu" \]; then sed -i \'/\^torch==/d\' constraints\.txt', runs
+    )
+    torch_pin = [
+        line
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    ]
+    assert torch_pin and torch_pin[0].endswith("+cpu"), "constraints.txt pins the CPU torch wheel"
+
+
+def test_oci_labels_from_build_args(dockerfile: DockerfileParser) -> None:
+    labels = dockerfile.labels
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert "org.opencontainers.image.revision" in labels
+    label_text = " ".join(final_stage(dockerfile, "LABEL"))
+    for key, arg in (("source", "SOURCE"), ("revision", "REVISION"), ("version", "VERSION")):
+        assert f'org.opencontainers.image.{key}="${{{arg}}}"' in label_text
+
+
+def test_writable_state_only_on_volumes_and_no_secrets(dockerfile: DockerfileParser) -> None:
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    env = " ".join(final_stage(dockerfile, "ENV"))
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    assert "PYTHONUNBUFFERED=1" in env  # the ready line reaches the log at once
+    for cache in ("XDG_CACHE_HOME=/tmp", "MPLCONFIGDIR=/tmp"):
+        assert cache in env
+    created = " ".join(final_stage(dockerfile, "RUN"))
+    assert "-o 10001 -g 10001" in created and "/var/lib/lensemble" in created
+    copies = " ".join(i["value"] for i in instructions(dockerfile, "COPY"))
+    assert "tests" not in copies and "certs" not in copies and ". ." not in copies
+    assert not re.search(r"(?i)(password|secret|token|api_key)\s*=", text)
+    assert not instructions(dockerfile, "ADD")
+
+
+def test_dockerignore_keeps_private_and_bulky_files_out() -> None:
+    patterns = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for required in (
+        "tests",
+        "runs",
+        "third_party/*/src",
+        "**/.venv",
+        "**/venv",
+        "**/.ci-venv",
+        "**/__pycache__",
+        "**/.mypy_cache",
+        "**/.pytest_cache",
+        "**/.ruff_cache",
+        ".git",
+        "**/*.key",
+    ):
+        assert required in patterns, f".dockerignore does not exclude {required}"
+    # Nothing the build copies is excluded.
+    for needed in ("pyproject.toml", "README.md", "constraints.txt", "runtime"):
+        assert needed not in patterns
+    assert not any(p.startswith("!") for p in patterns)
+
+
+def test_docker_checks_script_is_valid_bash() -> None:
+    script = REPO / "scripts/docker-checks.sh"
+    assert script.stat().st_mode & 0o111, "scripts/docker-checks.sh is not executable"
+    bash = shutil.which("bash")
+    assert bash is not None
+    done = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    text = script.read_text(encoding="utf-8")
+    for step in ("docker build", "--read-only", "Health.Status", "lensemble up", "lensemble down"):
+        assert step in text
+
+
+def test_readme_names_one_tag_per_cuda_line() -> None:
+    section = README.split("## Docker Compose", 1)[1].split("\n## ", 1)[0]
+    for tag in ("-cpu", "-cu126", "-cu128", "sha-"):
+        assert tag in section
+    assert "(Lands with" not in section
+    assert "statically" in section

@@ -1,0 +1,510 @@
+"""``lensemble up``/``down`` orchestration with a fake engine: no Docker needed.
+
+The fake engine plays the containers: what each writes to stdout over successive looks, its
+states, and the coordinator's log. A fake clock makes timeouts instant.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lensemble.config import LensembleConfig, config_hash, load_config
+from lensemble.errors import IntegrityError, ToolMissing, UsageError
+from lensemble.stack import StackFailed
+from lensemble.stack.compose_stack import (
+    RECORD_NAME,
+    StackRecord,
+    down_compose,
+    prepare_certs,
+    round_progress,
+    up_compose,
+)
+from lensemble.stack.engine import ContainerState, DockerComposeEngine, compose_command
+from lensemble.stack.ready import check_ready_line, first_ready_line, parse_ready_line
+from tests.compose.conftest import REPO
+from tests.support.cli import run_cli
+from tests.support.tools import probe
+
+RUNNING = ContainerState("running", 0)
+
+
+@pytest.fixture
+def cfg() -> LensembleConfig:
+    return load_config(REPO / "config/local.yaml", ["federation.transport=network"])
+
+
+def ready_json(role: str, pid: str | None, hash_: str, **extra: Any) -> str:
+    record = {
+        "event": "ready",
+        "role": role,
+        "participant_id": pid,
+        "endpoint": "0.0.0.0:50051" if role == "coordinator" else f"{pid}:0",
+        "config_hash": hash_,
+        "version": "0.1.0",
+        **extra,
+    }
+    return json.dumps(record) + "\n"
+
+
+@dataclass
+class FakeContainer:
+    """stdout seen at each look (the last one repeats) and states (the last one repeats)."""
+
+    stdouts: list[str]
+    states: list[ContainerState] = field(default_factory=lambda: [RUNNING])
+    logs: list[list[str]] = field(default_factory=list)
+
+    def next_stdout(self) -> str:
+        return self.stdouts.pop(0) if len(self.stdouts) > 1 else self.stdouts[0]
+
+    def next_state(self) -> ContainerState:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+
+class FakeEngine:
+    def __init__(self, containers: dict[str, FakeContainer], *, up_error: Exception | None = None):
+        self.containers = containers
+        self.up_error = up_error
+        self.calls: list[Any] = []
+        self.started = False
+
+    def up(self) -> None:
+        self.calls.append("up")
+        if self.up_error:
+            raise self.up_error
+        self.started = True
+
+    def down(self, *, volumes: bool) -> None:
+        self.calls.append(("down", volumes))
+
+    def container(self, service: str) -> str | None:
+        return service if self.started and service in self.containers else None
+
+    def stdout(self, container: str) -> str:
+        return self.containers[container].next_stdout()
+
+    def state(self, container: str) -> ContainerState:
+        return self.containers[container].next_state()
+
+    def follow(self, container: str, *, new_only: bool) -> Iterator[str]:
+        self.calls.append(("follow", container, new_only))
+        logs = self.containers[container].logs
+        yield from logs.pop(0) if logs else []
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def healthy_stack(cfg: LensembleConfig, *, coordinator_exit: int = 0) -> dict[str, FakeContainer]:
+    h = config_hash(cfg)
+    containers = {
+        "coordinator": FakeContainer(
+            [ready_json("coordinator", None, h)],
+            states=[ContainerState("exited", coordinator_exit)],
+            logs=[
+                [
+                    ready_json("coordinator", None, h).strip(),
+                    json.dumps({"level": "INFO", "round": 1, "message": "committed"}),
+                    "not json",
+                    json.dumps({"level": "INFO", "message": "participant joined"}),
+                    json.dumps({"level": "INFO", "round": 2, "message": "committed"}),
+                ]
+            ],
+        )
+    }
+    for i, pid in enumerate(cfg.participant_ids):
+        # Participants become ready after a few looks.
+        containers[f"participant-{pid}"] = FakeContainer(
+            [""] * i + ['{"event": "re'] + [ready_json("participant", pid, h)]
+        )
+    return containers
+
+
+def no_certs(certs_dir: Path, config_file: Path) -> None:
+    raise AssertionError("certificates exist; nothing should create them")
+
+
+def make_fake_certs(certs_dir: Path, config_file: Path) -> None:
+    """What `lensemble certs init` writes (contract layout), with restrictive modes."""
+    assert config_file.is_file()
+    certs_dir.mkdir(parents=True, exist_ok=True)
+    (certs_dir / "ca.crt").write_text("ca")
+    (certs_dir / "ca.key").write_text("ca key")
+    (certs_dir / "ca.key").chmod(0o600)
+    cfg = load_config(config_file)
+    for identity in ["coordinator", *cfg.participant_ids]:
+        folder = certs_dir / identity
+        folder.mkdir(mode=0o700)
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (folder / name).write_text(name)
+            (folder / name).chmod(0o600)
+
+
+def run_up(
+    cfg: LensembleConfig, stack_dir: Path, engine: FakeEngine, **kwargs: Any
+) -> tuple[list[str], FakeClock]:
+    out: list[str] = []
+    clock = FakeClock()
+    up_compose(
+        cfg,
+        stack_dir=stack_dir,
+        profile="cpu",
+        command=["fake-compose"],
+        engine_factory=lambda record: engine,
+        make_certs=kwargs.pop("make_certs", make_fake_certs),
+        echo=out.append,
+        clock=clock,
+        sleep=clock.sleep,
+        **kwargs,
+    )
+    return out, clock
+
+
+# ----------------------------------------------------------------------------- ready lines
+def test_ready_line_parses() -> None:
+    line = ready_json("participant", "alpine", "sha256-canon-v1:ab").strip()
+    ready = parse_ready_line(line, service="participant-alpine")
+    assert (ready.role, ready.participant_id, ready.config_hash) == (
+        "participant",
+        "alpine",
+        "sha256-canon-v1:ab",
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("Starting server...", "where its ready line belongs"),
+        ('{"event": "log", "message": "hi"}', "where its ready line belongs"),
+        ("[1, 2]", "where its ready line belongs"),
+        (
+            '{"event": "ready", "role": "boss", "endpoint": "x", "config_hash": "h", "version": "v"}',
+            "role",
+        ),
+        (
+            '{"event": "ready", "role": "coordinator", "endpoint": "x", "version": "v"}',
+            "config_hash",
+        ),
+    ],
+)
+def test_bad_ready_lines_name_the_service(line: str, needle: str) -> None:
+    with pytest.raises(StackFailed) as info:
+        parse_ready_line(line, service="participant-alpine")
+    assert "participant-alpine" in str(info.value)
+    assert needle in str(info.value)
+
+
+def test_first_ready_line_waits_for_a_complete_line() -> None:
+    assert first_ready_line("", service="s") is None
+    assert first_ready_line('{"event": "rea', service="s") is None
+    line = ready_json("coordinator", None, "h") + "later output\n"
+    ready = first_ready_line(line, service="s")
+    assert ready is not None and ready.role == "coordinator"
+
+
+def test_ready_line_from_the_wrong_process_or_config() -> None:
+    ready = parse_ready_line(ready_json("participant", "delta", "h1").strip(), service="s")
+    with pytest.raises(StackFailed, match="participant 'alpine'"):
+        check_ready_line(
+            ready, service="s", role="participant", participant_id="alpine", config_hash="h1"
+        )
+    with pytest.raises(IntegrityError) as info:
+        check_ready_line(
+            ready, service="s", role="participant", participant_id="delta", config_hash="h2"
+        )
+    assert info.value.exit_code == 3
+
+
+# ----------------------------------------------------------------------------------- up
+def test_up_waits_for_every_ready_line_and_follows_the_rounds(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    engine = FakeEngine(healthy_stack(cfg))
+    out, clock = run_up(cfg, tmp_path, engine)
+    ready = [line for line in out if line.startswith("ready: ")]
+    assert sorted(ready) == sorted(
+        [f"ready: participant-{p} ({p}:0)" for p in cfg.participant_ids]
+        + ["ready: coordinator (0.0.0.0:50051)"]
+    )
+    assert "round 1: committed" in out and "round 2: committed" in out
+    assert not any("participant joined" in line for line in out)
+    assert out[-1].startswith("run finished")
+    assert clock.now > 0  # some participants needed several looks
+    assert engine.calls == ["up", ("follow", "coordinator", False)]
+    record = StackRecord.load(tmp_path / RECORD_NAME)
+    assert (record.project, record.profile, record.command) == (
+        "lensemble-local",
+        "cpu",
+        ["fake-compose"],
+    )
+    assert Path(record.compose_file) == tmp_path / "compose.yaml"
+    assert (tmp_path / "lensemble.yaml").is_file()
+
+
+def test_up_refuses_a_second_stack_in_the_same_folder(cfg: LensembleConfig, tmp_path: Path) -> None:
+    run_up(cfg, tmp_path, FakeEngine(healthy_stack(cfg)))
+    engine = FakeEngine(healthy_stack(cfg))
+    with pytest.raises(UsageError, match="lensemble down"):
+        run_up(cfg, tmp_path, engine)
+    assert engine.calls == []
+
+
+def test_wrong_config_hash_fails_closed(cfg: LensembleConfig, tmp_path: Path) -> None:
+    containers = healthy_stack(cfg)
+    containers["participant-delta"].stdouts = [
+        ready_json("participant", "delta", "sha256-canon-v1:other")
+    ]
+    with pytest.raises(IntegrityError) as info:
+        run_up(cfg, tmp_path, FakeEngine(containers))
+    assert "participant-delta" in str(info.value)
+    assert info.value.exit_code == 3
+
+
+def test_a_service_that_stops_before_ready_fails_the_run(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    containers = healthy_stack(cfg)
+    containers["participant-coastal"] = FakeContainer(
+        [""], states=[RUNNING, ContainerState("exited", 2)]
+    )
+    with pytest.raises(StackFailed) as info:
+        run_up(cfg, tmp_path, FakeEngine(containers))
+    assert "participant-coastal stopped with exit code 2 before it was ready" in str(info.value)
+    assert "logs participant-coastal" in info.value.remediation
+    assert info.value.exit_code == 1
+
+
+def test_ready_timeout_names_the_missing_services(cfg: LensembleConfig, tmp_path: Path) -> None:
+    containers = healthy_stack(cfg)
+    containers["participant-highland"] = FakeContainer([""])  # never ready, never exits
+    with pytest.raises(StackFailed, match=r"participant-highland not ready after 30 s"):
+        run_up(cfg, tmp_path, FakeEngine(containers), ready_timeout_s=30)
+
+
+@pytest.mark.parametrize(("code", "expected"), [(1, 1), (3, 3), (137, 1)])
+def test_coordinator_failure_is_the_exit_code(
+    cfg: LensembleConfig, tmp_path: Path, code: int, expected: int
+) -> None:
+    with pytest.raises(StackFailed) as info:
+        run_up(cfg, tmp_path, FakeEngine(healthy_stack(cfg, coordinator_exit=code)))
+    assert f"coordinator exited with code {code}" in str(info.value)
+    assert info.value.exit_code == expected
+
+
+def test_a_restarted_coordinator_is_followed_again(cfg: LensembleConfig, tmp_path: Path) -> None:
+    containers = healthy_stack(cfg)
+    coordinator = containers["coordinator"]
+    coordinator.states = [ContainerState("restarting", 1), ContainerState("exited", 0)]
+    coordinator.logs.append([json.dumps({"round": 3, "message": "resumed from checkpoint"})])
+    engine = FakeEngine(containers)
+    out, _ = run_up(cfg, tmp_path, engine)
+    assert engine.calls[-2:] == [("follow", "coordinator", False), ("follow", "coordinator", True)]
+    assert "round 3: resumed from checkpoint" in out
+
+
+# --------------------------------------------------------------------------------- down
+def test_down_tears_down_exactly_once(cfg: LensembleConfig, tmp_path: Path) -> None:
+    engine = FakeEngine(healthy_stack(cfg))
+    run_up(cfg, tmp_path, engine)
+    out: list[str] = []
+    assert down_compose(tmp_path, engine_factory=lambda r: engine, echo=out.append) is True
+    assert engine.calls[-1] == ("down", False)
+    assert not (tmp_path / RECORD_NAME).exists()
+
+    def must_not_build(record: StackRecord) -> FakeEngine:
+        raise AssertionError("a second down must not touch the engine")
+
+    assert down_compose(tmp_path, engine_factory=must_not_build, echo=out.append) is False
+    assert out[-1].startswith("nothing to tear down")
+    assert engine.calls.count(("down", False)) == 1
+
+
+def test_a_failed_start_is_still_torn_down(cfg: LensembleConfig, tmp_path: Path) -> None:
+    engine = FakeEngine(healthy_stack(cfg), up_error=StackFailed("image not found"))
+    with pytest.raises(StackFailed, match="image not found"):
+        run_up(cfg, tmp_path, engine)
+    assert down_compose(
+        tmp_path, volumes=True, engine_factory=lambda r: engine, echo=lambda s: None
+    )
+    assert engine.calls == ["up", ("down", True)]
+
+
+def test_a_failed_teardown_keeps_the_record(cfg: LensembleConfig, tmp_path: Path) -> None:
+    run_up(cfg, tmp_path, FakeEngine(healthy_stack(cfg)))
+
+    class Broken(FakeEngine):
+        def down(self, *, volumes: bool) -> None:
+            raise StackFailed("engine gone")
+
+    with pytest.raises(StackFailed):
+        down_compose(tmp_path, engine_factory=lambda r: Broken({}), echo=lambda s: None)
+    assert (tmp_path / RECORD_NAME).exists()
+
+
+def test_a_corrupt_record_is_reported(tmp_path: Path) -> None:
+    (tmp_path / RECORD_NAME).write_text("{not json")
+    with pytest.raises(UsageError, match="not a stack record"):
+        down_compose(tmp_path, engine_factory=lambda r: FakeEngine({}), echo=lambda s: None)
+
+
+# -------------------------------------------------------------------------------- certs
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_certs_are_created_and_shared_with_the_container_user(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    run_up(cfg, tmp_path, FakeEngine(healthy_stack(cfg)))
+    certs = tmp_path / "certs"
+    assert mode(certs) == 0o700  # other host users cannot reach any key
+    assert mode(certs / "ca.key") == 0o600  # the CA key is never mounted, never opened up
+    for identity in ["coordinator", *cfg.participant_ids]:
+        assert mode(certs / identity) == 0o755
+        assert mode(certs / identity / "tls.key") == 0o644  # readable by UID 10001
+
+
+def test_existing_certs_are_kept(cfg: LensembleConfig, tmp_path: Path) -> None:
+    identities = ["coordinator", *cfg.participant_ids]
+    config_file = tmp_path / "lensemble.yaml"
+    config_file.write_text((REPO / "deploy/compose/lensemble.yaml").read_text())
+    make_fake_certs(tmp_path / "certs", config_file)
+    prepare_certs(tmp_path / "certs", config_file, identities, no_certs)
+    assert mode(tmp_path / "certs" / "alpine" / "tls.crt") == 0o644
+
+
+def test_partial_certs_are_refused(cfg: LensembleConfig, tmp_path: Path) -> None:
+    (tmp_path / "certs" / "coordinator").mkdir(parents=True)
+    (tmp_path / "certs" / "coordinator" / "tls.crt").write_text("x")
+    with pytest.raises(StackFailed, match="no certificates for alpine"):
+        prepare_certs(tmp_path / "certs", tmp_path / "c.yaml", ["coordinator", "alpine"], no_certs)
+
+
+def test_certs_init_that_writes_nothing_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(StackFailed, match="left no certificate for coordinator"):
+        prepare_certs(tmp_path / "certs", tmp_path / "c.yaml", ["coordinator"], lambda d, c: None)
+
+
+# ------------------------------------------------------------------------------ progress
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('{"round": 4, "message": "committed", "level": "INFO"}', "round 4: committed"),
+        ('{"round": 4, "event": "round_aborted"}', "round 4: round_aborted"),
+        ('{"round": 5, "attempt": 0, "state": "closed", "model_hash": "ab"}', "round 5: closed"),
+        ('{"level": "ERROR", "message": "quorum lost"}', "coordinator error: quorum lost"),
+        ('{"level": "INFO", "message": "listening"}', None),
+        ("plain text", None),
+        ("7", None),
+    ],
+)
+def test_round_progress(line: str, expected: str | None) -> None:
+    assert round_progress(line) == expected
+
+
+# ----------------------------------------------------------------------- docker engine
+class Recorder:
+    def __init__(self, returncode: int = 0, stdout: str = "", stderr: str = "") -> None:
+        self.args: list[list[str]] = []
+        self.result = (returncode, stdout, stderr)
+
+    def __call__(self, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        self.args.append(list(args))
+        code, out, err = self.result
+        return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_docker_engine_commands(tmp_path: Path) -> None:
+    run = Recorder(stdout="abc123\n")
+    engine = DockerComposeEngine(
+        ["docker", "compose"], project="p", compose_file=tmp_path / "c.yaml", profile="gpu", run=run
+    )
+    engine.up()
+    assert engine.container("coordinator") == "abc123"
+    engine.down(volumes=True)
+    prefix = ["docker", "compose", "-p", "p", "-f", str(tmp_path / "c.yaml"), "--profile", "gpu"]
+    assert run.args == [
+        [*prefix, "up", "-d"],
+        [*prefix, "ps", "-a", "-q", "coordinator"],
+        [*prefix, "down", "--remove-orphans", "--volumes"],
+    ]
+    run.result = (0, "restarting 137\n", "")
+    assert engine.state("abc123") == ContainerState("restarting", 137)
+    assert not engine.state("abc123").finished
+
+
+def test_docker_engine_failures_are_one_sentence(tmp_path: Path) -> None:
+    run = Recorder(returncode=1, stderr="pulling...\nError: pull access denied for lensemble\n")
+    engine = DockerComposeEngine(
+        ["docker-compose"], project="p", compose_file=tmp_path / "c.yaml", profile="cpu", run=run
+    )
+    with pytest.raises(StackFailed) as info:
+        engine.up()
+    assert str(info.value).startswith(
+        "Could not start the Compose project 'p': Error: pull access denied"
+    )
+
+    def missing(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError(args[0])
+
+    engine = DockerComposeEngine(
+        ["docker-compose"],
+        project="p",
+        compose_file=tmp_path / "c.yaml",
+        profile="cpu",
+        run=missing,
+    )
+    with pytest.raises(ToolMissing):
+        engine.up()
+
+
+def test_compose_command_prefers_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    assert compose_command(Recorder(returncode=0)) == ["docker", "compose"]
+    assert compose_command(Recorder(returncode=1)) == ["docker-compose"]
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ToolMissing, match="docker-compose"):
+        compose_command(Recorder())
+
+
+# ---------------------------------------------------------------------------------- CLI
+def test_cli_down_with_nothing_up(tmp_path: Path, in_repo: Path) -> None:
+    result = run_cli("down", "--dir", str(tmp_path))
+    assert result.code == 0, result.err
+    assert "nothing to tear down" in result.out
+
+
+def test_cli_up_without_a_docker_engine_exits_4(tmp_path: Path, in_repo: Path) -> None:
+    if probe("docker") is None:
+        pytest.skip("a Docker engine is reachable here; the e2e test covers `up`")
+    result = run_cli(
+        "up",
+        "--substrate",
+        "compose",
+        "--config",
+        "config/local.yaml",
+        "--set",
+        "federation.transport=network",
+        "--dir",
+        str(tmp_path),
+    )
+    assert result.code == 4, result.err
+    assert result.err.startswith("error: ")
+    assert "Traceback" not in result.err
+    assert not (tmp_path / RECORD_NAME).exists()

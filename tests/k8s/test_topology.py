@@ -1,0 +1,314 @@
+"""The rendered topology follows the config: participants, identities, the mounted config, ports,
+probes, resources, namespaces, TLS mounts and network reachability.
+
+Checked on the Helm output and on every overlay's output (the overlay must not break it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from lensemble.config import config_hash
+from lensemble.config.load import validate_mapping
+from lensemble.render.helm_values import (
+    container_config,
+    participant_namespace,
+    participants_by_trust_domain,
+)
+from lensemble.render.k8s_policy import workloads
+from tests.k8s.renders import CASES, ENVS, config_of, render
+
+Docs = list[dict[str, Any]]
+ALL_MODE = sorted(n for n, c in CASES.items() if c.mode == "all")
+
+
+def _of(docs: Docs, kind: str, component: str | None = None) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and component
+        in (None, (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component"))
+    ]
+
+
+def _pod(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return next((m, s) for _, m, s in workloads([doc]))
+
+
+def _container(doc: dict[str, Any]) -> dict[str, Any]:
+    containers = _pod(doc)[1]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize("case", ALL_MODE)
+def test_one_statefulset_per_trust_domain_with_its_participants(case: str) -> None:
+    cfg = config_of(case)
+    expected = participants_by_trust_domain(cfg)
+    statefulsets = _of(render(case), "StatefulSet")
+    found = {}
+    for sts in statefulsets:
+        td = sts["metadata"]["labels"]["lensemble.dev/trust-domain"]
+        meta, _ = _pod(sts)
+        env = _env(_container(sts))
+        assert env["LENSEMBLE_TRUST_DOMAIN"] == td
+        assert env["LENSEMBLE_ROLE"] == "participant"
+        assert env["LENSEMBLE_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        assert sts["metadata"]["namespace"] == participant_namespace(cfg, td)
+        # Pod <name>-<i> is the trust domain's i-th participant in config order.
+        assert meta["annotations"]["lensemble.dev/participants"] == ",".join(expected[td])
+        found[td] = sts["spec"]["replicas"]
+    assert found == {td: len(ids) for td, ids in expected.items()}
+    assert sum(found.values()) == len(cfg.federation.participants)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_mounted_config_is_the_source_config(case: str) -> None:
+    cfg = config_of(case)
+    docs = render(case)
+    maps = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in _of(docs, "ConfigMap")}
+    pods = list(workloads(d for d in docs if d["kind"] != "Pod"))
+    assert pods
+    for doc, _, spec in pods:
+        volume = next(v for v in spec["volumes"] if v["name"] == "config")
+        configmap = maps[(doc["metadata"]["namespace"], volume["configMap"]["name"])]
+        mounted = validate_mapping(yaml.safe_load(configmap["data"]["config.yaml"]))
+        assert config_hash(mounted) == config_hash(cfg)
+        assert mounted == container_config(cfg)
+        container = spec["containers"][0]
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+        assert mount == {
+            "name": "config",
+            "mountPath": "/etc/lensemble/config.yaml",
+            "subPath": "config.yaml",
+            "readOnly": True,
+        }
+        assert _env(container)["LENSEMBLE_CONFIG"] == "/etc/lensemble/config.yaml"
+
+
+@pytest.mark.parametrize("case", ALL_MODE)
+def test_ports_probes_and_resources_match_the_config(case: str) -> None:
+    cfg = config_of(case)
+    net = cfg.network
+    docs = render(case)
+    (deployment,) = _of(docs, "Deployment")
+    for doc in [deployment, *_of(docs, "StatefulSet")]:
+        container = _container(doc)
+        role = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        expected = {"health": net.health_port, "metrics": net.metrics_port}
+        assert ports == ({"grpc": net.port, **expected} if role == "coordinator" else expected)
+        assert container["livenessProbe"]["grpc"] == {"port": net.health_port}
+        assert container["startupProbe"]["grpc"] == {"port": net.health_port}
+        assert container["readinessProbe"]["grpc"] == {
+            "port": net.health_port,
+            "service": "lensemble.Readiness",
+        }
+        want = getattr(cfg.deployment.resources, role)
+        resources = container["resources"]
+        if CASES[case].env != "local" or CASES[case].path == "helm":
+            assert resources["requests"]["cpu"] == want.cpu
+        assert resources["requests"]["memory"] == want.memory
+        assert resources["limits"]["memory"] == want.memory
+        assert container["image"] == f"{cfg.deployment.image.repository}:{cfg.deployment.image.tag}"
+        assert container["args"] == ["serve"]
+    (service,) = _of(docs, "Service", "coordinator")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "grpc": net.port,
+        "health": net.health_port,
+        "metrics": net.metrics_port,
+    }
+
+
+@pytest.mark.parametrize("case", ALL_MODE)
+def test_coordinator_is_one_writer_with_persistent_state(case: str) -> None:
+    docs = render(case)
+    (deployment,) = _of(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    _, spec = _pod(deployment)
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in spec["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    (pvc,) = _of(docs, "PersistentVolumeClaim")
+    assert claims == [pvc["metadata"]["name"]]
+    state = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "state")
+    assert state["mountPath"] == "/var/lib/lensemble"
+    (pdb,) = _of(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("case", ALL_MODE)
+def test_each_pod_mounts_only_its_own_identities_tls(case: str) -> None:
+    cfg = config_of(case)
+    expected = participants_by_trust_domain(cfg)
+    for _doc, meta, spec in workloads(render(case)):
+        role = meta["labels"]["app.kubernetes.io/component"]
+        tls = [v for v in spec["volumes"] if v["name"] == "tls"]
+        if role == "test":
+            assert tls == []
+            continue
+        (volume,) = tls
+        sources = volume["projected"]["sources"]
+        assert all(set(s) == {"secret"} for s in sources), "TLS comes from Secrets only"
+        identities = sorted(
+            {i["path"].split("/")[0] for s in sources for i in s["secret"]["items"]}
+        )
+        if role == "coordinator":
+            assert identities == ["coordinator"]
+        else:
+            td = meta["labels"]["lensemble.dev/trust-domain"]
+            assert identities == sorted(expected[td])
+        names = {s["secret"]["name"] for s in sources}
+        assert names == {f"{cfg.run.name}-{i}-tls" for i in identities}
+
+
+@pytest.mark.parametrize("case", ALL_MODE)
+def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case: str) -> None:
+    cfg = config_of(case)
+    docs = render(case)
+    policies = _of(docs, "NetworkPolicy")
+    for td in cfg.trust_domains:
+        ns = participant_namespace(cfg, td)
+        egress = [
+            rule
+            for p in policies
+            if p["metadata"]["namespace"] == ns
+            and (p["spec"]["podSelector"].get("matchLabels") or {}).get(
+                "lensemble.dev/trust-domain"
+            )
+            == td
+            for rule in p["spec"].get("egress", [])
+        ]
+        (rule,) = egress
+        assert rule["ports"] == [{"port": cfg.network.port, "protocol": "TCP"}]
+        (peer,) = rule["to"]
+        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "coordinator"
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": cfg.deployment.namespace.name
+        }
+    (ingress,) = [p for p in policies if p["metadata"]["name"].endswith("-allow-participants")]
+    sources = {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        + "/"
+        + peer["podSelector"]["matchLabels"]["lensemble.dev/trust-domain"]
+        for peer in ingress["spec"]["ingress"][0]["from"]
+    }
+    assert sources == {f"{participant_namespace(cfg, td)}/{td}" for td in cfg.trust_domains}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_namespaces_follow_the_namespace_strategy(env: str) -> None:
+    cfg = config_of(f"helm-{env}")
+    namespaces = {d["metadata"]["name"] for d in _of(render(f"helm-{env}"), "Namespace")}
+    expected = {cfg.deployment.namespace.name} | {
+        participant_namespace(cfg, td) for td in cfg.trust_domains
+    }
+    assert namespaces == expected
+    if cfg.deployment.namespace.strategy == "per-trust-domain":
+        assert len(namespaces) == len(cfg.trust_domains) + 1
+
+
+def test_participant_mode_installs_one_trust_domain_only() -> None:
+    case = "helm-sovereign-prod-participant-org-berlin"
+    docs = render(case)
+    assert not _of(docs, "Deployment")
+    (sts,) = _of(docs, "StatefulSet")
+    assert sts["metadata"]["labels"]["lensemble.dev/trust-domain"] == "org-berlin"
+    assert {d["metadata"].get("namespace", d["metadata"]["name"]) for d in docs} == {
+        "lensemble-org-berlin"
+    }
+    (egress,) = [
+        p
+        for p in _of(docs, "NetworkPolicy")
+        if p["metadata"]["name"].endswith("-allow-coordinator")
+    ]
+    assert {"ipBlock": {"cidr": "203.0.113.10/32"}} in egress["spec"]["egress"][0]["to"]
+
+
+def test_coordinator_mode_installs_no_participant() -> None:
+    docs = render("helm-sovereign-prod-coordinator")
+    assert not _of(docs, "StatefulSet")
+    (service,) = _of(docs, "Service", "coordinator")
+    assert service["spec"]["type"] == "LoadBalancer"
+    (ingress,) = [
+        p
+        for p in _of(docs, "NetworkPolicy")
+        if p["metadata"]["name"].endswith("-allow-participants")
+    ]
+    assert {"ipBlock": {"cidr": "198.51.100.0/24"}} in ingress["spec"]["ingress"][0]["from"]
+    (test_pod,) = _of(docs, "Pod", "test")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test_pod["spec"]["containers"][0]["args"] == [
+        "health",
+        "--host",
+        "lensemble-prod-coordinator.lensemble.svc",
+        "--port",
+        "50052",
+        "--ready",
+    ]
+
+
+def test_optional_features_render_from_knobs() -> None:
+    cfg = config_of("helm-staging-features")
+    docs = render("helm-staging-features")
+    certificates = _of(docs, "Certificate")
+    assert len(certificates) == len(cfg.federation.participants) + 1
+    for cert in certificates:
+        assert cert["spec"]["issuerRef"]["name"] == "lensemble-ca"
+        if cert["metadata"]["labels"]["app.kubernetes.io/component"] == "participant":
+            (name,) = cert["spec"]["dnsNames"]
+            assert cert["spec"]["commonName"] == name
+            assert cert["spec"]["secretName"] == f"{cfg.run.name}-{name}-tls"
+            assert cert["spec"]["usages"][0] == "client auth"
+        else:
+            assert cfg.network.host in cert["spec"]["dnsNames"]
+            assert cert["spec"]["usages"][0] == "server auth"
+    monitors = _of(docs, "ServiceMonitor")
+    assert len(monitors) == len(cfg.trust_domains) + 1
+    assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
+    (deployment,) = _of(docs, "Deployment")
+    _, spec = _pod(deployment)
+    assert spec["runtimeClassName"] == "kata-cc-snp"
+    assert spec["nodeSelector"] == {"lensemble.dev/confidential-compute": "true"}
+
+
+@pytest.mark.parametrize("scheduler", ["kueue", "volcano"])
+def test_gang_scheduling_never_groups_participants(scheduler: str) -> None:
+    case = f"helm-sovereign-prod-gpu-{scheduler}"
+    cfg = config_of(case)
+    for sts in _of(render(case), "StatefulSet"):
+        meta, spec = _pod(sts)
+        gpus = cfg.deployment.resources.participant.gpu
+        assert _container(sts)["resources"]["limits"]["nvidia.com/gpu"] == gpus
+        # The StatefulSet itself is never queued as one group; each pod is its own workload.
+        assert not any(k.startswith(("kueue.", "scheduling.")) for k in sts["metadata"]["labels"])
+        grouping = [k for k in {**meta["labels"], **meta["annotations"]} if "group" in k]
+        assert grouping == []
+        if scheduler == "kueue":
+            assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "lensemble"
+        else:
+            assert spec["schedulerName"] == "volcano"
+            assert meta["annotations"]["scheduling.volcano.sh/queue-name"] == "research"
+
+
+def test_no_gang_annotations_with_one_gpu_or_none() -> None:
+    for sts in _of(render("helm-sovereign-prod"), "StatefulSet"):
+        meta, spec = _pod(sts)
+        assert "schedulerName" not in spec
+        assert not any(
+            "kueue" in k or "volcano" in k for k in {**meta["labels"], **meta["annotations"]}
+        )
