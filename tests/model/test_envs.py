@@ -11,6 +11,7 @@ import pytest
 from lensemble.data.envs import env_spec, make_env
 from lensemble.data.trajectories import collect
 from lensemble.errors import ConfigError, ToolMissing
+from tests.support.tools import require, required_tools
 
 
 @pytest.mark.parametrize(
@@ -114,3 +115,32 @@ def test_swm_environment_without_the_vendored_shim_is_a_clear_error(
     with pytest.raises(ToolMissing, match=r"data\.env_id 'swm/PushT'") as err:
         make_env("swm/PushT", {})
     assert err.value.exit_code == 4
+
+
+@pytest.fixture
+def vendored_worldmodel() -> None:
+    """Skip unless the vendored stable-worldmodel is synced and the [worldmodel] extra is in."""
+    from lensemble.data import worldmodel
+
+    try:
+        worldmodel.use_vendored("stable_worldmodel", "stable_worldmodel")
+    except ToolMissing as exc:
+        if "worldmodel" in required_tools():
+            pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")
+        pytest.skip(f"worldmodel unavailable: {exc.message}")
+    require("worldmodel")
+    pytest.importorskip("loguru", reason="the [worldmodel] extra is not installed")
+
+
+@pytest.mark.worldmodel
+def test_stable_worldmodel_classic_control_joins_the_same_families(
+    vendored_worldmodel: None,
+) -> None:
+    spec = env_spec("swm/CartPoleControl-v1")
+    assert spec.family == "cartpole" and spec.state_names == ("x", "x_dot", "theta", "theta_dot")
+    _obs, actions, states = collect("swm/CartPoleControl-v1", {}, seed=5, episodes=2, steps=80)
+    assert actions.shape == (2, 80, 2) and np.abs(states[..., 2]).max() > 0.21  # past failure
+    light = collect("swm/PendulumControl-v1", {"g": 6.0}, seed=1, episodes=1, steps=20)
+    heavy = collect("swm/PendulumControl-v1", {"g": 14.0}, seed=1, episodes=1, steps=20)
+    assert light[2].shape == (1, 21, 2)  # (theta, theta_dot), not the observation
+    assert not np.allclose(light[0], heavy[0])

@@ -7,10 +7,14 @@ world model needs; :func:`true_state` gives the physical state the linear probe 
 
 Episodes must have a fixed length (training windows and the k-step evaluation slide over them),
 so :func:`make_env` moves the termination thresholds of the built-in environments out of reach:
-CartPole-v1 keeps integrating its equations of motion after the pole falls or the cart leaves
-the track (the pole then swings freely, which the equations describe exactly), and
-MountainCarContinuous-v0 keeps driving after the car reaches the goal. Time limits are ignored
-by the collector, which never asks an environment for more than ``data.episode_steps`` steps.
+CartPole keeps integrating its equations of motion after the pole falls or the cart leaves the
+track (the pole then swings freely, which the equations describe exactly), and continuous
+MountainCar keeps driving after the car reaches the goal. Time limits are ignored by the
+collector, which never asks an environment for more than ``data.episode_steps`` steps.
+
+The built-in environments are recognised by the class of the unwrapped environment (their
+*family*), so stable-worldmodel's classic-control ids, which wrap gymnasium's own classes, get
+the same fixed-length episodes, input scales and true state.
 """
 
 from __future__ import annotations
@@ -28,23 +32,25 @@ from lensemble.errors import ConfigError, ConfigProblem, ToolMissing
 #: Prefix of environment ids served by the vendored stable-worldmodel shim.
 SWM_PREFIX = "swm/"
 
-# Fixed observation scales of the built-in environments: (center, half-range) per dimension.
-# They are part of the environment, not of any participant's data, so every participant (and
-# the federated model) normalises identically.
+PENDULUM, MOUNTAIN_CAR, CARTPOLE = "pendulum", "mountain-car-continuous", "cartpole"
+
+# Fixed observation scales of the built-in families: (center, half-range) per dimension. They
+# are part of the environment, not of any participant's data, so every participant (and the
+# federated model) normalises identically.
 _OBS_NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     # (cos theta, sin theta, theta_dot); theta_dot is clipped to +-8 rad/s by the environment.
-    "Pendulum-v1": ((0.0, 0.0, 0.0), (1.0, 1.0, 8.0)),
+    PENDULUM: ((0.0, 0.0, 0.0), (1.0, 1.0, 8.0)),
     # (position in [-1.2, 0.6], velocity in [-0.07, 0.07]).
-    "MountainCarContinuous-v0": ((-0.3, 0.0), (0.9, 0.07)),
+    MOUNTAIN_CAR: ((-0.3, 0.0), (0.9, 0.07)),
     # (x, x_dot, theta, theta_dot): typical ranges of random play past the failure threshold.
-    "CartPole-v1": ((0.0, 0.0, 0.0, 0.0), (2.4, 3.0, math.pi, 8.0)),
+    CARTPOLE: ((0.0, 0.0, 0.0, 0.0), (2.4, 3.0, math.pi, 8.0)),
 }
 
-# Names of the true physical state used by the linear probe, for the built-in environments.
+# Names of the true physical state used by the linear probe, per family.
 _STATE_NAMES: dict[str, tuple[str, ...]] = {
-    "Pendulum-v1": ("theta", "theta_dot"),
-    "MountainCarContinuous-v0": ("position", "velocity"),
-    "CartPole-v1": ("x", "x_dot", "theta", "theta_dot"),
+    PENDULUM: ("theta", "theta_dot"),
+    MOUNTAIN_CAR: ("position", "velocity"),
+    CARTPOLE: ("x", "x_dot", "theta", "theta_dot"),
 }
 
 
@@ -58,6 +64,8 @@ class EnvSpec:
         action_dim: Action size as the model sees it (count): the Box size for continuous
             actions, ``n_actions`` (one-hot) for discrete ones.
         state_dim: Size of the true physical state used by the linear probe (count).
+        state_names: Name of each true-state dimension (``obs[i]`` when the observation is
+            the state).
         discrete: Whether actions are discrete (stored one-hot).
         n_actions: Number of discrete actions; 0 for continuous actions.
         action_low: Lower bound of each continuous action dimension (environment units); empty
@@ -66,6 +74,8 @@ class EnvSpec:
         obs_center: Per-dimension center subtracted from observations before the encoder.
         obs_scale: Per-dimension scale observations are divided by (so most values lie in
             [-1, 1]); fixed per environment, never estimated from a participant's data.
+        family: The built-in family (``pendulum``, ``mountain-car-continuous``, ``cartpole``)
+            or None.
     """
 
     env_id: str
@@ -78,6 +88,8 @@ class EnvSpec:
     action_high: tuple[float, ...] = ()
     obs_center: tuple[float, ...] = ()
     obs_scale: tuple[float, ...] = ()
+    state_names: tuple[str, ...] = ()
+    family: str | None = None
 
 
 def _bad_env_id(env_id: str, why: str) -> ConfigError:
@@ -140,8 +152,43 @@ def make_env(env_id: str, env_params: dict[str, float]) -> Any:
         ToolMissing: A ``swm/`` id was given but the vendored shim cannot be imported.
     """
     env = _make_base(env_id, env_params)
-    if env_id.startswith(SWM_PREFIX):
-        return env
+    if not env_id.startswith(SWM_PREFIX):  # the shim applies its own physics
+        _apply_physics(env, env_id, env_params)
+    _keep_integrating(env)
+    return env
+
+
+def env_family(env: Any) -> str | None:
+    """The built-in family of an environment, by the class of the unwrapped environment."""
+    from gymnasium.envs.classic_control import (
+        CartPoleEnv,
+        Continuous_MountainCarEnv,
+        PendulumEnv,
+    )
+
+    raw = env.unwrapped
+    for cls, family in (
+        (PendulumEnv, PENDULUM),
+        (Continuous_MountainCarEnv, MOUNTAIN_CAR),
+        (CartPoleEnv, CARTPOLE),
+    ):
+        if isinstance(raw, cls):
+            return family
+    return None
+
+
+def _keep_integrating(env: Any) -> None:
+    """Move CartPole's failure and MountainCar's goal out of reach: fixed-length episodes."""
+    family, raw = env_family(env), env.unwrapped
+    if family == CARTPOLE:
+        raw.x_threshold = math.inf
+        raw.theta_threshold_radians = math.inf
+    elif family == MOUNTAIN_CAR:
+        raw.goal_position = math.inf
+
+
+def _apply_physics(env: Any, env_id: str, env_params: dict[str, float]) -> None:
+    """Set each override as an attribute of the unwrapped environment."""
     raw = env.unwrapped
     known = {p.name for p in KNOWN_PHYSICS.get(env_id, ())}
     for key in sorted(env_params):
@@ -168,14 +215,9 @@ def make_env(env_id: str, env_params: dict[str, float]) -> Any:
                 ]
             )
         setattr(raw, key, value)
-    if env_id == "CartPole-v1":
+    if env_family(env) == CARTPOLE:
         raw.total_mass = raw.masspole + raw.masscart
         raw.polemass_length = raw.masspole * raw.length
-        raw.x_threshold = math.inf
-        raw.theta_threshold_radians = math.inf
-    elif env_id == "MountainCarContinuous-v0":
-        raw.goal_position = math.inf
-    return env
 
 
 def env_spec(env_id: str) -> EnvSpec:
@@ -224,24 +266,28 @@ def env_spec(env_id: str) -> EnvSpec:
                 env_id,
                 f"has action space {act_space}; use a flat Box or a Discrete action space.",
             )
-        if env_id in _OBS_NORMALISATION:
-            center, scale = _OBS_NORMALISATION[env_id]
+        family = env_family(env)
+        if family is not None:
+            center, scale = _OBS_NORMALISATION[family]
+            names = _STATE_NAMES[family]
         else:
             center, scale = _box_normalisation(obs_space.low, obs_space.high)
-        state_dim = len(_STATE_NAMES.get(env_id, ())) or obs_dim
+            names = tuple(f"obs[{i}]" for i in range(obs_dim))
     finally:
         env.close()
     return EnvSpec(
         env_id=env_id,
         obs_dim=obs_dim,
         action_dim=action_dim,
-        state_dim=state_dim,
+        state_dim=len(names),
         discrete=discrete,
         n_actions=n,
         action_low=low,
         action_high=high,
         obs_center=center,
         obs_scale=scale,
+        state_names=names,
+        family=family,
     )
 
 
@@ -260,12 +306,7 @@ def _box_normalisation(
     return tuple(center), tuple(scale)
 
 
-def state_names(env_id: str, obs_dim: int) -> tuple[str, ...]:
-    """Names of the true-state dimensions (``obs[i]`` for environments without a known state)."""
-    return _STATE_NAMES.get(env_id) or tuple(f"obs[{i}]" for i in range(obs_dim))
-
-
-def true_state(env: Any, env_id: str, obs: np.ndarray) -> np.ndarray:
+def true_state(env: Any, family: str | None, obs: np.ndarray) -> np.ndarray:
     """The true physical state behind the current observation, for the linear probe.
 
     Pendulum-v1: (theta rad, theta_dot rad/s), theta wrapped to [0, 2 pi) with 0 upright as
@@ -276,15 +317,15 @@ def true_state(env: Any, env_id: str, obs: np.ndarray) -> np.ndarray:
 
     Args:
         env: The environment (after ``reset`` or ``step``).
-        env_id: Its id.
+        family: Its :func:`env_family`.
         obs: The observation just returned, shape ``[obs_dim]``.
 
     Returns:
         float32 array of shape ``[state_dim]``.
     """
-    if env_id not in _STATE_NAMES:
+    if family is None:
         return np.asarray(obs, dtype=np.float32)
     state = np.asarray(env.unwrapped.state, dtype=np.float64).copy()
-    if env_id == "Pendulum-v1":
+    if family == PENDULUM:
         state[0] = state[0] % (2 * math.pi)
     return state.astype(np.float32)

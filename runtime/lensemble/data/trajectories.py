@@ -212,7 +212,7 @@ def _collect_episode(
 ) -> bool:
     """Fill one episode in place; False when the environment terminated early."""
     o, _ = env.reset(seed=int(rng.integers(2**31)))
-    obs[0], states[0] = o, true_state(env, spec.env_id, o)
+    obs[0], states[0] = o, true_state(env, spec.family, o)
     latent: np.ndarray | int
     if spec.discrete:
         latent = int(rng.integers(spec.n_actions))
@@ -224,7 +224,7 @@ def _collect_episode(
         if terminated:
             return False
         actions[t], obs[t + 1] = model_action, o
-        states[t + 1] = true_state(env, spec.env_id, o)
+        states[t + 1] = true_state(env, spec.family, o)
         latent = _policy_step(rng, spec, latent)
     return True
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lensemble.data.envs import state_names
 from lensemble.model.determinism import single_threaded
 from lensemble.model.worldmodel import WorldModel, build_model, check_architecture
 
@@ -197,7 +196,7 @@ def evaluate(
     model = build_model(config, spec)
     check_architecture(params, dict(model.named_parameters()), "evaluated parameters")
     k, ridge = config.evaluation.k_steps, config.evaluation.probe_ridge
-    names = state_names(spec.env_id, spec.obs_dim)
+    names = spec.state_names
     with single_threaded(), torch.no_grad():
         model.load_state_dict(dict(params))
         errors = {pid: _k_step_errors(model, datasets[pid].holdout, k) for pid in ids}
