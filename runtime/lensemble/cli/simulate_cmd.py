@@ -183,6 +183,8 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
     from rich.table import Table
 
     out: Console = Console()
+    if not out.is_terminal:
+        out.width = 120  # piped or captured: do not squeeze the table into 80 columns
     final = result.final or {}
     local = result.final_local_only
     k = final.get("k_steps", cfg.evaluation.k_steps)
