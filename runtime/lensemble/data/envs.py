@@ -115,7 +115,7 @@ def _make_base(env_id: str, env_params: dict[str, float]) -> Any:
     import gymnasium
 
     try:
-        # The collector never exceeds data.episode_steps; the passive checker only warns.
+        # The passive environment checker only warns, and would re-check every new env.
         return gymnasium.make(env_id, disable_env_checker=True)
     except gymnasium.error.Error as exc:
         raise _bad_env_id(
