@@ -11,7 +11,7 @@ import torch
 
 from lensemble.data.trajectories import load_or_collect
 from lensemble.errors import ArchitectureMismatch, IntegrityError
-from lensemble.federation.learner import Learner
+from lensemble.learner import Learner
 from lensemble.model.learner import (
     WorldModelLearner,
     build_learner,

@@ -1,6 +1,6 @@
 """What a participant computes inside its trust domain: DiLoCo's inner loop on its own data.
 
-:class:`WorldModelLearner` implements :class:`lensemble.federation.learner.Learner`. Each round
+:class:`WorldModelLearner` implements :class:`lensemble.learner.Learner`. Each round
 it loads the global parameters, runs ``H`` AdamW steps of the JEPA objective
 (:mod:`lensemble.model.objective`) on windows of its private trajectories, and returns its local
 parameters; the runtime turns them into the pseudo-gradient. As in DiLoCo (Douillard et al.,
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lensemble.errors import ArchitectureMismatch, IntegrityError
-from lensemble.federation.learner import LocalRound
+from lensemble.learner import LocalRound
 from lensemble.model.determinism import single_threaded
 from lensemble.model.objective import jepa_loss
 from lensemble.model.worldmodel import (
