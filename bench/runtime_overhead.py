@@ -32,9 +32,9 @@ from lensemble.config.load import validate_mapping
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.learner import LocalRound
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import decode, encode, manifest, tensor_digest
+from lensemble.learner import LocalRound
 
 TENSOR = 1 << 20  # parameters per tensor: a model is a stack of 1M-element tensors
 

@@ -77,11 +77,20 @@ def test_tampered_checkpoint_fails_closed(tmp_path: Path) -> None:
         build(config, output_dir=tmp_path, resume=True)
 
 
-def test_resume_with_another_config_is_refused(tmp_path: Path) -> None:
+def test_resume_with_another_config_is_refused_naming_the_fields(tmp_path: Path) -> None:
     coordinator, transport, _ = build(small_config(rounds=1), output_dir=tmp_path)
     coordinator.run(transport)
-    with pytest.raises(ConfigError, match="resume with the same config"):
-        build(small_config(rounds=1, inner_steps=5), output_dir=tmp_path, resume=True)
+    with pytest.raises(ConfigError, match=r"differing: federation.inner_steps, federation.quorum"):
+        build(small_config(rounds=1, inner_steps=5, quorum=2), output_dir=tmp_path, resume=True)
+
+
+def test_resume_may_run_longer(tmp_path: Path) -> None:
+    out = tmp_path / "longer"
+    coordinator, transport, _ = build(small_config(rounds=2), output_dir=out)
+    coordinator.run(transport)
+    resumed, transport2, _ = build(small_config(rounds=4), output_dir=out, resume=True)
+    resumed.run(transport2)
+    assert committed_chain(Ledger(out / "ledger.jsonl").records()) == _uninterrupted(tmp_path)
 
 
 def test_participant_refuses_a_tampered_model(tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from lensemble.config.load import validate_mapping
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.learner import LocalRound
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
+from lensemble.learner import LocalRound
 from lensemble.seeds import derive
 
 SHAPES = {"encoder.weight": (3, 2), "encoder.bias": (3,), "predictor.weight": (2, 3)}

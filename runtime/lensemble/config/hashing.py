@@ -93,6 +93,11 @@ def differing_fields(
     """
     view_a = hashed_view(a) if hashed_only else a.model_dump(mode="json")
     view_b = hashed_view(b) if hashed_only else b.model_dump(mode="json")
+    return differing_paths(view_a, view_b)
+
+
+def differing_paths(view_a: Any, view_b: Any) -> list[str]:
+    """Dotted paths whose values differ between two plain-JSON config views, sorted."""
     flat_a, flat_b = _flatten(view_a), _flatten(view_b)
     paths = set()
     for key in flat_a.keys() | flat_b.keys():

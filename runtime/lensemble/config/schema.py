@@ -122,7 +122,7 @@ class DataConfig(_Section):
         100, ge=2, le=100000, description="Environment steps per episode (count)."
     )
     window: int = Field(
-        4,
+        6,
         ge=1,
         le=1000,
         description="Consecutive transitions per training sample; the predictor is unrolled "
@@ -176,7 +176,7 @@ class InnerOptimizerConfig(_Section):
     """AdamW run by each participant for ``inner_steps`` steps per round (DiLoCo inner loop)."""
 
     name: Literal["adamw"] = Field("adamw", description="Inner optimizer (AdamW).")
-    lr: float = Field(3e-3, gt=0.0, le=10.0, description="Learning rate (unitless).")
+    lr: float = Field(3e-4, gt=0.0, le=10.0, description="Learning rate (unitless).")
     betas: tuple[float, float] = Field(
         (0.9, 0.999), description="AdamW moment decay rates (beta1, beta2), each in [0, 1)."
     )

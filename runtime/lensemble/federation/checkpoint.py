@@ -51,6 +51,8 @@ class CoordinatorCheckpoint:
         model_hash: Hash of this version.
         parent_hash: Hash of the previous version (``""`` for version 0).
         config_hash: Config hash of the run.
+        config_view: The hashed part of the config as canonical JSON (``hashing.hashed_view``),
+            so a resume with another config can name the fields that differ.
     """
 
     version: int
@@ -59,6 +61,7 @@ class CoordinatorCheckpoint:
     model_hash: str
     parent_hash: str
     config_hash: str
+    config_view: str = ""
 
 
 class CheckpointStore:
@@ -87,6 +90,7 @@ class CheckpointStore:
                 "model_hash": ckpt.model_hash,
                 "parent_hash": ckpt.parent_hash,
                 "config_hash": ckpt.config_hash,
+                "config_view": ckpt.config_view,
                 **(extra_metadata or {}),
             },
         )
@@ -146,6 +150,7 @@ class CheckpointStore:
             model_hash=expected,
             parent_hash=meta.get("parent_hash", ""),
             config_hash=meta.get("config_hash", ""),
+            config_view=meta.get("config_view", ""),
         )
 
 

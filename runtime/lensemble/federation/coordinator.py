@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 
 from lensemble.config import LensembleConfig, config_hash
+from lensemble.config.hashing import canonical_json, differing_paths, hashed_view
 from lensemble.errors import (
     ArchitectureMismatch,
     ConfigError,
@@ -153,11 +154,23 @@ class Coordinator:
 
     def _restore(self, ckpt: CoordinatorCheckpoint) -> None:
         if ckpt.config_hash != self.config_hash:
-            raise ConfigError(
-                f"the checkpoint in {self.checkpoints.folder if self.checkpoints else ''} was "
-                f"written with config hash {ckpt.config_hash}, this config has "
-                f"{self.config_hash}; resume with the same config or use a new run.output_dir."
+            # Only the number of rounds may change on resume (run longer, or stop earlier).
+            try:
+                previous = json.loads(ckpt.config_view)
+            except ValueError:
+                previous = None
+            changed = (
+                differing_paths(previous, hashed_view(self.config))
+                if isinstance(previous, dict)
+                else ["(unknown: the checkpoint does not record its config)"]
             )
+            if changed != ["federation.rounds"]:
+                raise ConfigError(
+                    f"the checkpoint in {self.checkpoints.folder if self.checkpoints else ''} "
+                    f"was written with another config (differing: {', '.join(changed)}); "
+                    "resume with the same config (only federation.rounds may change) or use a "
+                    "new run.output_dir."
+                )
         self._set_state(ckpt.version, ckpt.params, ckpt.momentum, ckpt.model_hash, ckpt.parent_hash)
         if self.ledger is not None:
             self._repair_ledger()
@@ -189,6 +202,7 @@ class Coordinator:
                 self.model_hash,
                 self.parent_hash,
                 self.config_hash,
+                canonical_json(hashed_view(self.config)).decode(),
             ),
             extra_metadata={"record": record.to_json()} if record else None,
         )

@@ -19,7 +19,6 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.checkpoint import InnerStateStore
 from lensemble.federation.diloco import pseudo_gradient
-from lensemble.federation.learner import Learner
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import (
     TensorSpec,
@@ -30,6 +29,7 @@ from lensemble.federation.payload import (
 )
 from lensemble.federation.quantization import quantize, wire_specs
 from lensemble.federation.residency import ResidencyGuard
+from lensemble.learner import Learner
 
 
 @dataclass(frozen=True)

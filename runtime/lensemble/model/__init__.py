@@ -1,0 +1,1 @@
+"""The federated world model: architecture, JEPA objective and the participant's learner."""

@@ -1,0 +1,262 @@
+"""What a participant computes inside its trust domain: DiLoCo's inner loop on its own data.
+
+:class:`WorldModelLearner` implements :class:`lensemble.learner.Learner`. Each round
+it loads the global parameters, runs ``H`` AdamW steps of the JEPA objective
+(:mod:`lensemble.model.objective`) on windows of its private trajectories, and returns its local
+parameters; the runtime turns them into the pseudo-gradient. As in DiLoCo (Douillard et al.,
+arXiv 2311.08105, Algorithm 1) the inner optimizer state, and the EMA target encoder when
+``model.target == "ema"``, stay with the participant across rounds; only the parameters are reset
+to the global model.
+
+Results are bit-identical for identical inputs, in this process or a fresh one: batches come from
+a generator seeded by ``derive(root_seed, f"batches:{participant_id}:round:{round_index}")``,
+nothing reads torch's global random state, AdamW's implementation is pinned (``foreach=True``
+rather than torch's default), and the inner steps run single-threaded
+(:func:`lensemble.model.determinism.single_threaded`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from lensemble.errors import ArchitectureMismatch, IntegrityError
+from lensemble.learner import LocalRound
+from lensemble.model.determinism import single_threaded
+from lensemble.model.objective import jepa_loss
+from lensemble.model.worldmodel import (
+    Params,
+    WorldModel,
+    build_model,
+    check_architecture,
+    initial_parameters,
+)
+from lensemble.seeds import derive
+
+if TYPE_CHECKING:
+    from lensemble.config.schema import LensembleConfig
+    from lensemble.data.trajectories import ParticipantData
+
+_MOMENTS = ("exp_avg", "exp_avg_sq", "step")
+
+
+class WorldModelLearner:
+    """A participant's local training of the world model (the DiLoCo inner loop).
+
+    Args:
+        config: The run's config (``model``, ``data.window``, ``federation.inner_optimizer``).
+        participant_id: This participant's id (seeds its batches).
+        data: Its private data; only ``data.train`` is trained on.
+    """
+
+    def __init__(self, config: LensembleConfig, participant_id: str, data: ParticipantData) -> None:
+        self.config = config
+        self.participant_id = participant_id
+        self.data = data
+        self.model: WorldModel = build_model(config, data.spec)
+        self._names = [name for name, _ in self.model.named_parameters()]
+        opt = config.federation.inner_optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            foreach=True,
+        )
+        self._target: WorldModel | None = None
+        self._obs = data.train.obs
+        self._actions = data.train.actions
+        window = config.data.window
+        self._offsets = torch.arange(window + 1)
+        self._starts = data.train.steps - window + 1
+
+    # ------------------------------------------------------------------ the Learner protocol
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        """Start from ``global_params`` and run ``steps`` AdamW steps on private windows.
+
+        Args:
+            global_params: The global model theta_t: name -> tensor, the world model's names
+                and shapes.
+            round_index: The round (seeds the batches).
+            steps: Inner steps ``H`` (count).
+
+        Returns:
+            Local parameters theta_c (``model.dtype``), the mean total loss over the steps, and
+            the wall time of the steps (seconds).
+
+        Raises:
+            ArchitectureMismatch: ``global_params`` does not match the world model.
+        """
+        current = dict(self.model.named_parameters())
+        check_architecture(global_params, current, "global parameters")
+        seed = derive(
+            self.config.run.root_seed, f"batches:{self.participant_id}:round:{round_index}"
+        )
+        generator = torch.Generator().manual_seed(seed)
+        m = self.config.model
+        batch = self.config.federation.inner_optimizer.batch_size
+        start = time.perf_counter()
+        total = torch.zeros((), dtype=torch.float64)
+        with single_threaded():
+            with torch.no_grad():
+                for name, param in current.items():
+                    param.copy_(global_params[name])
+            if m.target == "ema" and self._target is None:
+                self._target = build_model(self.config, self.data.spec)
+                self._target.load_state_dict(self.model.state_dict())
+            target = self._target.encode if self._target is not None else None
+            for _ in range(steps):
+                obs, actions = self._sample(generator, batch)
+                terms = jepa_loss(
+                    self.model,
+                    obs,
+                    actions,
+                    regularizer=m.regularizer,
+                    weight=m.regularizer_weight,
+                    generator=generator,
+                    target_encoder=target,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.autograd.backward(terms.total)
+                self.optimizer.step()
+                total += terms.total.detach().double()
+                if self._target is not None:
+                    self._update_ema(m.ema_decay)
+        seconds = time.perf_counter() - start
+        params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        return LocalRound(
+            params=params, mean_loss=float(total) / max(steps, 1), compute_seconds=seconds
+        )
+
+    def inner_state(self) -> Params:
+        """AdamW moments and step counts, and the EMA target encoder, as named tensors.
+
+        Returns:
+            ``optimizer.exp_avg.<param>``, ``optimizer.exp_avg_sq.<param>`` and
+            ``optimizer.step.<param>`` (float32 scalar) for every parameter once a round has
+            run, and ``ema.<encoder param>`` when the EMA target exists; empty before the
+            first round.
+        """
+        out: Params = {}
+        params = dict(self.model.named_parameters())
+        for name in self._names:
+            state = self.optimizer.state.get(params[name], {})
+            for key in _MOMENTS:
+                if key in state:
+                    out[f"optimizer.{key}.{name}"] = state[key].detach().clone()
+        if self._target is not None:
+            for name, p in self._target.encoder.named_parameters():
+                out[f"ema.encoder.{name}"] = p.detach().clone()
+        return out
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore what :meth:`inner_state` returned (on resume or rejoin).
+
+        Raises:
+            IntegrityError: Names or shapes do not belong to this model's inner state.
+        """
+        params = dict(self.model.named_parameters())
+        expected: Params = {}
+        if any(key.startswith("optimizer.") for key in state):
+            for name, p in params.items():
+                expected[f"optimizer.exp_avg.{name}"] = p
+                expected[f"optimizer.exp_avg_sq.{name}"] = p
+                expected[f"optimizer.step.{name}"] = torch.zeros(())
+        encoder = dict(self.model.encoder.named_parameters())
+        if any(key.startswith("ema.") for key in state):
+            expected.update({f"ema.encoder.{n}": p for n, p in encoder.items()})
+        try:
+            check_architecture(
+                state, expected, f"inner state of participant '{self.participant_id}'"
+            )
+        except ArchitectureMismatch as exc:
+            raise IntegrityError(
+                exc.message,
+                remediation="Resume from a checkpoint of this "
+                "run, or delete the participant's inner state to start it "
+                "afresh.",
+            ) from exc
+        self.optimizer.state.clear()
+        for name, p in params.items():
+            if f"optimizer.step.{name}" in state:
+                self.optimizer.state[p] = {
+                    key: state[f"optimizer.{key}.{name}"]
+                    .detach()
+                    .clone()
+                    .to(torch.float32 if key == "step" else p.dtype)
+                    for key in _MOMENTS
+                }
+        if any(key.startswith("ema.") for key in state):
+            self._target = build_model(self.config, self.data.spec)
+            with torch.no_grad():
+                for n, p in self._target.encoder.named_parameters():
+                    p.copy_(state[f"ema.encoder.{n}"])
+        else:
+            self._target = None
+
+    # ---------------------------------------------------------------------------- helpers
+    def _sample(self, generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch`` random windows: obs ``[B, W+1, obs_dim]``, actions ``[B, W, action_dim]``."""
+        episodes = torch.randint(self._obs.shape[0], (batch,), generator=generator)
+        starts = torch.randint(self._starts, (batch,), generator=generator)
+        steps = starts[:, None] + self._offsets[None, :]
+        obs = self._obs[episodes[:, None], steps]
+        actions = self._actions[episodes[:, None], steps[:, :-1]]
+        return obs, actions
+
+    @torch.no_grad()
+    def _update_ema(self, decay: float) -> None:
+        """``target = decay * target + (1 - decay) * online``, on the encoder."""
+        assert self._target is not None
+        for t, p in zip(
+            self._target.encoder.parameters(), self.model.encoder.parameters(), strict=True
+        ):
+            t.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+
+
+def build_learner(config: LensembleConfig, participant_id: str) -> WorldModelLearner:
+    """The participant's learner, with its data read from its cache or collected.
+
+    Raises:
+        KeyError: No participant has that id.
+        ConfigError: The environment or a physics override is unusable.
+    """
+    from lensemble.data.trajectories import load_or_collect
+
+    return WorldModelLearner(config, participant_id, load_or_collect(config, participant_id))
+
+
+def initial_global_parameters(config: LensembleConfig) -> Params:
+    """theta_0: the deterministic initial global model (see :func:`initial_parameters`)."""
+    from lensemble.data.envs import env_spec
+
+    return initial_parameters(config, env_spec(config.data.env_id))
+
+
+def train_local_only(
+    config: LensembleConfig,
+    participant_id: str,
+    data: ParticipantData,
+    rounds: int,
+    steps: int,
+) -> Params:
+    """The local-only baseline: the participant trains alone, no federation.
+
+    Same initial parameters as the federated run and the same number of inner steps
+    (``rounds * steps``), drawn round by round from the same batch seeds, with the optimizer
+    state carried throughout.
+
+    Returns:
+        The participant's parameters after ``rounds * steps`` AdamW steps.
+    """
+    learner = WorldModelLearner(config, participant_id, data)
+    params = initial_parameters(config, data.spec)
+    for round_index in range(rounds):
+        params = learner.train_round(params, round_index, steps).params
+    return params

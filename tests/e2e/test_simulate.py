@@ -1,0 +1,134 @@
+"""The main job end to end: ``lensemble simulate`` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lensemble.federation.ledger import Ledger, committed_chain
+from tests.support.cli import run_cli
+
+# A smaller, faster version of config/local.yaml that keeps a clear federation margin.
+SMALL = [
+    "--set",
+    "data.episodes=12",
+    "--set",
+    "data.episode_steps=60",
+    "--set",
+    "federation.inner_steps=15",
+]
+
+
+def _simulate(out: Path, *args: str) -> dict[str, object]:
+    result = run_cli("simulate", "config/local.yaml", "--json", "-o", str(out), *SMALL, *args)
+    assert result.code == 0, result.err
+    summary: dict[str, object] = json.loads(result.out)
+    return summary
+
+
+def _chain(out: Path) -> list[str]:
+    return committed_chain(Ledger(out / "ledger.jsonl").records())
+
+
+@pytest.mark.slow
+def test_federation_beats_training_alone_on_the_union_of_held_out_data(
+    in_repo: Path, tmp_path: Path
+) -> None:
+    summary = _simulate(tmp_path / "run")
+    assert summary["rounds_committed"] == 20
+    federated = summary["federated_union_k_step_error"]
+    alone = summary["local_only_mean_union_k_step_error"]
+    assert isinstance(federated, float) and isinstance(alone, float)
+    assert federated < 0.9 * alone, (federated, alone)
+    out = tmp_path / "run"
+    records = Ledger(out / "ledger.jsonl").records()
+    assert [r.round for r in records] == list(range(20))
+    assert all(r.contributors == ["alpine", "coastal", "delta", "highland"] for r in records)
+    assert summary["bytes_up"] == sum(r.bytes_up for r in records)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 20 and metrics[-1]["federated"]["union"]["k_step_error"] == federated
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (out / "coordinator/checkpoints").iterdir())[-1] == (
+        "model-v000020.safetensors"
+    )
+    # Each participant's data stays in its own folder, never in the coordinator's.
+    for pid in ("alpine", "coastal", "delta", "highland"):
+        assert any((out / "participants" / pid / "data").iterdir())
+    assert not list((out / "coordinator").rglob("*trajector*"))
+
+
+def test_same_config_and_seed_give_the_same_hash_chain(in_repo: Path, tmp_path: Path) -> None:
+    fast = ["--rounds", "3", "--set", "evaluation.local_only_baseline=false"]
+    a = _simulate(tmp_path / "a", *fast)
+    b = _simulate(tmp_path / "b", *fast)
+    assert a["model_hash"] == b["model_hash"]
+    assert _chain(tmp_path / "a") == _chain(tmp_path / "b")
+    c = _simulate(tmp_path / "c", *fast, "--set", "run.root_seed=8")
+    assert c["model_hash"] != a["model_hash"]
+
+
+def test_resume_continues_to_the_same_chain(in_repo: Path, tmp_path: Path) -> None:
+    fast = ["--set", "evaluation.local_only_baseline=false"]
+    _simulate(tmp_path / "straight", "--rounds", "4", *fast)
+    _simulate(tmp_path / "resumed", "--rounds", "2", *fast)
+    resumed = _simulate(tmp_path / "resumed", "--rounds", "4", "--resume", *fast)
+    assert _chain(tmp_path / "resumed") == _chain(tmp_path / "straight")
+    assert resumed["rounds_committed"] == 2  # only the rounds this process ran
+
+
+def test_faults_exclude_participants_and_are_recorded(in_repo: Path, tmp_path: Path) -> None:
+    _simulate(
+        tmp_path / "f",
+        "--rounds",
+        "3",
+        "--set",
+        "evaluation.local_only_baseline=false",
+        "--faults",
+        "drop:alpine@1,duplicate:delta@2",
+    )
+    records = Ledger(tmp_path / "f" / "ledger.jsonl").records()
+    assert records[1].excluded == {"alpine": "timeout"}
+    assert records[2].contributors == ["alpine", "coastal", "delta", "highland"]
+
+
+def test_lost_quorum_stops_with_one_clear_sentence(in_repo: Path, tmp_path: Path) -> None:
+    result = run_cli(
+        "simulate",
+        "--json",
+        "-o",
+        str(tmp_path / "q"),
+        *SMALL,
+        "--rounds",
+        "3",
+        "--set",
+        "evaluation.local_only_baseline=false",
+        "--set",
+        "federation.max_round_retries=1",
+        "--faults",
+        "drop:alpine@1,drop:coastal@1",
+    )
+    assert result.code == 1
+    assert "error: round 1 reached only 2 of 3 required contributors in 2 attempts" in result.err
+    assert "Traceback" not in result.err
+    records = Ledger(tmp_path / "q" / "ledger.jsonl").records()
+    assert [(r.round, r.state) for r in records] == [(0, "closed"), (1, "aborted"), (1, "aborted")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--faults", "drop:nobody@1"], "names 'nobody', which is not a participant"),
+        (["--faults", "explode@1"], "is not valid"),
+        (["--set", "federation.rounds=0"], "federation.rounds"),
+        (["--participants", "0"], "--participants"),
+    ],
+)
+def test_bad_flags_exit_2_with_the_reason(
+    in_repo: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = run_cli("simulate", "-o", str(tmp_path / "x"), *args)
+    assert result.code == 2
+    assert message in result.err
+    assert "Traceback" not in result.err
