@@ -40,11 +40,11 @@ from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.learner import LocalRound
 from lensemble.federation.ledger import Ledger
 from lensemble.federation.messages import Reason, RoundOpening, Verdict
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import bytes_hash, manifest
+from lensemble.learner import LocalRound
 from lensemble.network.certs import init_certs
 from lensemble.network.launcher import LocalFederation, free_port
 

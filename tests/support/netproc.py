@@ -25,7 +25,7 @@ import torch
 from lensemble.cli.output import report_error
 from lensemble.config import load_config
 from lensemble.errors import EXIT_INTERRUPTED, LensembleError
-from lensemble.federation.learner import LocalRound
+from lensemble.learner import LocalRound
 from tests.support.federation import QuadraticLearner, initial_params
 
 BLOCK_LIMIT_S = 120.0

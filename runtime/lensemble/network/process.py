@@ -30,12 +30,12 @@ import torch
 
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.federation.coordinator import Coordinator, RunSummary
-from lensemble.federation.learner import Learner
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
 from lensemble.federation.rounds import RoundState
+from lensemble.learner import Learner
 from lensemble.network import logs
 from lensemble.network.certs import check_own_certificate
 from lensemble.network.coordinator import GrpcCoordinatorTransport
