@@ -30,9 +30,8 @@ from typing import Any
 import grpc
 
 from lensemble import __version__
-from lensemble.config import LensembleConfig, config_hash, differing_fields
-from lensemble.config.load import validate_mapping
-from lensemble.errors import ConfigError
+from lensemble.config import LensembleConfig, config_hash
+from lensemble.config.hashing import differing_paths, hashed_view
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.transport import Traffic
@@ -367,11 +366,12 @@ class GrpcCoordinatorTransport:
         return outcome
 
     def _differing(self, view_json: str) -> list[str]:
+        """Field paths where the participant's hashed config view differs from ours."""
         try:
-            theirs = validate_mapping(json.loads(view_json))
-        except (ValueError, ConfigError):
+            theirs = json.loads(view_json)
+        except ValueError:
             return []
-        return differing_fields(self.config, theirs)
+        return differing_paths(theirs, hashed_view(self.config)) if isinstance(theirs, dict) else []
 
     def leave(self, participant_id: str, reason: str) -> None:
         """Record that a participant left."""
