@@ -37,7 +37,7 @@ class _Aborted(Exception):
 
 
 def message_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """GRPC channel/server options bounding one message to a chunk plus framing."""
+    """Options bounding one gRPC message to a chunk plus framing (channels and servers)."""
     limit = grpc_message_limit(config.network.chunk_bytes)
     return [
         ("grpc.max_receive_message_length", limit),
@@ -65,11 +65,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.watch_window_s = net.rpc_timeout_s / 2
 
     # ------------------------------------------------------------------------------ helpers
-    def _abort(self, context: Any, rejection: Rejection, *, rpc: str) -> NoReturn:
+    def _abort(
+        self, context: Any, rejection: Rejection, *, rpc: str, count: bool = True
+    ) -> NoReturn:
+        # count=False: a verdict of the coordinator, which its observer already counted.
         metrics = self.transport.metrics
-        if rpc == "SubmitUpdate":
+        if count and rpc == "SubmitUpdate":
             metrics.verdict(False, rejection.reason)
-        else:
+        elif count:
             metrics.refused_calls.labels(rpc=rpc, reason=rejection.reason).inc()
         context.set_trailing_metadata(
             (
@@ -221,15 +224,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if isinstance(outcome, Rejection):
             self._abort(context, outcome, rpc=rpc)
         if not outcome.accepted:
-            # The coordinator's observer already counted this verdict.
-            context.set_trailing_metadata(
-                (
-                    (nerr.REASON_KEY, outcome.reason.value),
-                    (nerr.CURRENT_ROUND_KEY, str(outcome.current_round)),
-                )
-            )
             rejection = Rejection(outcome.reason.value, outcome.message, outcome.current_round)
-            context.abort(rejection.status, outcome.message)
+            self._abort(context, rejection, rpc=rpc, count=False)
         return self._reply(outcome)
 
     def _assemble(
