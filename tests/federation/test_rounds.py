@@ -212,3 +212,17 @@ def test_bad_submissions_are_rejected_by_reason_and_the_coordinator_keeps_going(
     assert d.submit(d.good.payload) == Reason.DUPLICATE
     assert d.submit(_forged(d, zeros)) == Reason.CONFLICTING_DUPLICATE
     assert sum(d.coordinator.rejections.values()) == 11
+
+
+def test_a_finished_run_resumed_ends_without_waiting_for_participants(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = small_config(rounds=1)
+    coordinator, transport, _ = build(config, output_dir=tmp_path)
+    coordinator.run(transport)
+    resumed, transport2, _ = build(config, output_dir=tmp_path, resume=True)
+
+    def never(quorum: int, timeout_s: float) -> set[str]:
+        raise AssertionError("a finished run must not wait for participants")
+
+    transport2.wait_for_participants = never  # type: ignore[method-assign]
+    summary = resumed.run(transport2)
+    assert summary.version == 1 and summary.records == [] and transport2.finished

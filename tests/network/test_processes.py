@@ -168,3 +168,26 @@ def test_coordinator_stopped_then_killed_mid_round_resumes_to_the_uninterrupted_
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return str(response.read().decode())
+
+
+def test_lingering_coordinator_stays_up_and_a_restart_on_a_finished_run_ends_at_once(
+    tmp_path: Path,
+) -> None:
+    mapping = network_mapping(tmp_path, rounds=2)
+    path, config = write_config(tmp_path, mapping)
+    with federation(tmp_path, path) as fed:
+        coordinator = fed.start_coordinator(extra_args=["--linger"])
+        participants = [fed.start_participant(p) for p in ("alpha", "bravo", "charlie", "delta")]
+        ready = coordinator.wait_ready(START_S)
+        coordinator.wait_event(_is("lingering"), START_S)
+        assert [p.wait(START_S) for p in participants] == [0, 0, 0, 0]
+        # The run is over, yet the process is alive and live (a Deployment would not restart it).
+        assert coordinator.popen.poll() is None
+        assert check("127.0.0.1", ready["health_port"], "", 5) == "SERVING"
+        coordinator.popen.send_signal(signal.SIGTERM)
+        assert coordinator.wait(30) == 0
+        # Restarted on the finished run with no participant running and an hour to wait for
+        # them: it ends at once instead.
+        again = fed.start_coordinator(extra_overrides=["federation.join_timeout_s=3600"])
+        assert again.wait(START_S) == 0
+    assert [r.state for r in ledger(config)] == ["closed", "closed"]

@@ -72,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--block-round", type=int, default=None)
     parser.add_argument("--markers", type=Path, default=None)
+    parser.add_argument("--linger", action="store_true")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
         ports = PortOptions(args.port, args.health_port, args.metrics_port)
         theta0 = initial_params(config.run.root_seed)
         if args.role == "coordinator":
-            run_coordinator(config, theta0, ports)
+            run_coordinator(config, theta0, ports, linger=args.linger)
             return 0
         pid = resolve_participant_id(config, args.id, os.environ)
 

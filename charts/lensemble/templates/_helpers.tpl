@@ -212,6 +212,8 @@ seccompProfile:
   value: {{ .role }}
 - name: LENSEMBLE_CONFIG
   value: /etc/lensemble/config.yaml
+- name: LENSEMBLE_LINGER
+  value: "true"
 {{- end -}}
 
 {{/* Ports every process serves; the coordinator also serves gRPC. */}}

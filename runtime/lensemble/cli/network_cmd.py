@@ -28,6 +28,7 @@ app.add_typer(certs_app, name="certs")
 
 CONTAINER_CONFIG = "/etc/lensemble/config.yaml"
 ROLE_ENV = "LENSEMBLE_ROLE"
+LINGER_ENV = "LENSEMBLE_LINGER"
 CONFIG_ENV = "LENSEMBLE_CONFIG"
 
 _config_option = typer.Option(
@@ -81,18 +82,20 @@ def _stopped() -> typer.Exit:
     return typer.Exit(EXIT_INTERRUPTED)
 
 
-def _run_coordinator(cfg: LensembleConfig, ports: PortOptions) -> None:
+def _run_coordinator(cfg: LensembleConfig, ports: PortOptions, *, linger: bool = False) -> None:
     from lensemble.model.learner import initial_global_parameters
     from lensemble.network.errors import ShutdownRequested
     from lensemble.network.process import run_coordinator
 
     try:
-        run_coordinator(cfg, initial_global_parameters(cfg), ports)
+        run_coordinator(cfg, initial_global_parameters(cfg), ports, linger=linger)
     except ShutdownRequested:
         raise _stopped() from None
 
 
-def _run_participant(cfg: LensembleConfig, participant_id: str | None, ports: PortOptions) -> None:
+def _run_participant(
+    cfg: LensembleConfig, participant_id: str | None, ports: PortOptions, *, linger: bool = False
+) -> None:
     from lensemble.network.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
@@ -102,7 +105,12 @@ def _run_participant(cfg: LensembleConfig, participant_id: str | None, ports: Po
 
     try:
         run_participant(
-            cfg, pid, lambda: build_learner(cfg, pid), initial_global_parameters(cfg), ports
+            cfg,
+            pid,
+            lambda: build_learner(cfg, pid),
+            initial_global_parameters(cfg),
+            ports,
+            linger=linger,
         )
     except ShutdownRequested:
         raise _stopped() from None
@@ -157,7 +165,11 @@ def serve(
     health_port: int | None = _health_port_option,
     metrics_port: int | None = _metrics_port_option,
 ) -> None:
-    """Container entry point: run the role named by $LENSEMBLE_ROLE (coordinator|participant)."""
+    """Container entry point: run the role named by $LENSEMBLE_ROLE (coordinator|participant).
+
+    With LENSEMBLE_LINGER=true (set by the Helm chart) the process idles after the run instead of
+    exiting, so Kubernetes does not restart a finished pod in a loop.
+    """
     role = os.environ.get(ROLE_ENV, "")
     if role not in ("coordinator", "participant"):
         raise UsageError(
@@ -166,10 +178,11 @@ def serve(
         )
     cfg = _config(config, set_, default=CONTAINER_CONFIG)
     ports = _ports(None, health_port, metrics_port)
+    linger = os.environ.get(LINGER_ENV, "").strip().lower() in ("1", "true", "yes")
     if role == "coordinator":
-        _run_coordinator(cfg, ports)
+        _run_coordinator(cfg, ports, linger=linger)
     else:
-        _run_participant(cfg, participant_id, ports)
+        _run_participant(cfg, participant_id, ports, linger=linger)
 
 
 @app.command()

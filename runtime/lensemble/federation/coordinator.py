@@ -329,6 +329,9 @@ class Coordinator:
                 ``join_timeout_s``, or a round stayed below quorum after every retry.
         """
         fed = self.config.federation
+        if self.version >= fed.rounds:  # resumed a finished run: nothing to wait for
+            transport.finish()
+            return RunSummary(list(self.records), self.model_hash, self.version, self.params)
         joined = transport.wait_for_participants(fed.quorum, fed.join_timeout_s)
         if len(joined) < fed.quorum:
             raise QuorumNotReached(

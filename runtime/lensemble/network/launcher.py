@@ -282,15 +282,19 @@ class LocalFederation:
         return [*args, "--health-port", "0", "--metrics-port", "0"]
 
     def start_coordinator(
-        self, extra_overrides: Sequence[str] = (), wrapper: Sequence[str] = ()
+        self,
+        extra_overrides: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
     ) -> ManagedProcess:
         """Start (or restart) the coordinator.
 
         Args:
             extra_overrides: More ``--set`` overrides for this process.
             wrapper: Command prefix, e.g. ``ip netns exec NS``.
+            extra_args: More arguments after the standard ones.
         """
-        argv = [*wrapper, *self.program, "coordinator", *self._args(extra_overrides)]
+        argv = [*wrapper, *self.program, "coordinator", *self._args(extra_overrides), *extra_args]
         return self._start(COORDINATOR_IDENTITY, argv)
 
     def start_participant(

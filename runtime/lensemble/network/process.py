@@ -177,6 +177,17 @@ class ProcessHarness:
             raise box["error"]
         return box["result"]  # type: ignore[no-any-return]
 
+    def linger(self) -> None:
+        """After a finished run, keep serving health and metrics until SIGTERM/SIGINT.
+
+        Under a Kubernetes Deployment or StatefulSet (restartPolicy Always) a process that
+        exits after the last round is restarted in a loop; ``LENSEMBLE_LINGER`` keeps it idle
+        instead, so the pod stays live and the final model stays available.
+        """
+        event(_log, "lingering", "run finished; idling until SIGTERM (LENSEMBLE_LINGER).")
+        while not self.stop.wait(1.0):
+            pass
+
     def close(self) -> None:
         """Stop health and metrics servers and restore the signal handlers."""
         self.health.stop()
@@ -242,6 +253,8 @@ def run_coordinator(
     config: LensembleConfig,
     initial_params: Mapping[str, torch.Tensor],
     ports: PortOptions | None = None,
+    *,
+    linger: bool = False,
 ) -> RunSummary:
     """The coordinator process: serve, run every round, let participants leave.
 
@@ -249,6 +262,7 @@ def run_coordinator(
         config: The run's config.
         initial_params: ``theta_0`` (used only when ``run.output_dir`` has no checkpoint).
         ports: Port overrides.
+        linger: After the last round, keep serving (health, final model) until a signal.
 
     Returns:
         The run's summary once every round is committed.
@@ -305,6 +319,8 @@ def run_coordinator(
             version=summary.version,
             model_hash=summary.model_hash,
         )
+        if linger:
+            harness.linger()
         return summary
     finally:
         harness.health.set_ready(False)
@@ -319,6 +335,8 @@ def run_participant(
     learner_factory: Callable[[], Learner],
     initial_params: Mapping[str, torch.Tensor],
     ports: PortOptions | None = None,
+    *,
+    linger: bool = False,
 ) -> list[tuple[int, int]]:
     """The participant process: join, take part in every round, leave.
 
@@ -328,6 +346,7 @@ def run_participant(
         learner_factory: Builds the learner (loads or collects this participant's private data).
         initial_params: ``theta_0``: gives the architecture every model must have.
         ports: Health and metrics port overrides.
+        linger: After the run is over, keep serving health until a signal.
 
     Returns:
         ``(round, attempt)`` of every accepted contribution.
@@ -370,6 +389,8 @@ def run_participant(
             client.leave("shutting down (signal)")
 
         harness.supervise(loop.run, leave, PARTICIPANT_STOP_GRACE_S)
+        if linger:
+            harness.linger()
         return loop.rounds_contributed
     finally:
         if client is not None:
