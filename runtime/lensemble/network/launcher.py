@@ -66,6 +66,10 @@ class ProcessFailed(LensembleError):
     code = "process_failed"
 
 
+#: Longest wait for an exited child's stderr to be read to its end (seconds).
+STDERR_DRAIN_S = 5.0
+
+
 class ManagedProcess:
     """One child process: its ready line, its JSON events, its log file.
 
@@ -93,6 +97,7 @@ class ManagedProcess:
         self.tail: list[str] = []
         self._cond = threading.Condition()
         self._stdout_done = False
+        self._stderr_done = False
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.popen = subprocess.Popen(
             die_with_parent(self.argv),
@@ -139,6 +144,7 @@ class ManagedProcess:
                         self.events.append(parsed)
                     self._cond.notify_all()
         with self._cond:
+            self._stderr_done = True
             self._cond.notify_all()
 
     @property
@@ -149,6 +155,9 @@ class ManagedProcess:
     def last_error(self) -> str:
         """The most telling recent stderr line (an error or warning), for one-line reports."""
         with self._cond:
+            if self.popen.poll() is not None:
+                # An exited child's last lines may still be in the pipe: let the reader drain it.
+                self._cond.wait_for(lambda: self._stderr_done, timeout=STDERR_DRAIN_S)
             lines = list(self.tail)
         for line in reversed(lines):
             try:
