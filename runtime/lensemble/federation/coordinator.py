@@ -321,6 +321,10 @@ class Coordinator:
         if self.observer is not None:
             self.observer.on_state(machine.round_index, machine.attempt, machine.state)
 
+    def _advance(self, machine: RoundMachine, state: RoundState) -> None:
+        machine.advance(state)
+        self._notify(machine)
+
     def run(self, transport: CoordinatorTransport) -> RunSummary:
         """Run rounds until ``federation.rounds`` are committed.
 
@@ -383,8 +387,7 @@ class Coordinator:
         col = _Collection(opening, self.expected)
         self._collection = col
         transport.open_round(opening, self.model_payload())
-        machine.advance(RoundState.COLLECTING)
-        self._notify(machine)
+        self._advance(machine, RoundState.COLLECTING)
         while not col.complete:
             submission = transport.receive(opening.deadline_s)
             if submission is None:
@@ -397,8 +400,7 @@ class Coordinator:
         excluded = {pid: col.rejected.get(pid, "timeout") for pid in absent}
         parent = self.model_hash
         if len(contributors) < fed.quorum:
-            machine.advance(RoundState.ABORTED)
-            self._notify(machine)
+            self._advance(machine, RoundState.ABORTED)
             record = self._record(
                 machine,
                 state=RoundState.ABORTED,
@@ -412,11 +414,9 @@ class Coordinator:
             )
             self._finish(record, transport)
             return record
-        machine.advance(RoundState.AGGREGATING)
-        self._notify(machine)
+        self._advance(machine, RoundState.AGGREGATING)
         mean = canonical_mean({pid: col.deltas[pid] for pid in contributors})
-        machine.advance(RoundState.COMMITTING)
-        self._notify(machine)
+        self._advance(machine, RoundState.COMMITTING)
         params, momentum = self.outer.apply(self.params, mean, self.momentum)
         new_hash = model_hash(params, self.version + 1, parent)
         record = self._record(
@@ -432,8 +432,7 @@ class Coordinator:
         )
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
         self._save_checkpoint(record)
-        machine.advance(RoundState.CLOSED)
-        self._notify(machine)
+        self._advance(machine, RoundState.CLOSED)
         self._finish(record, transport)
         return record
 
