@@ -133,10 +133,10 @@ def test_coordinator_stopped_then_killed_mid_round_resumes_to_the_uninterrupted_
         participants["alpha"].wait_ready(START_S)
 
         # SIGTERM: the coordinator abandons the open round within a bound, committing nothing.
-        started = time.monotonic()
         coordinator.signal(signal.SIGTERM)
-        assert coordinator.wait(30) == 130
-        assert time.monotonic() - started < config.network.rpc_timeout_s + 5
+        # The bound is the process's own promise: stop within one RPC deadline (plus start-up
+        # slack for a loaded machine); wait() raises past it.
+        assert coordinator.wait(config.network.rpc_timeout_s + 10) == 130
         assert [r.round for r in ledger(config)] == [0] and store.versions()[-1] == 1
 
         # Restarted, it resumes from version 1; round 2 is then held and the coordinator killed.
