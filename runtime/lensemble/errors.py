@@ -105,6 +105,13 @@ class ConfigError(LensembleError):
         super().__init__("; ".join(p.render() for p in self.problems), remediation=remediation)
 
 
+class Interrupted(LensembleError):
+    """The user interrupted a command (Ctrl-C) or a signal stopped it."""
+
+    code = "interrupted"
+    exit_code = EXIT_INTERRUPTED
+
+
 class UsageError(LensembleError):
     """A command-line flag or argument is wrong."""
 

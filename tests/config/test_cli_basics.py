@@ -57,3 +57,21 @@ def test_console_script_exit_codes(repo: Path) -> None:
     )
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
+
+
+def test_unusable_output_paths_are_one_sentence_not_a_traceback(tmp_path: Path) -> None:
+    result = run_cli("config", "schema", "-o", str(tmp_path))  # a folder, not a file
+    assert result.code == 2
+    assert result.err.startswith(f"error: cannot use {tmp_path}: Is a directory;")
+    nested = tmp_path / "new" / "folder" / "schema.json"
+    assert run_cli("config", "schema", "-o", str(nested)).code == 0  # folders are created
+    assert nested.read_text().startswith("{")
+
+
+def test_network_roles_refuse_an_in_process_config(repo: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(repo)
+    for role in (["coordinator"], ["participant", "--id", "alpine"]):
+        result = run_cli(*role, "--config", "config/local.yaml")
+        assert result.code == 2
+        assert "federation.transport is 'in_process'" in result.err
+        assert "--set federation.transport=network" in result.err

@@ -74,7 +74,7 @@ def test_diff_command(in_repo: Path) -> None:
     assert same.out.startswith("same: sha256-canon-v1:")
     different = run_cli("config", "diff", "config/local.yaml", "config/staging.yaml")
     assert different.code == 1
-    assert "federation.inner_steps" in different.out.splitlines()
+    assert "federation.inner_steps: 25 -> 50" in different.out.splitlines()
 
 
 def test_participant_count_truncates_and_extends(in_repo: Path) -> None:

@@ -76,6 +76,18 @@ def test_resume_continues_to_the_same_chain(in_repo: Path, tmp_path: Path) -> No
     resumed = _simulate(tmp_path / "resumed", "--rounds", "4", "--resume", *fast)
     assert _chain(tmp_path / "resumed") == _chain(tmp_path / "straight")
     assert resumed["rounds_committed"] == 2  # only the rounds this process ran
+    # Resuming with fewer rounds than committed is refused; a fresh run says what it replaces.
+    shrink = run_cli(
+        "simulate", "-o", str(tmp_path / "resumed"), *SMALL, "--rounds", "3", "--resume"
+    )
+    assert shrink.code == 2
+    assert "already committed 4 rounds" in shrink.err and "--rounds 4 or more" in shrink.err
+    again = run_cli(
+        "simulate", "--json", "-o", str(tmp_path / "resumed"), *SMALL, "--rounds", "1", *fast
+    )
+    assert again.code == 0
+    assert "replacing the previous run" in again.err and "(4 rounds committed)" in again.err
+    assert len(_chain(tmp_path / "resumed")) == 1
 
 
 def test_faults_exclude_participants_and_are_recorded(in_repo: Path, tmp_path: Path) -> None:
@@ -112,6 +124,12 @@ def test_lost_quorum_stops_with_one_clear_sentence(in_repo: Path, tmp_path: Path
     assert result.code == 1
     assert "error: round 1 reached only 2 of 3 required contributors in 2 attempts" in result.err
     assert "Traceback" not in result.err
+    # --json callers get the failure on stdout too.
+    assert json.loads(result.out) == {
+        "code": "fault_tolerance_exceeded",
+        "error": json.loads(result.out)["error"],
+        "exit_code": 1,
+    }
     records = Ledger(tmp_path / "q" / "ledger.jsonl").records()
     assert [(r.round, r.state) for r in records] == [(0, "closed"), (1, "aborted"), (1, "aborted")]
 
@@ -123,6 +141,7 @@ def test_lost_quorum_stops_with_one_clear_sentence(in_repo: Path, tmp_path: Path
         (["--faults", "explode@1"], "is not valid"),
         (["--set", "federation.rounds=0"], "federation.rounds"),
         (["--participants", "0"], "--participants"),
+        (["--rounds", "2", "--faults", "drop:alpine@5"], "targets round 5, but the run has 2"),
     ],
 )
 def test_bad_flags_exit_2_with_the_reason(

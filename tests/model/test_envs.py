@@ -11,7 +11,7 @@ import pytest
 from lensemble.data.envs import env_spec, make_env
 from lensemble.data.trajectories import collect
 from lensemble.errors import ConfigError, ToolMissing
-from tests.support.tools import require, required_tools
+from tests.support.tools import require_vendored_worldmodel
 
 
 @pytest.mark.parametrize(
@@ -120,16 +120,7 @@ def test_swm_environment_without_the_vendored_shim_is_a_clear_error(
 @pytest.fixture
 def vendored_worldmodel() -> None:
     """Skip unless the vendored stable-worldmodel is synced and the [worldmodel] extra is in."""
-    from lensemble.data import worldmodel
-
-    try:
-        worldmodel.use_vendored("stable_worldmodel", "stable_worldmodel")
-    except ToolMissing as exc:
-        if "worldmodel" in required_tools():
-            pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")
-        pytest.skip(f"worldmodel unavailable: {exc.message}")
-    require("worldmodel")
-    pytest.importorskip("loguru", reason="the [worldmodel] extra is not installed")
+    require_vendored_worldmodel()
 
 
 @pytest.mark.worldmodel

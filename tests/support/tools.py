@@ -102,3 +102,22 @@ def require(tool: str) -> None:
     if tool in required_tools():
         pytest.fail(f"{tool} is required by LENSEMBLE_REQUIRE_TOOLS but unavailable: {reason}")
     pytest.skip(f"{tool} unavailable: {reason}")
+
+
+def require_vendored_worldmodel() -> None:
+    """Skip (or fail, when CI requires ``worldmodel``) unless stable-worldmodel is usable.
+
+    Usable means: the vendored tree is synced (``lensemble vendor sync``) and the
+    ``[worldmodel]`` extra is installed; the skip reason says how to get there.
+    """
+    from lensemble.data import worldmodel
+    from lensemble.errors import ToolMissing
+
+    try:
+        worldmodel.use_vendored("stable_worldmodel", "stable_worldmodel")
+    except ToolMissing as exc:
+        if "worldmodel" in required_tools():
+            pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")
+        pytest.skip(f"worldmodel unavailable: {exc}")
+    require("worldmodel")
+    pytest.importorskip("loguru", reason="the [worldmodel] extra is not installed")

@@ -11,7 +11,7 @@ import pytest
 from lensemble.data import worldmodel as data_wm
 from lensemble.errors import EXIT_TOOL, ConfigError, ToolMissing
 from lensemble.eval import worldmodel as eval_wm
-from tests.support.tools import require, required_tools
+from tests.support.tools import require_vendored_worldmodel
 
 
 def test_is_worldmodel_env_needs_no_vendored_code() -> None:
@@ -43,14 +43,7 @@ def test_non_worldmodel_id_and_unknown_planner_are_config_errors() -> None:
 @pytest.fixture
 def worldmodel() -> None:
     """Skip unless the vendored tree is synced and the extra's loguru is installed."""
-    try:
-        data_wm.use_vendored("stable_worldmodel", "stable_worldmodel")
-    except ToolMissing as exc:
-        if "worldmodel" in required_tools():
-            pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")
-        pytest.skip(f"worldmodel unavailable: {exc.message}")
-    require("worldmodel")
-    pytest.importorskip("loguru", reason="the [worldmodel] extra is not installed")
+    require_vendored_worldmodel()
 
 
 @pytest.mark.worldmodel

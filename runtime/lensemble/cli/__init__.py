@@ -22,7 +22,7 @@ from lensemble.cli import (
     vendor_cmd,
 )
 from lensemble.cli.output import report_error
-from lensemble.errors import EXIT_INTERRUPTED, LensembleError
+from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
 
 app = typer.Typer(
     name="lensemble",
@@ -67,3 +67,16 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(EXIT_INTERRUPTED)
+    except OSError as exc:
+        # A path the user gave (-o, --output-dir, a certs folder) that cannot be used: their
+        # input, not our bug. Errors without a file name are ours and keep their traceback.
+        if exc.filename is None:
+            raise
+        report_error(
+            UsageError(
+                f"cannot use {exc.filename}: {exc.strerror or exc};",
+                remediation="check that the path exists, is the right kind (file or folder) and is "
+                "writable, or pass another one.",
+            )
+        )
+        sys.exit(EXIT_BAD_INPUT)

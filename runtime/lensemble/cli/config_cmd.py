@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from lensemble.cli.options import SetOption, load
+
+if TYPE_CHECKING:
+    from lensemble.config import LensembleConfig
+from lensemble.cli.output import write_output
 
 app = typer.Typer(
     help="Validate, show and compare configs; export the JSON Schema.", no_args_is_help=True
@@ -52,16 +58,21 @@ def diff(
         False, "--all", help="Compare every field, not only those the config hash covers."
     ),
 ) -> None:
-    """List the field paths that differ between A and B (exit 1 when any differ)."""
-    from lensemble.config import config_hash, differing_fields
+    """List the fields that differ between A and B, with both values (exit 1 when any differ)."""
+    from lensemble.config import config_hash
+    from lensemble.config.hashing import differences, hashed_view
 
     cfg_a, cfg_b = load(a, []), load(b, [])
-    paths = differing_fields(cfg_a, cfg_b, hashed_only=not all_fields)
-    for path in paths:
-        typer.echo(path)
-    if not paths:
+
+    def view(cfg: LensembleConfig) -> dict[str, object]:
+        return cfg.model_dump(mode="json") if all_fields else hashed_view(cfg)
+
+    rows = differences(view(cfg_a), view(cfg_b))
+    for path, value_a, value_b in rows:
+        typer.echo(f"{path}: {json.dumps(value_a)} -> {json.dumps(value_b)}")
+    if not rows:
         typer.echo(f"same: {config_hash(cfg_a)}")
-    raise typer.Exit(1 if paths else 0)
+    raise typer.Exit(1 if rows else 0)
 
 
 @app.command()
@@ -77,7 +88,7 @@ def schema(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        write_output(output, text)
 
 
 @app.command()
@@ -93,4 +104,4 @@ def reference(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        write_output(output, text)

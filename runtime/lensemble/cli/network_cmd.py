@@ -63,15 +63,38 @@ _id_option = typer.Option(
 
 
 def _config(
-    path: Path | None, overrides: list[str] | None, default: str | None = None
+    path: Path | None,
+    overrides: list[str] | None,
+    default: str | None = None,
+    *,
+    network: bool = False,
 ) -> LensembleConfig:
     chosen = path or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
     if chosen is None and default is not None:
         chosen = Path(default)
-    return load(chosen, overrides)
+    cfg = load(chosen, overrides)
+    if network and cfg.federation.transport != "network":
+        # Separate processes are the network transport: validate the config as one, so the
+        # network-only rules (TLS, residency) apply before anything starts.
+        raise UsageError(
+            f"federation.transport is '{cfg.federation.transport}' in {chosen or 'the config'}; "
+            "coordinator and participant processes talk over the network;",
+            remediation="set federation.transport: network in the config, or pass "
+            "--set federation.transport=network.",
+        )
+    return cfg
+
+
+def _quiet_grpc_core() -> None:
+    """Keep gRPC's C-core log lines off stderr: our own one-sentence errors say what failed.
+
+    Set GRPC_VERBOSITY yourself (e.g. DEBUG) to see them.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 
 def _ports(port: int | None, health_port: int | None, metrics_port: int | None) -> PortOptions:
+    _quiet_grpc_core()
     from lensemble.network.process import PortOptions
 
     return PortOptions(port=port, health_port=health_port, metrics_port=metrics_port)
@@ -131,7 +154,7 @@ def coordinator(
     Resumes from the last checkpoint in run.output_dir when there is one. Prints one JSON ready
     line on stdout when serving; logs go to stderr.
     """
-    cfg = _config(config, set_)
+    cfg = _config(config, set_, network=True)
     _run_coordinator(cfg, _ports(port, health_port, metrics_port))
 
 
@@ -147,7 +170,7 @@ def participant(
 
     Prints one JSON ready line on stdout once joined; logs go to stderr.
     """
-    cfg = _config(config, set_)
+    cfg = _config(config, set_, network=True)
     _run_participant(cfg, participant_id, _ports(None, health_port, metrics_port))
 
 
@@ -176,7 +199,7 @@ def serve(
             f"{ROLE_ENV} is {role!r};",
             remediation=f"set {ROLE_ENV}=coordinator or {ROLE_ENV}=participant.",
         )
-    cfg = _config(config, set_, default=CONTAINER_CONFIG)
+    cfg = _config(config, set_, default=CONTAINER_CONFIG, network=True)
     ports = _ports(None, health_port, metrics_port)
     linger = os.environ.get(LINGER_ENV, "").strip().lower() in ("1", "true", "yes")
     if role == "coordinator":

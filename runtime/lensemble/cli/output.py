@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from lensemble.errors import ConfigError, LensembleError
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a command's ``-o`` output, creating its folder (UTF-8)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def report_error(exc: LensembleError) -> None:

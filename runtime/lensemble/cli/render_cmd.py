@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from lensemble.cli.options import ConfigOption, SetOption, load
+from lensemble.cli.output import write_output
 
 app = typer.Typer(
     help="Render deployment artifacts (Compose, Helm values, Kubernetes manifests) from a config.",
@@ -103,7 +104,7 @@ def helm_values(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        write_output(output, text)
 
 
 @app.command("k8s")

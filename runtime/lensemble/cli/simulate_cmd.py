@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from lensemble.cli.options import SET_HELP, load
+from lensemble.errors import Interrupted, LensembleError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,17 +76,34 @@ def simulate(
     overrides = _overrides(set_, participants, rounds, output_dir)
     cfg = load(config or default_config_path(), overrides)
     plan = parse_faults(faults, cfg.participant_ids)
-    if cfg.federation.transport == "network":
-        if faults:
-            from lensemble.errors import UsageError
-
-            raise UsageError(
-                "--faults injects faults into the in-process transport only;",
-                remediation="drop --faults, or kill and restart the processes of a network run.",
-            )
-        result = _run_network(cfg, config or default_config_path(), overrides, resume)
-    else:
-        result = _run_with_progress(cfg, plan, resume)
+    late = [f for f in plan.faults if f.round_index >= cfg.federation.rounds]
+    if late:
+        raise UsageError(
+            f"--faults targets round {late[0].round_index}, but the run has "
+            f"{cfg.federation.rounds} rounds (0 to {cfg.federation.rounds - 1});",
+            remediation="use a round inside the run or raise --rounds.",
+        )
+    if cfg.federation.transport == "network" and faults:
+        raise UsageError(
+            "--faults injects faults into the in-process transport only;",
+            remediation="drop --faults, or kill and restart the processes of a network run.",
+        )
+    try:
+        _check_output_dir(cfg, resume)
+        if cfg.federation.transport == "network":
+            result = _run_network(cfg, config or default_config_path(), overrides, resume)
+        else:
+            result = _run_with_progress(cfg, plan, resume)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"simulation interrupted; the committed rounds stay in {cfg.run.output_dir};",
+            remediation="continue it with the same command plus --resume.",
+        ) from None
+    except LensembleError as exc:
+        if json_summary:
+            error = {"error": exc.message, "code": exc.code, "exit_code": exc.exit_code}
+            sys.stdout.write(json.dumps(error, sort_keys=True) + "\n")
+        raise
     from lensemble.federation.plot import write_report_png
     from lensemble.federation.simulation import read_metrics
 
@@ -96,6 +114,28 @@ def simulate(
         _print_tables(cfg, result, png)
 
 
+def _check_output_dir(cfg: LensembleConfig, resume: bool) -> None:
+    """Say what happens to a previous run in the output folder; refuse a resume that shrinks it."""
+    from lensemble.federation.checkpoint import CheckpointStore
+
+    out = cfg.run.output_dir
+    versions = CheckpointStore(Path(out)).versions()
+    committed = versions[-1] if versions else 0
+    if resume and not versions:
+        sys.stderr.write(f"note: nothing to resume in {out}; starting a fresh run.\n")
+    elif not resume and committed:
+        sys.stderr.write(
+            f"note: replacing the previous run in {out} ({committed} rounds committed); use "
+            "--resume to continue it, or -o to write elsewhere.\n"
+        )
+    elif resume and committed > cfg.federation.rounds:
+        raise UsageError(
+            f"the run in {out} already committed {committed} rounds, more than "
+            f"federation.rounds ({cfg.federation.rounds});",
+            remediation=f"pass --rounds {committed} or more to continue it.",
+        )
+
+
 def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> SimulationResult:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -104,10 +144,12 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
     from lensemble.federation.simulation import run_simulation
 
     err = Console(stderr=True)
+    if not err.is_terminal:
+        err.width = 120  # logs and CI: do not cut the progress line at 80 columns
     fed = cfg.federation
     err.print(
         f"[bold]lensemble simulate[/bold]: {len(fed.participants)} participants, "
-        f"{fed.rounds} rounds x {fed.inner_steps} inner steps, {cfg.data.env_id}, "
+        f"{_plural(fed.rounds, 'round')} x {fed.inner_steps} inner steps, {cfg.data.env_id}, "
         f"quantization {fed.quantization} -> {cfg.run.output_dir}"
     )
     progress = Progress(
@@ -137,7 +179,7 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
                 err.print(
                     f"  [red]round {record.round} attempt {record.attempt} aborted: "
                     f"{len(record.contributors)} of {fed.quorum} required contributors "
-                    f"(excluded: {record.excluded})"
+                    f"(excluded: {', '.join(f'{k}={v}' for k, v in record.excluded.items())})"
                 )
                 return
             loss = f"{record.mean_inner_loss:.4f}" if record.mean_inner_loss is not None else "-"
@@ -184,6 +226,10 @@ def _run_network(
         )
 
     return run_network_simulation(path, overrides, cfg, resume=resume, on_round=on_round)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _mb(n: int) -> str:

@@ -98,12 +98,19 @@ def differing_fields(
 
 def differing_paths(view_a: Any, view_b: Any) -> list[str]:
     """Dotted paths whose values differ between two plain-JSON config views, sorted."""
+    return sorted({path for path, _, _ in differences(view_a, view_b)})
+
+
+def differences(view_a: Any, view_b: Any) -> list[tuple[str, Any, Any]]:
+    """``(path, value in a, value in b)`` for every differing leaf of two plain-JSON views.
+
+    A leaf present on one side only has ``None`` on the other; a differing participant count
+    shows as ``federation.participants`` with both counts.
+    """
     flat_a, flat_b = _flatten(view_a), _flatten(view_b)
-    paths = set()
-    for key in flat_a.keys() | flat_b.keys():
-        if flat_a.get(key, _MISSING) != flat_b.get(key, _MISSING):
-            paths.add(key.removesuffix(".__len__"))
-    return sorted(paths)
-
-
-_MISSING = object()
+    out = []
+    for key in sorted(flat_a.keys() | flat_b.keys()):
+        a, b = flat_a.get(key), flat_b.get(key)
+        if key not in flat_a or key not in flat_b or a != b:
+            out.append((key.removesuffix(".__len__"), a, b))
+    return out

@@ -164,7 +164,8 @@ class Coordinator:
                 if isinstance(previous, dict)
                 else ["(unknown: the checkpoint does not record its config)"]
             )
-            if changed != ["federation.rounds"]:
+            changed = [path for path in changed if path != "federation.rounds"]
+            if changed:
                 raise ConfigError(
                     f"the checkpoint in {self.checkpoints.folder if self.checkpoints else ''} "
                     f"was written with another config (differing: {', '.join(changed)}); "

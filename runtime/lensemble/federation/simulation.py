@@ -76,10 +76,13 @@ class SimulationResult:
     wall_s: float = 0.0
 
 
-def _fresh_output(out: Path) -> None:
-    """Remove a previous run's coordinator state, ledger and metrics; keep data caches."""
+def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
+    """Remove a previous run's coordinator state, ledger, metrics and inner states.
+
+    Each participant's data cache (``participants/<id>/data``) and any certificates are kept.
+    """
     shutil.rmtree(out / "coordinator", ignore_errors=True)
-    for name in ("metrics.jsonl", "report.png"):
+    for name in (ledger_path, "metrics.jsonl", "report.png"):
         (out / name).unlink(missing_ok=True)
     for folder in (out / "participants").glob("*/state"):
         shutil.rmtree(folder, ignore_errors=True)
@@ -118,10 +121,8 @@ def run_simulation(
 
     start = time.perf_counter()
     out = Path(config.run.output_dir)
-    ledger_file = out / config.observability.ledger_path
     if not resume:
-        _fresh_output(out)
-        ledger_file.unlink(missing_ok=True)
+        fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
     ids = config.participant_ids
     datasets = {pid: load_or_collect(config, pid) for pid in ids}

@@ -15,7 +15,6 @@ its last error, tears every process down exactly once, and raises ``ProcessFaile
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from typing import Any
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.ledger import Ledger, RoundRecord
-from lensemble.federation.simulation import RoundMetrics, SimulationResult
+from lensemble.federation.simulation import RoundMetrics, SimulationResult, fresh_output
 from lensemble.network.certs import init_certs
 from lensemble.network.identity import COORDINATOR_IDENTITY
 from lensemble.network.launcher import (
@@ -38,18 +37,6 @@ from lensemble.network.launcher import (
 
 #: Extra time (seconds) for process start-up (imports) on top of the config's own timeouts.
 STARTUP_S = 120.0
-
-
-def fresh_output(out: Path) -> None:
-    """Remove a previous run's coordinator state, ledger, metrics and inner states.
-
-    Each participant's data cache (``participants/<id>/data``) and the certificates are kept.
-    """
-    shutil.rmtree(out / "coordinator", ignore_errors=True)
-    for name in ("ledger.jsonl", "metrics.jsonl", "report.png"):
-        (out / name).unlink(missing_ok=True)
-    for folder in (out / "participants").glob("*/state"):
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def security_overrides(config: LensembleConfig, out: Path) -> list[str]:
@@ -114,7 +101,7 @@ def run_network_simulation(
     start = time.perf_counter()
     out = Path(config.run.output_dir)
     if not resume:
-        fresh_output(out)
+        fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     launch = [
