@@ -69,6 +69,7 @@ def test_process_commands_refuse_bad_input_with_one_sentence(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("LENSEMBLE_CONFIG", "config/local.yaml")
+    args = [*args, "--set", "federation.transport=network"]
     for key in ("LENSEMBLE_ROLE", "LENSEMBLE_PARTICIPANT_ID", "LENSEMBLE_POD_NAME"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
@@ -85,6 +86,8 @@ def test_missing_tls_files_name_the_field_and_the_fix(tmp_path: Path, in_repo: P
         "config/local.yaml",
         "--id",
         "alpine",
+        "--set",
+        "federation.transport=network",
         "--set",
         f"network.tls.cert_file={tmp_path}/nope/tls.crt",
         "--set",
