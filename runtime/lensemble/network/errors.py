@@ -7,7 +7,7 @@ participant side; nothing depends on message text.
 
 from __future__ import annotations
 
-from lensemble.errors import EXIT_FAIL_CLOSED, EXIT_INTERRUPTED, LensembleError
+from lensemble.errors import EXIT_FAIL_CLOSED, Interrupted, LensembleError
 
 #: Trailing metadata key carrying the rejection reason (a ``Reason`` value or one below).
 REASON_KEY = "lensemble-reason"
@@ -34,8 +34,5 @@ class AccessDenied(LensembleError):
     exit_code = EXIT_FAIL_CLOSED
 
 
-class ShutdownRequested(LensembleError):
+class ShutdownRequested(Interrupted):
     """The process received SIGTERM or SIGINT and stops gracefully."""
-
-    code = "interrupted"
-    exit_code = EXIT_INTERRUPTED
