@@ -397,22 +397,10 @@ class Coordinator:
         self._collection = None
         traffic = transport.take_traffic()
         contributors = sorted(col.deltas)
-        absent = sorted(self.expected - set(contributors))
-        excluded = {pid: col.rejected.get(pid, "timeout") for pid in absent}
         parent = self.model_hash
         if len(contributors) < fed.quorum:
             self._advance(machine, RoundState.ABORTED)
-            record = self._record(
-                machine,
-                state=RoundState.ABORTED,
-                contributors=contributors,
-                excluded=excluded,
-                parent=parent,
-                new_hash=parent,
-                col=col,
-                traffic=traffic,
-                wall_start=wall_start,
-            )
+            record = self._record(machine, col, traffic, wall_start, new_hash=parent)
             self._finish(record, transport)
             return record
         self._advance(machine, RoundState.AGGREGATING)
@@ -420,17 +408,7 @@ class Coordinator:
         self._advance(machine, RoundState.COMMITTING)
         params, momentum = self.outer.apply(self.params, mean, self.momentum)
         new_hash = model_hash(params, self.version + 1, parent)
-        record = self._record(
-            machine,
-            state=RoundState.CLOSED,
-            contributors=contributors,
-            excluded=excluded,
-            parent=parent,
-            new_hash=new_hash,
-            col=col,
-            traffic=traffic,
-            wall_start=wall_start,
-        )
+        record = self._record(machine, col, traffic, wall_start, new_hash=new_hash)
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
         self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)
@@ -440,25 +418,25 @@ class Coordinator:
     def _record(
         self,
         machine: RoundMachine,
-        *,
-        state: RoundState,
-        contributors: list[str],
-        excluded: dict[str, str],
-        parent: str,
-        new_hash: str,
         col: _Collection,
         traffic: Traffic,
         wall_start: float,
+        *,
+        new_hash: str,
     ) -> RoundRecord:
+        """The ledger line of an attempt; committed when ``new_hash`` differs from the parent."""
+        contributors = sorted(col.deltas)
+        absent = sorted(self.expected - set(contributors))
+        committed = new_hash != self.model_hash
         losses = [col.losses[p] for p in contributors if math.isfinite(col.losses[p])]
         wall = time.perf_counter() - wall_start
         return RoundRecord(
             round=machine.round_index,
             attempt=machine.attempt,
-            state=state.value,
+            state=(RoundState.CLOSED if committed else RoundState.ABORTED).value,
             contributors=contributors,
-            excluded=excluded,
-            parent_hash=parent,
+            excluded={pid: col.rejected.get(pid, "timeout") for pid in absent},
+            parent_hash=self.model_hash,
             model_hash=new_hash,
             mean_inner_loss=sum(losses) / len(losses) if losses else None,
             bytes_up=traffic.bytes_up,
