@@ -9,6 +9,7 @@ it (one run; skipped when docker-compose is not installed).
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import statistics
 import subprocess
@@ -25,6 +26,10 @@ COUNTS = (4, 16, 64, 256)
 
 
 def main() -> None:
+    # No options: --help prints what this bench measures.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     compose_tool = shutil.which("docker-compose")
     header = ("participants", "services", "render (ms)", "file (KiB)", "validate (s)")
     print(" ".join(f"{h:>13}" for h in header))

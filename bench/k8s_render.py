@@ -8,6 +8,7 @@ final manifests. Also the whole ``lensemble render k8s`` process (start-up inclu
 
 from __future__ import annotations
 
+import argparse
 import functools
 import shutil
 import statistics
@@ -34,6 +35,10 @@ def median_ms(fn: Callable[[], Any]) -> float:
 
 
 def main() -> None:
+    # No options: --help prints what this bench measures.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     import kubernetes_validate
     import kubernetes_validate.utils as kv_utils
 

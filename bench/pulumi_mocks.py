@@ -9,6 +9,7 @@ to CI: every stack runs once per test session.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -45,6 +46,10 @@ print(json.dumps({{
 
 
 def main() -> None:
+    # No options: --help prints what this bench measures.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     stacks = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
     header = (
         f"{'stack':<30} {'resources':>9} {'aws':>5} {'components':>10} {'cold s':>7} {'warm s':>7}"

@@ -9,6 +9,7 @@ the network); then median of 5 in-process runs of each step. Also prints each tr
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import statistics
 import tempfile
@@ -29,6 +30,10 @@ def seconds(step: Callable[[], object]) -> float:
 
 
 def main() -> None:
+    # No options: --help prints what this bench measures.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         third_party = Path(scratch) / "third_party"
         shutil.copytree(
