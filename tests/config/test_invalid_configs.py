@@ -258,6 +258,28 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
         "deployment.resources.participant.cpu",
         "does not match",
     ),
+    ("empty-file", "# nothing but a comment\n", [], "config.yaml", "is empty"),
+    (
+        "set-index-past-the-end",
+        LOCAL,
+        ["federation.participants[9].region=eu-west-1"],
+        "federation.participants[9]",
+        "the list has 4 item(s) here; check the index",
+    ),
+    (
+        "set-index-of-generated-participants",
+        STAGING,
+        ["federation.participants[1].region=eu-west-1"],
+        "federation.participants[1]",
+        "list them under federation.participants",
+    ),
+    (
+        "set-below-a-value",
+        LOCAL,
+        ["run.name.first=x"],
+        "run.name.first",
+        "run.name is a value, not a mapping or list",
+    ),
 ]
 
 

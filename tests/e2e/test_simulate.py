@@ -71,11 +71,14 @@ def test_same_config_and_seed_give_the_same_hash_chain(in_repo: Path, tmp_path: 
 
 def test_resume_continues_to_the_same_chain(in_repo: Path, tmp_path: Path) -> None:
     fast = ["--set", "evaluation.local_only_baseline=false"]
-    _simulate(tmp_path / "straight", "--rounds", "4", *fast)
+    straight = _simulate(tmp_path / "straight", "--rounds", "4", *fast)
     _simulate(tmp_path / "resumed", "--rounds", "2", *fast)
     resumed = _simulate(tmp_path / "resumed", "--rounds", "4", "--resume", *fast)
     assert _chain(tmp_path / "resumed") == _chain(tmp_path / "straight")
-    assert resumed["rounds_committed"] == 2  # only the rounds this process ran
+    # The summary covers the whole run and says where this process took over.
+    assert resumed["hash_chain"] == straight["hash_chain"] == _chain(tmp_path / "straight")
+    assert (resumed["rounds_committed"], resumed["resumed_from_version"]) == (4, 2)
+    assert straight["resumed_from_version"] is None
     # Resuming with fewer rounds than committed is refused; a fresh run says what it replaces.
     shrink = run_cli(
         "simulate", "-o", str(tmp_path / "resumed"), *SMALL, "--rounds", "3", "--resume"
@@ -151,3 +154,14 @@ def test_bad_flags_exit_2_with_the_reason(
     assert result.code == 2
     assert message in result.err
     assert "Traceback" not in result.err
+
+
+def test_an_unusable_output_folder_is_refused_before_any_work(
+    in_repo: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n", encoding="utf-8")
+    result = run_cli("simulate", "-o", str(blocker / "run"), "--rounds", "1")
+    assert result.code == 2
+    assert f"cannot create the output folder {blocker / 'run'}" in result.err
+    assert "collecting data" not in result.err and "Traceback" not in result.err

@@ -226,7 +226,24 @@ def health(
     if status == "SERVING":
         sys.stdout.write(f"{host}:{port} is {what}\n")
         return
-    sys.stderr.write(f"{host}:{port} is not {what}: {status}\n")
+    failure = status.removeprefix("UNREACHABLE: ")
+    if failure.split(" ", 1)[0] in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        reason = (
+            f"nothing answered within {timeout:g} s ({failure.split(' ', 1)[0]}); check that "
+            "the process runs and that --host/--port name its health port (the ready line's "
+            "health_port, by default network.health_port)."
+        )
+    elif status == "NOT_SERVING":
+        reason = (
+            "it runs but reports NOT_SERVING (a coordinator before its first round, or a "
+            "participant not yet joined); check again later or read its log."
+        )
+    else:
+        reason = (
+            f"the health call ended with {failure}; is --port the health port of a Lensemble "
+            "process?"
+        )
+    sys.stderr.write(f"error: {host}:{port} is not {what}: {reason}\n")
     raise typer.Exit(1)
 
 

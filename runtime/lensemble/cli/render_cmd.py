@@ -105,6 +105,7 @@ def helm_values(
         sys.stdout.write(text)
     else:
         write_output(output, text)
+        sys.stderr.write(f"wrote {output}\n")
 
 
 @app.command("k8s")

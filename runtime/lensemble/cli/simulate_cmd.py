@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,10 +116,27 @@ def simulate(
 
 
 def _check_output_dir(cfg: LensembleConfig, resume: bool) -> None:
-    """Say what happens to a previous run in the output folder; refuse a resume that shrinks it."""
+    """Create the output folder, tell what happens to a previous run there, refuse shrinking it.
+
+    Raises:
+        UsageError: The folder cannot be created or written, or ``--resume`` would shrink a run.
+    """
     from lensemble.federation.checkpoint import CheckpointStore
 
     out = cfg.run.output_dir
+    # Fail before collecting data, not after a minute of work.
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the output folder {out} ({exc.strerror});",
+            remediation="pass a writable folder with --output-dir or set run.output_dir.",
+        ) from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(
+            f"the output folder {out} is not writable;",
+            remediation="pass a writable folder with --output-dir or set run.output_dir.",
+        )
     versions = CheckpointStore(Path(out)).versions()
     committed = versions[-1] if versions else 0
     if resume and not versions:
@@ -248,6 +266,7 @@ def _summary(result: SimulationResult, png: Path | None) -> dict[str, Any]:
         "model_hash": result.model_hash,
         "hash_chain": committed_chain(result.records),
         "rounds_committed": len(committed),
+        "resumed_from_version": result.resumed_from,
         "aborted_attempts": sum(r.state == "aborted" for r in result.records),
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
         "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),
@@ -314,8 +333,10 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
             f"Federated model is {verdict} than training alone on the union of held-out data: "
             f"{fed_err:.4f} vs {loc_err:.4f} (mean local-only)."
         )
+    resumed = summary["resumed_from_version"]
+    before = f", {resumed} of them before the resume" if resumed is not None else ""
     out.print(
-        f"Rounds committed {summary['rounds_committed']} (aborted attempts "
+        f"Rounds committed {summary['rounds_committed']}{before} (aborted attempts "
         f"{summary['aborted_attempts']}); bytes up {_mb(summary['bytes_up'])}, down "
         f"{_mb(summary['bytes_down'])}; wall time {result.wall_s:.1f} s."
     )

@@ -61,7 +61,7 @@ def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], Marks]:
     """Parse config YAML into a mapping plus the line/column of every field path.
 
     Raises:
-        ConfigError: The YAML is malformed, or its top level is not a mapping.
+        ConfigError: The YAML is malformed or empty, or its top level is not a mapping.
     """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -85,7 +85,17 @@ def parse_yaml(text: str, source: str) -> tuple[dict[str, Any], Marks]:
             [ConfigProblem(path="", message=f"malformed YAML: {exc}.", source=source)]
         ) from None
     if data is None:
-        return {}, {}
+        # An empty file is more often a truncated or wrong file than a wish for every default.
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    path="",
+                    message="is empty (no YAML content); write the sections you change, or '{}' "
+                    "to take every default.",
+                    source=source,
+                )
+            ]
+        )
     if not isinstance(data, dict):
         raise ConfigError(
             [
@@ -120,6 +130,29 @@ def _split_path(path: str) -> list[str | int]:
         parts.append(match["name"])
         parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", match["indexes"]))
     return parts
+
+
+def _unreachable(
+    data: dict[str, Any], parts: list[str | int], parent: Any, source: str
+) -> ConfigError:
+    """The error for an override path whose last part is not in ``parent``."""
+    part = parts[-1]
+    if isinstance(parent, list) and isinstance(part, int):
+        problem = f"does not exist: the list has {len(parent)} item(s) here;"
+        federation = data.get("federation")
+        generated = isinstance(federation, dict) and "participant_count" in federation
+        if parts[:2] == ["federation", "participants"] and generated:
+            problem += (
+                " this file generates its participants from federation.participant_count; list "
+                "them under federation.participants to set one participant's fields."
+            )
+        else:
+            problem += " check the index."
+    elif isinstance(parent, dict | list):
+        problem = "does not exist or cannot be set; check the path."
+    else:
+        problem = f"does not exist: {_path_of(parts[:-1])} is a value, not a mapping or list."
+    return ConfigError([ConfigProblem(_path_of(parts), problem, source=source)])
 
 
 def apply_overrides(
@@ -175,29 +208,13 @@ def apply_overrides(
             elif isinstance(node, list) and isinstance(part, int) and part < len(node):
                 node = node[part]
             else:
-                raise ConfigError(
-                    [
-                        ConfigProblem(
-                            _path_of(parts[: i + 1]),
-                            "does not exist or is not a mapping or list here; check the path.",
-                            source=source,
-                        )
-                    ]
-                )
+                raise _unreachable(data, parts[: i + 1], node, source)
         last = parts[-1]
         settable = (isinstance(node, dict) and isinstance(last, str)) or (
             isinstance(node, list) and isinstance(last, int) and last < len(node)
         )
         if not settable:
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        _path_of(parts),
-                        "does not exist or cannot be set; check the path.",
-                        source=source,
-                    )
-                ]
-            )
+            raise _unreachable(data, parts, node, source)
         node[last] = value
         touched[_path_of(parts)] = source
     return data, touched

@@ -63,7 +63,9 @@ class SimulationResult:
         final: Final evaluation of the global model (``EvalReport.to_dict()``).
         final_local_only: Final evaluation of each local-only model, by participant.
         output_dir: Where files were written.
-        wall_s: Total wall time (seconds).
+        wall_s: Wall time of this process (seconds).
+        resumed_from: Model version (rounds committed before) this process resumed from; None
+            for a run from the start. ``records`` then cover the whole run, both parts.
     """
 
     config_hash: str
@@ -74,6 +76,7 @@ class SimulationResult:
     final_local_only: dict[str, dict[str, Any]] = field(default_factory=dict)
     output_dir: Path = Path()
     wall_s: float = 0.0
+    resumed_from: int | None = None
 
 
 def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
@@ -133,6 +136,7 @@ def run_simulation(
         for pid in ids
     }
     coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
+    resumed_from = coordinator.version if resume and coordinator.version > 0 else None
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
@@ -196,13 +200,15 @@ def run_simulation(
         final = evaluate(config, coordinator.params, datasets).to_dict()
     return SimulationResult(
         config_hash=config_hash(config),
-        records=coordinator.records,
+        # The ledger holds the whole run, including what came before a resume.
+        records=coordinator.ledger.records() if coordinator.ledger else coordinator.records,
         metrics=metrics,
         model_hash=coordinator.model_hash,
         final=final,
         final_local_only=final_local,
         output_dir=out,
         wall_s=time.perf_counter() - start,
+        resumed_from=resumed_from,
     )
 
 

@@ -158,10 +158,11 @@ class GrpcCoordinatorTransport:
                 self._cond.wait(min(POLL_S, max(0.0, end - self.now())))
             self._check_stop()
             joined = set(self._joined)
+        outcome = "starting rounds" if len(joined) >= quorum else f"below quorum ({quorum})"
         event(
             _log,
             "participants_joined",
-            f"{len(joined)} of {len(self.expected)} participants joined; starting rounds.",
+            f"{len(joined)} of {len(self.expected)} participants joined; {outcome}.",
             joined=sorted(joined),
         )
         return joined

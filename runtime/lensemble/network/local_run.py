@@ -103,6 +103,8 @@ def run_network_simulation(
     if not resume:
         fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
+    before = CheckpointStore(out).versions()
+    resumed_from = before[-1] if before and before[-1] > 0 else None
     port = free_port()
     launch = [
         *overrides,
@@ -132,7 +134,10 @@ def run_network_simulation(
                     remediation=f"see {proc.log_path}.",
                 )
     records = Ledger(out / config.observability.ledger_path).records()
-    return _summarise(config, out, records, time.perf_counter() - start, evaluate_final)
+    wall_s = time.perf_counter() - start
+    return _summarise(
+        config, out, records, wall_s, evaluate_final=evaluate_final, resumed_from=resumed_from
+    )
 
 
 def _ready_or_fail(proc: ManagedProcess, everyone: list[ManagedProcess], timeout_s: float) -> None:
@@ -190,7 +195,9 @@ def _summarise(
     out: Path,
     records: list[RoundRecord],
     wall_s: float,
+    *,
     evaluate_final: bool,
+    resumed_from: int | None,
 ) -> SimulationResult:
     checkpoint = CheckpointStore(out).load()
     committed = [r for r in records if r.state == "closed"]
@@ -226,6 +233,7 @@ def _summarise(
         final_local_only=local_only,
         output_dir=out,
         wall_s=wall_s,
+        resumed_from=resumed_from,
     )
 
 
