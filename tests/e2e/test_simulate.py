@@ -163,5 +163,8 @@ def test_an_unusable_output_folder_is_refused_before_any_work(
     blocker.write_text("not a folder\n", encoding="utf-8")
     result = run_cli("simulate", "-o", str(blocker / "run"), "--rounds", "1")
     assert result.code == 2
-    assert f"cannot create the output folder {blocker / 'run'}" in result.err
+    # One line: what is wrong, then the fix, in one sentence.
+    [line] = result.err.splitlines()
+    assert line.startswith(f"error: cannot create the output folder {blocker / 'run'}")
+    assert line.endswith("pass a writable folder with --output-dir or set run.output_dir.")
     assert "collecting data" not in result.err and "Traceback" not in result.err

@@ -15,13 +15,12 @@ def write_output(path: Path, text: str) -> None:
 
 
 def report_error(exc: LensembleError) -> None:
-    """Print an error to stderr: one line per config problem, else message plus the fix."""
+    """Print an error to stderr: one line per config problem, else one line with the fix."""
     if isinstance(exc, ConfigError):
         for problem in exc.problems:
             sys.stderr.write(f"error: {problem.render()}\n")
         if exc.remediation:
             sys.stderr.write(f"fix: {exc.remediation}\n")
         return
-    sys.stderr.write(f"error: {exc.message}\n")
-    if exc.remediation:
-        sys.stderr.write(f"fix: {exc.remediation}\n")
+    # One line: the message ends where the fix continues the sentence (LensembleError.__str__).
+    sys.stderr.write(f"error: {exc}\n")
