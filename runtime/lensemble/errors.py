@@ -93,15 +93,24 @@ class ConfigError(LensembleError):
 
     Attributes:
         problems: Every problem found, in file order; the CLI prints one line per problem.
+        rules_checked: False when fields were invalid, so the rules between fields (which
+            pydantic runs only on valid fields) have not been checked yet.
     """
 
     code = "config_invalid"
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, problems: Sequence[ConfigProblem] | str, *, remediation: str = "") -> None:
+    def __init__(
+        self,
+        problems: Sequence[ConfigProblem] | str,
+        *,
+        remediation: str = "",
+        rules_checked: bool = True,
+    ) -> None:
         if isinstance(problems, str):
             problems = [ConfigProblem(path="", message=problems)]
         self.problems = list(problems)
+        self.rules_checked = rules_checked
         super().__init__("; ".join(p.render() for p in self.problems), remediation=remediation)
 
 

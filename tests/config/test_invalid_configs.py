@@ -358,3 +358,15 @@ def test_missing_file_and_bad_set_flag(in_repo: Path) -> None:
     bad_flag = run_cli("config", "validate", LOCAL, "--set", "federation.rounds")
     assert bad_flag.code == 2
     assert "is not of the form path.to.field=value" in bad_flag.err
+
+
+def test_rules_between_fields_wait_for_valid_fields_and_say_so(in_repo: Path) -> None:
+    both = run_cli(
+        "config", "validate", LOCAL, "--set", "federation.rounds=-3", "--set", "federation.quorum=7"
+    )
+    assert both.code == 2
+    assert "federation.rounds" in both.err and "federation.quorum" not in both.err
+    assert "note: the rules between fields" in both.err
+    rule_only = run_cli("config", "validate", LOCAL, "--set", "federation.quorum=7")
+    assert rule_only.code == 2
+    assert "federation.quorum" in rule_only.err and "note:" not in rule_only.err

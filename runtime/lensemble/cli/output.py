@@ -21,6 +21,11 @@ def report_error(exc: LensembleError) -> None:
             sys.stderr.write(f"error: {problem.render()}\n")
         if exc.remediation:
             sys.stderr.write(f"fix: {exc.remediation}\n")
+        if not exc.rules_checked:
+            sys.stderr.write(
+                "note: the rules between fields (quorum, timeouts, environment) are checked "
+                "once every field is valid.\n"
+            )
         return
     # One line: the message ends where the fix continues the sentence (LensembleError.__str__).
     sys.stderr.write(f"error: {exc}\n")

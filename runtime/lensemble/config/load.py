@@ -322,7 +322,8 @@ def validate_mapping(
             problems.append(
                 _locate(problem, source, marks, touched, key=err["type"] == "extra_forbidden")
             )
-        raise ConfigError(problems) from None
+        # Pydantic runs the rules between fields only once every field is valid.
+        raise ConfigError(problems, rules_checked=False) from None
     except ConfigError as exc:
         raise ConfigError([_locate(p, source, marks, touched) for p in exc.problems]) from None
 
