@@ -227,9 +227,10 @@ def health(
         sys.stdout.write(f"{host}:{port} is {what}\n")
         return
     failure = status.removeprefix("UNREACHABLE: ")
-    if failure.split(" ", 1)[0] in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+    code = failure.split(" ", 1)[0]
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
         reason = (
-            f"nothing answered within {timeout:g} s ({failure.split(' ', 1)[0]}); check that "
+            f"nothing answered within {timeout:g} s ({code}); check that "
             "the process runs and that --host/--port name its health port (the ready line's "
             "health_port, by default network.health_port)."
         )
