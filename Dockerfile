@@ -1,41 +1,81 @@
 # One image for every Lensemble role: the container runs `lensemble serve`, and LENSEMBLE_ROLE
 # (coordinator | participant) picks the role at run time (contract: docs/architecture.md).
 #
-# One tag per CUDA line, built from this file with build arguments:
-#   docker build -t lensemble:0.1.0-cpu .                                   # CPU (default)
-#   docker build --build-arg TORCH_CUDA=cu126 -t lensemble:0.1.0-cu126 .    # NVIDIA driver >= 525
-#   docker build --build-arg TORCH_CUDA=cu128 -t lensemble:0.1.0-cu128 .    # Blackwell, driver >= 570
-# plus the immutable tag sha-<7 hex> of the commit (README, "Docker Compose"). Add
+# Needs BuildKit (RUN --mount). The easiest way is `lensemble image build` (README, "Container
+# image"), which picks a BuildKit-capable client, stages a minimal build context and passes the
+# options below. By hand, from the repository root:
+#   DOCKER_BUILDKIT=1 docker build -t lensemble:0.1.0-cpu .                  # CPU (default)
+#   DOCKER_BUILDKIT=1 docker build --build-arg TORCH_CUDA=cu126 -t lensemble:0.1.0-cu126 .
+#   DOCKER_BUILDKIT=1 docker build --build-arg TORCH_CUDA=cu128 -t lensemble:0.1.0-cu128 .
+# plus the immutable tag sha-<7 hex> of the commit and, for the OCI labels,
 #   --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD)
-# for the OCI labels. scripts/docker-checks.sh builds and checks the CPU image.
+#
+# Build options (all optional; none of them ends up in a layer of the final image):
+#   --build-arg BASE_IMAGE=...   the base: a registry image (default below), or a Debian base
+#                                imported without a registry (`lensemble image base`)
+#   wheelhouse/ in the context   wheels pip may take before the index (a local torch wheel)
+#   --secret id=ca-bundle,src=F  extra CA certificates pip trusts (a TLS-intercepting proxy)
+#   --build-arg PIP_INDEX_URL=.. a Python package index mirror (no credentials in the URL)
+#   --build-arg TORCH_INDEX_URL= the torch index of the CUDA line, when no wheelhouse has torch
 
 # Pinned by version. Release builds pin the digest too:
-#   --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest>
-# (`docker buildx imagetools inspect python:3.11.13-slim-bookworm` prints it). Python 3.11 is
-# the interpreter constraints.txt is resolved for, so image and CI install the same versions.
-ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+#   --build-arg BASE_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest>
+# Python 3.11 is the interpreter constraints.txt is resolved for, so image and CI install the
+# same versions; the Debian bookworm base of `lensemble image base` has Python 3.11 too.
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
+
+# ------------------------------------------------------------------------ optional wheelhouse
+# `wheelhouse*` matches nothing when the context has no wheelhouse/ folder; the stage then holds
+# only constraints.txt. Its files are bind-mounted into the install steps, never copied into the
+# final image.
+FROM scratch AS wheelhouse
+COPY constraints.txt wheelhouse* /wheelhouse/
 
 # ------------------------------------------------------------------------------ build stage
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BASE_IMAGE} AS build
 
 # The CUDA line of torch: cpu, cu126, cu128, ... (one index per line on download.pytorch.org).
 ARG TORCH_CUDA=cpu
 # The torch requirement; the default is the version constraints.txt pins.
 ARG TORCH_SPEC=torch==2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_CUDA}
+# Empty: pip's default index.
+ARG PIP_INDEX_URL=
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 
-RUN python -m venv /opt/lensemble
+RUN python3 -m venv /opt/lensemble
 ENV PATH=/opt/lensemble/bin:$PATH
 
+# pip's trust: the base's CA store plus the optional ca-bundle secret, combined on a tmpfs so
+# that neither the secret nor the combined file is written to any layer.
 # torch first, in its own layer: it is by far the largest download, and it changes only with
-# TORCH_SPEC or TORCH_CUDA. --index-url (not --extra-index-url) keeps pip on the index of the
-# chosen line, so PyPI's default build (a newer CUDA than many drivers support) never wins.
-# TORCH_SPEC is the pin (torch==<version>), which hadolint cannot see through the ARG.
-# hadolint ignore=DL3013
-RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" "${TORCH_SPEC}"
+# TORCH_SPEC or TORCH_CUDA. From the wheelhouse when it holds a torch wheel (the pinned +cpu
+# build of constraints.txt), else from the index of the chosen line: --index-url (not
+# --extra-index-url) keeps pip there, so PyPI's default build (a newer CUDA than many drivers
+# support) never wins. TORCH_SPEC is the pin, which hadolint cannot see through the ARG.
+# hadolint ignore=DL3013,SC2086
+RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
+    --mount=type=secret,id=ca-bundle \
+    --mount=type=tmpfs,target=/run/pip-ca \
+    set -eu; \
+    if [ -s /run/secrets/ca-bundle ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/ca-bundle > /run/pip-ca/ca.pem; \
+      export PIP_CERT=/run/pip-ca/ca.pem; \
+    fi; \
+    if [ -n "${PIP_INDEX_URL}" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
+    if ls /wheelhouse/torch-*.whl >/dev/null 2>&1; then \
+      pip install --find-links /wheelhouse -c /wheelhouse/constraints.txt "${TORCH_SPEC}"; \
+    else \
+      pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"; \
+    fi; \
+    # What only builds and tests need: C++ headers, test binaries, the bundled protoc.
+    site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+    rm -rf "$site/torch/include" "$site/torch/test" "$site/torch/share/cmake"; \
+    find "$site/torch/bin" -type f ! -name torch_shm_manager -delete
 
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
@@ -44,12 +84,22 @@ COPY runtime ./runtime
 # The README's pinned install command. constraints.txt pins the CPU wheel (torch==<v>+cpu, what
 # CI tests); for a CUDA line that pin would conflict with the torch installed above, so it is
 # dropped and the torch layer's build stays. Every other dependency keeps its pin.
-RUN if [ "${TORCH_CUDA}" != "cpu" ]; then sed -i '/^torch==/d' constraints.txt; fi \
-    && pip install -c constraints.txt . \
-    && pip check
+# hadolint ignore=SC2086
+RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
+    --mount=type=secret,id=ca-bundle \
+    --mount=type=tmpfs,target=/run/pip-ca \
+    set -eu; \
+    if [ -s /run/secrets/ca-bundle ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/ca-bundle > /run/pip-ca/ca.pem; \
+      export PIP_CERT=/run/pip-ca/ca.pem; \
+    fi; \
+    if [ -n "${PIP_INDEX_URL}" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
+    if [ "${TORCH_CUDA}" != "cpu" ]; then sed -i '/^torch==/d' constraints.txt; fi; \
+    pip install -c constraints.txt . --find-links /wheelhouse; \
+    pip check
 
 # ---------------------------------------------------------------------------- runtime stage
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${BASE_IMAGE} AS runtime
 
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -93,7 +143,7 @@ USER 10001:10001
 EXPOSE 50051 50052 9090
 
 # Liveness through the standard gRPC health service on network.health_port (contract).
-HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=10s --start-period=60s --retries=3 \
     CMD ["lensemble", "health", "--port", "50052"]
 
 # Graceful shutdown: the coordinator finishes or aborts the open round and checkpoints.

@@ -31,7 +31,6 @@ from lensemble.stack.engine import ContainerState, DockerComposeEngine, compose_
 from lensemble.stack.ready import check_ready_line, first_ready_line, parse_ready_line
 from tests.compose.conftest import REPO
 from tests.support.cli import run_cli
-from tests.support.tools import probe
 
 RUNNING = ContainerState("running", 0)
 
@@ -70,17 +69,35 @@ class FakeContainer:
 
 
 class FakeEngine:
-    def __init__(self, containers: dict[str, FakeContainer], *, up_error: Exception | None = None):
+    def __init__(
+        self,
+        containers: dict[str, FakeContainer],
+        *,
+        up_error: Exception | None = None,
+        images: tuple[str, ...] = ("lensemble:0.1.0-cpu",),
+        files: dict[tuple[str, str], bytes] | None = None,
+    ):
         self.containers = containers
         self.up_error = up_error
+        self.images = images
+        self.files = files or {}
         self.calls: list[Any] = []
         self.started = False
 
-    def up(self) -> None:
-        self.calls.append("up")
+    def create(self, *, timeout_s: float, echo: Any) -> None:
+        self.calls.append("create")
         if self.up_error:
             raise self.up_error
+
+    def start(self, *, timeout_s: float, echo: Any) -> None:
+        self.calls.append("start")
         self.started = True
+
+    def image_present(self, image: str) -> bool:
+        return image in self.images
+
+    def read_file(self, container: str, path: str) -> bytes | None:
+        return self.files.get((container, path))
 
     def down(self, *, volumes: bool) -> None:
         self.calls.append(("down", volumes))
@@ -239,14 +256,14 @@ def test_up_waits_for_every_ready_line_and_follows_the_rounds(
     out, clock = run_up(cfg, tmp_path, engine)
     ready = [line for line in out if line.startswith("ready: ")]
     assert sorted(ready) == sorted(
-        [f"ready: participant-{p} ({p}:0)" for p in cfg.participant_ids]
-        + ["ready: coordinator (0.0.0.0:50051)"]
+        [f"ready: participant-{p} ({p}:0), running" for p in cfg.participant_ids]
+        + ["ready: coordinator (0.0.0.0:50051), exited"]
     )
     assert "round 1: committed" in out and "round 2: committed" in out
     assert not any("participant joined" in line for line in out)
     assert out[-1].startswith("run finished")
     assert clock.now > 0  # some participants needed several looks
-    assert engine.calls == ["up", ("follow", "coordinator", False)]
+    assert engine.calls == ["create", "start", ("follow", "coordinator", False)]
     record = StackRecord.load(tmp_path / RECORD_NAME)
     assert (record.project, record.profile, record.command) == (
         "lensemble-local",
@@ -310,12 +327,94 @@ def test_coordinator_failure_is_the_exit_code(
 def test_a_restarted_coordinator_is_followed_again(cfg: LensembleConfig, tmp_path: Path) -> None:
     containers = healthy_stack(cfg)
     coordinator = containers["coordinator"]
-    coordinator.states = [ContainerState("restarting", 1), ContainerState("exited", 0)]
+    coordinator.states = [RUNNING, ContainerState("restarting", 1), ContainerState("exited", 0)]
     coordinator.logs.append([json.dumps({"round": 3, "message": "resumed from checkpoint"})])
     engine = FakeEngine(containers)
     out, _ = run_up(cfg, tmp_path, engine)
     assert engine.calls[-2:] == [("follow", "coordinator", False), ("follow", "coordinator", True)]
     assert "round 3: resumed from checkpoint" in out
+
+
+def test_ready_waits_for_a_healthy_container(cfg: LensembleConfig, tmp_path: Path) -> None:
+    containers = healthy_stack(cfg)
+    starting, healthy = (
+        ContainerState("running", 0, "starting"),
+        ContainerState("running", 0, "healthy"),
+    )
+    containers["participant-alpine"].states = [starting, starting, starting, healthy]
+    out, clock = run_up(cfg, tmp_path, FakeEngine(containers))
+    assert "ready: participant-alpine (alpine:0), healthy" in out
+    assert clock.now >= 3  # three looks saw it still starting
+
+
+def test_a_failing_healthcheck_is_said_once_and_may_still_pass(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    containers = healthy_stack(cfg)
+    sick, well = ContainerState("running", 0, "unhealthy"), ContainerState("running", 0, "healthy")
+    containers["participant-delta"].states = [sick] * 6 + [
+        well
+    ]  # some looks precede its ready line
+    out, _ = run_up(cfg, tmp_path, FakeEngine(containers))
+    assert (
+        out.count("participant-delta is ready but its healthcheck fails; waiting for it to pass")
+        == 1
+    )
+    assert "ready: participant-delta (delta:0), healthy" in out
+
+
+def test_a_healthcheck_that_never_passes_is_named_at_the_deadline(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    containers = healthy_stack(cfg)
+    containers["participant-delta"].states = [ContainerState("running", 0, "unhealthy")]
+    with pytest.raises(
+        StackFailed,
+        match=r"participant-delta not ready after 20 s \(participant-delta: healthcheck failing\)",
+    ):
+        run_up(cfg, tmp_path, FakeEngine(containers), ready_timeout_s=20)
+
+
+def test_a_missing_local_image_is_named_before_anything_starts(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    engine = FakeEngine(healthy_stack(cfg), images=())
+    with pytest.raises(StackFailed) as info:
+        run_up(cfg, tmp_path, engine)
+    assert "lensemble:0.1.0-cpu is not on this Docker engine" in str(info.value)
+    assert "lensemble image build" in info.value.remediation
+    assert engine.calls == []
+    assert not (tmp_path / RECORD_NAME).exists()  # nothing to tear down
+
+
+def test_a_finished_run_copies_the_ledger_and_reports_the_final_hash(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    lines = [
+        {"round": 0, "state": "closed", "model_hash": "sha256:aa"},
+        {"round": 1, "state": "aborted", "model_hash": "sha256:aa"},
+        {"round": 1, "state": "closed", "model_hash": "sha256:bb"},
+    ]
+    ledger = "".join(json.dumps(line) + "\n" for line in lines).encode() + b"{torn"
+    engine = FakeEngine(
+        healthy_stack(cfg), files={("coordinator", "/var/lib/lensemble/ledger.jsonl"): ledger}
+    )
+    out: list[str] = []
+    result = up_compose(
+        cfg,
+        stack_dir=tmp_path,
+        profile="cpu",
+        command=["fake-compose"],
+        engine_factory=lambda record: engine,
+        make_certs=make_fake_certs,
+        echo=out.append,
+        clock=FakeClock(),
+        sleep=lambda s: None,
+    )
+    assert result.model_hashes == ["sha256:aa", "sha256:bb"]
+    assert result.ledger == tmp_path / "ledger.jsonl"
+    assert result.ledger.read_bytes() == ledger
+    assert "final model sha256:bb after 2 committed rounds" in out[-1]
 
 
 # --------------------------------------------------------------------------------- down
@@ -342,7 +441,7 @@ def test_a_failed_start_is_still_torn_down(cfg: LensembleConfig, tmp_path: Path)
     assert down_compose(
         tmp_path, volumes=True, engine_factory=lambda r: engine, echo=lambda s: None
     )
-    assert engine.calls == ["up", ("down", True)]
+    assert engine.calls == ["create", ("down", True)]
 
 
 def test_a_failed_teardown_keeps_the_record(cfg: LensembleConfig, tmp_path: Path) -> None:
@@ -407,6 +506,7 @@ def test_certs_init_that_writes_nothing_is_reported(tmp_path: Path) -> None:
     [
         ('{"round": 4, "message": "committed", "level": "INFO"}', "round 4: committed"),
         ('{"round": 4, "event": "round_aborted"}', "round 4: round_aborted"),
+        ('{"round": 4, "message": "round 4 attempt 0 committed"}', "round 4 attempt 0 committed"),
         ('{"round": 5, "attempt": 0, "state": "closed", "model_hash": "ab"}', "round 5: closed"),
         ('{"level": "ERROR", "message": "quorum lost"}', "coordinator error: quorum lost"),
         ('{"level": "INFO", "message": "listening"}', None),
@@ -422,10 +522,12 @@ def test_round_progress(line: str, expected: str | None) -> None:
 class Recorder:
     def __init__(self, returncode: int = 0, stdout: str = "", stderr: str = "") -> None:
         self.args: list[list[str]] = []
+        self.kwargs: list[dict[str, Any]] = []
         self.result = (returncode, stdout, stderr)
 
     def __call__(self, args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         self.args.append(list(args))
+        self.kwargs.append(kwargs)
         code, out, err = self.result
         return subprocess.CompletedProcess(args, code, out, err)
 
@@ -435,18 +537,40 @@ def test_docker_engine_commands(tmp_path: Path) -> None:
     engine = DockerComposeEngine(
         ["docker", "compose"], project="p", compose_file=tmp_path / "c.yaml", profile="gpu", run=run
     )
-    engine.up()
+    engine.create(timeout_s=120, echo=print)
+    engine.start(timeout_s=30, echo=print)
     assert engine.container("coordinator") == "abc123"
     engine.down(volumes=True)
     prefix = ["docker", "compose", "-p", "p", "-f", str(tmp_path / "c.yaml"), "--profile", "gpu"]
     assert run.args == [
+        [*prefix, "up", "--no-start"],
         [*prefix, "up", "-d"],
         [*prefix, "ps", "-a", "-q", "coordinator"],
         [*prefix, "down", "--remove-orphans", "--volumes"],
     ]
-    run.result = (0, "restarting 137\n", "")
-    assert engine.state("abc123") == ContainerState("restarting", 137)
+    # Our deadline, not docker-compose 1.x's 60 s HTTP timeout, bounds a slow create.
+    assert [kw["env"]["COMPOSE_HTTP_TIMEOUT"] for kw in run.kwargs[:2]] == ["120", "30"]
+    assert [kw["timeout"] for kw in run.kwargs[:2]] == [120, 30]
+    run.result = (0, "restarting 137 2 unhealthy\n", "")
+    assert engine.state("abc123") == ContainerState("restarting", 137, "unhealthy", 2)
     assert not engine.state("abc123").finished
+    run.result = (0, "exited 0 0 \n", "")
+    assert engine.state("abc123") == ContainerState("exited", 0, "", 0)
+
+
+def test_a_slow_create_names_the_step_and_the_fix(tmp_path: Path) -> None:
+    def slow(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(args, kwargs["timeout"])
+
+    engine = DockerComposeEngine(
+        ["docker-compose"], project="p", compose_file=tmp_path / "c.yaml", profile="cpu", run=slow
+    )
+    with pytest.raises(StackFailed) as info:
+        engine.create(timeout_s=5, echo=print)
+    assert "did not finish within 5 s (create the containers of the Compose project 'p')" in str(
+        info.value
+    )
+    assert "--start-timeout" in info.value.remediation
 
 
 def test_docker_engine_failures_are_one_sentence(tmp_path: Path) -> None:
@@ -455,7 +579,7 @@ def test_docker_engine_failures_are_one_sentence(tmp_path: Path) -> None:
         ["docker-compose"], project="p", compose_file=tmp_path / "c.yaml", profile="cpu", run=run
     )
     with pytest.raises(StackFailed) as info:
-        engine.up()
+        engine.start(timeout_s=60, echo=print)
     assert str(info.value).startswith(
         "Could not start the Compose project 'p': Error: pull access denied"
     )
@@ -471,7 +595,7 @@ def test_docker_engine_failures_are_one_sentence(tmp_path: Path) -> None:
         run=missing,
     )
     with pytest.raises(ToolMissing):
-        engine.up()
+        engine.create(timeout_s=60, echo=print)
 
 
 def test_compose_command_prefers_v2(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -490,9 +614,11 @@ def test_cli_down_with_nothing_up(tmp_path: Path, in_repo: Path) -> None:
     assert "nothing to tear down" in result.out
 
 
-def test_cli_up_without_a_docker_engine_exits_4(tmp_path: Path, in_repo: Path) -> None:
-    if probe("docker") is None:
-        pytest.skip("a Docker engine is reachable here; the e2e test covers `up`")
+def test_cli_up_without_a_docker_engine_exits_4(
+    tmp_path: Path, in_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine address where none answers, whether or not this machine runs one.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     result = run_cli(
         "up",
         "--substrate",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ KNOWN_TOOLS = (
     "kubernetes-validate",
     "docker-compose",
     "docker",
+    "image",
     "kind",
     "netns",
     "pypi",
@@ -68,6 +70,8 @@ def probe(tool: str) -> str | None:
         if shutil.which("docker") is None:
             return "docker is not on PATH"
         return None if _run_ok("docker", "info") else "no Docker engine is reachable"
+    if tool == "image":
+        return probe("docker") or _image_problem()
     if tool == "kind":
         if shutil.which("kind") is None:
             return "kind is not on PATH"
@@ -92,6 +96,39 @@ def probe(tool: str) -> str | None:
         found = importlib.util.find_spec("stable_worldmodel")
         return None if found else "the [worldmodel] extra is not installed"
     raise AssertionError(tool)
+
+
+def current_image() -> str:
+    """The CPU image tag that ``lensemble image build`` gives a build of this checkout."""
+    from lensemble import __version__
+    from lensemble.image import image_tag
+
+    return image_tag(__version__)
+
+
+def _image_problem() -> str | None:
+    """None when the engine holds the CPU image built from this very checkout."""
+    from lensemble.image import CONTEXT_DIGEST_LABEL
+    from lensemble.image.build import context_digest
+    from tests.conftest import REPO
+
+    tag = current_image()
+    try:
+        done = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "docker image inspect did not answer"
+    if done.returncode != 0:
+        return f"{tag} is not on the engine (build it: `lensemble image build`, see README)"
+    labels = json.loads(done.stdout or "null") or {}
+    if labels.get(CONTEXT_DIGEST_LABEL) != context_digest(REPO):
+        return f"{tag} was built from other sources than this checkout (rebuild: `lensemble image build`)"
+    return None
 
 
 def require(tool: str) -> None:

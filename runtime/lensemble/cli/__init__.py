@@ -14,6 +14,7 @@ import typer
 from lensemble import __version__
 from lensemble.cli import (
     config_cmd,
+    image_cmd,
     kind_cmd,
     network_cmd,
     render_cmd,
@@ -37,6 +38,7 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(render_cmd.app, name="render")
 app.command(name="simulate")(simulate_cmd.simulate)
 app.add_typer(stack_cmd.app)
+app.add_typer(image_cmd.app, name="image")
 app.add_typer(kind_cmd.app, name="kind")
 app.add_typer(vendor_cmd.app, name="vendor")
 app.add_typer(network_cmd.app)

@@ -50,6 +50,13 @@ def up(
         help="Seconds to wait for every ready line (default: federation.join_timeout_s).",
         min=1.0,
     ),
+    start_timeout: float | None = typer.Option(
+        None,
+        "--start-timeout",
+        help="Seconds creating the containers may take, and then starting them (default 900; "
+        "a slow storage driver such as vfs needs minutes).",
+        min=1.0,
+    ),
 ) -> None:
     """Render the stack, start it, wait for every ready line and follow the rounds.
 
@@ -60,7 +67,7 @@ def up(
     import shlex
 
     from lensemble.config import default_config_path
-    from lensemble.stack.compose_stack import stack_dir_for, up_compose
+    from lensemble.stack.compose_stack import START_TIMEOUT_S, stack_dir_for, up_compose
     from lensemble.stack.engine import check_engine, compose_command
 
     cfg = load(config, set_)
@@ -75,6 +82,7 @@ def up(
         command=command,
         source=source,
         ready_timeout_s=ready_timeout,
+        start_timeout_s=start_timeout or START_TIMEOUT_S,
         echo=typer.echo,
     )
 

@@ -74,7 +74,9 @@ LABEL_PROFILE = "dev.lensemble.profile"
 #: keeps failing stops after three restarts so the failure surfaces instead of looping.
 RESTART_POLICY = "on-failure:3"
 HEALTH_INTERVAL = "5s"
-HEALTH_TIMEOUT = "3s"
+#: The check is a whole `lensemble health` process (about 0.5 CPU-seconds) that shares the
+#: container's CPU limit with a busy trainer: 3 s was measured to time out at 0.5 CPU.
+HEALTH_TIMEOUT = "10s"
 HEALTH_RETRIES = 5
 #: Importing torch and building the model takes a while on a cold, small machine.
 HEALTH_START_PERIOD = "60s"

@@ -26,9 +26,11 @@ from pathlib import Path
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_FAIL_CLOSED, EXIT_RUN_FAILED, UsageError
 from lensemble.render.compose import (
+    CONTAINER_STATE_DIR,
     COORDINATOR,
     COORDINATOR_VOLUME,
     participant_service,
+    profile_images,
     write_compose,
 )
 from lensemble.stack import StackFailed
@@ -38,8 +40,14 @@ from lensemble.stack.ready import ReadyLine, check_ready_line, first_ready_line
 RECORD_NAME = "stack.json"
 COMPOSE_NAME = "compose.yaml"
 CERTS_NAME = "certs"
+#: The coordinator's ledger, copied out of its container when the run finishes.
+LEDGER_NAME = "ledger.jsonl"
 #: Seconds between two looks at the containers while waiting.
 POLL_S = 1.0
+#: Seconds creating, and then starting, the containers may take each (``--start-timeout``).
+#: Measured here with overlay2: 2-5 s to create five containers; vfs copies the whole image
+#: (about 1.1 GB) for each, which took minutes on a loaded machine.
+START_TIMEOUT_S = 900.0
 
 Echo = Callable[[str], None]
 EngineFactory = Callable[["StackRecord"], Engine]
@@ -202,8 +210,8 @@ def round_progress(line: str) -> str | None:
 
     Records are JSON objects (``observability.log_format: json``). Shown: records with a
     ``round`` field (``round 3: committed``; the text is the first of ``message``, ``msg``,
-    ``event`` and ``state``, so a logged ledger line shows as ``round 3: closed``) and records
-    at level ERROR or above.
+    ``event`` and ``state``, so a logged ledger line shows as ``round 3: closed``; a text that
+    already starts with ``round`` is shown as it is) and records at level ERROR or above.
 
     Returns:
         The summary, or None for lines not worth showing.
@@ -216,6 +224,9 @@ def round_progress(line: str) -> str | None:
         return None
     text = next((str(record[k]) for k in ("message", "msg", "event", "state") if record.get(k)), "")
     if "round" in record:
+        # Messages that already name their round ("round 3 attempt 0 committed ...") stand alone.
+        if text.startswith("round "):
+            return text
         return f"round {record['round']}: {text}".rstrip(": ")
     if str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
         return f"coordinator error: {text}"
@@ -233,7 +244,7 @@ def wait_ready(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, ReadyLine]:
-    """Wait until every expected service printed a valid ready line.
+    """Wait until every expected service printed a valid ready line and turned healthy.
 
     Args:
         engine: The running project.
@@ -250,13 +261,14 @@ def wait_ready(
 
     Raises:
         StackFailed: A service stopped before it was ready, printed something else first, or
-            was not ready within ``timeout_s``.
+            was not ready and healthy within ``timeout_s`` (a failing healthcheck is named).
         IntegrityError: A service reports another config hash.
     """
     deadline = clock() + timeout_s
     pending = {e.service: e for e in expected}
     containers: dict[str, str] = {}
     ready: dict[str, ReadyLine] = {}
+    unhealthy: set[str] = set()
     while True:
         for name, exp in list(pending.items()):
             container = containers.get(name) or engine.container(name)
@@ -279,15 +291,29 @@ def wait_ready(
                 participant_id=exp.participant_id,
                 config_hash=config_hash,
             )
+            # Ready means announced and healthy: a container without a healthcheck, or one that
+            # already finished its run cleanly, counts as healthy.
+            state = engine.state(container)
+            if state.health not in ("", "healthy") and not (
+                state.finished and state.exit_code == 0
+            ):
+                # A check slower than its timeout on a loaded machine reads as unhealthy, and
+                # may pass at the next try: said once, and only the deadline ends the wait.
+                if state.health == "unhealthy" and name not in unhealthy:
+                    unhealthy.add(name)
+                    echo(f"{name} is ready but its healthcheck fails; waiting for it to pass")
+                continue
             ready[name] = line
             del pending[name]
-            echo(f"ready: {name} ({line.endpoint})")
+            echo(f"ready: {name} ({line.endpoint}), {state.health or state.status}")
         if not pending:
             return ready
         if clock() >= deadline:
             names = ", ".join(sorted(pending))
+            failing = sorted(unhealthy & pending.keys())
             raise StackFailed(
-                f"{names} not ready after {timeout_s:.0f} s.",
+                f"{names} not ready after {timeout_s:.0f} s"
+                + (f" ({', '.join(failing)}: healthcheck failing)." if failing else "."),
                 remediation=f"Look at the logs ({record.logs_hint(sorted(pending)[0])}); the "
                 "stack is still up: `lensemble down` tears it down.",
             )
@@ -321,6 +347,58 @@ def follow_run(
         sleep(POLL_S)
 
 
+@dataclass(frozen=True)
+class StackRun:
+    """What a finished ``lensemble up`` brought back.
+
+    Attributes:
+        ready: The ready line of every service.
+        ledger: The coordinator's ledger copied into the stack folder, None if unreadable.
+        model_hashes: Model hash of every committed round, in order (the hash chain).
+    """
+
+    ready: dict[str, ReadyLine]
+    ledger: Path | None
+    model_hashes: list[str]
+
+
+def committed_hashes(ledger: bytes) -> list[str]:
+    """Model hashes of the committed (``closed``) rounds of a ledger, in order.
+
+    Lines that are not JSON objects with a string ``model_hash`` are skipped: the ledger is
+    read only to report the run, never trusted for anything else.
+    """
+    hashes: list[str] = []
+    for raw in ledger.splitlines():
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and record.get("state") == "closed":
+            value = record.get("model_hash")
+            if isinstance(value, str):
+                hashes.append(value)
+    return hashes
+
+
+def check_image(engine: Engine, config: LensembleConfig, profile: str) -> None:
+    """Refuse to start when the profile's image must be local (pull policy Never) but is not.
+
+    Raises:
+        StackFailed: The image is not on the engine.
+    """
+    if config.deployment.image.pull_policy != "Never":
+        return
+    image = profile_images(config)[profile]
+    if not engine.image_present(image):
+        raise StackFailed(
+            f"The image {image} is not on this Docker engine, and deployment.image.pull_policy "
+            "is Never.",
+            remediation="Build it with `lensemble image build` (without a registry: "
+            "`lensemble image base` first, see the README), then run again.",
+        )
+
+
 def up_compose(
     config: LensembleConfig,
     *,
@@ -331,10 +409,11 @@ def up_compose(
     engine_factory: EngineFactory | None = None,
     make_certs: MakeCerts = run_certs_init,
     ready_timeout_s: float | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
     echo: Echo = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, ReadyLine]:
+) -> StackRun:
     """Bring a config's Compose stack up, wait for every ready line and follow the run.
 
     Args:
@@ -347,18 +426,19 @@ def up_compose(
         make_certs: Creates certificates when there are none (default ``lensemble certs init``).
         ready_timeout_s: Seconds to wait for every ready line; default
             ``federation.join_timeout_s``.
+        start_timeout_s: Seconds creating the containers may take, and then starting them.
         echo: Prints progress.
         clock: Monotonic clock (seconds).
         sleep: Waits between two looks.
 
     Returns:
-        The ready line of every service.
+        The ready lines, the copied ledger and the committed hash chain.
 
     Raises:
         UsageError: A stack is already up from ``stack_dir``.
         ConfigError: The config cannot run on Compose.
-        StackFailed: The stack did not come up or the run failed; the exit code is the
-            coordinator's (1, 2 or 3), else 1.
+        StackFailed: The image is missing, the stack did not come up, or the run failed; the
+            exit code is the coordinator's (1, 2 or 3), else 1.
         IntegrityError: A container reports another config hash.
         ToolMissing: Docker is missing.
     """
@@ -385,11 +465,15 @@ def up_compose(
         command=list(command),
     )
     engine = (engine_factory or _docker_engine)(record)
+    check_image(engine, config, profile)
     # Recorded before starting: a start that fails halfway is still torn down by `down`.
     record.save(record_path)
-    echo(f"starting Compose project '{record.project}' (profile {profile}) from {files.compose}")
-    engine.up()
     expected = expected_services(config, profile)
+    echo(f"creating Compose project '{record.project}' (profile {profile}) from {files.compose}")
+    began = clock()
+    engine.create(timeout_s=start_timeout_s, echo=echo)
+    echo(f"created {len(expected)} containers in {clock() - began:.0f} s; starting")
+    engine.start(timeout_s=start_timeout_s, echo=echo)
     expected_hash = config_hash(config)
     ready = wait_ready(
         engine,
@@ -402,8 +486,9 @@ def up_compose(
         sleep=sleep,
     )
     echo(
-        f"stack ready: coordinator and {len(expected) - 1} participants on config hash "
-        f"{expected_hash}; following {config.federation.rounds} rounds"
+        f"stack ready after {clock() - began:.0f} s: coordinator and {len(expected) - 1} "
+        f"participants on config hash {expected_hash}; following {config.federation.rounds} "
+        "rounds"
     )
     coordinator = engine.container(COORDINATOR)
     if coordinator is None:
@@ -420,11 +505,19 @@ def up_compose(
             "`lensemble down`.",
             exit_code=passed,
         )
+    ledger = engine.read_file(coordinator, f"{CONTAINER_STATE_DIR}/{LEDGER_NAME}")
+    hashes = committed_hashes(ledger) if ledger is not None else []
+    ledger_path = None
+    if ledger is not None:
+        ledger_path = stack_dir / LEDGER_NAME
+        ledger_path.write_bytes(ledger)
+    final = f"final model {hashes[-1]} after {len(hashes)} committed rounds; " if hashes else ""
     echo(
-        f"run finished: checkpoints and ledger are on volume '{COORDINATOR_VOLUME}'; "
-        "`lensemble down` removes the containers (and with --volumes the data)"
+        f"run finished: {final}checkpoints and ledger are on volume '{COORDINATOR_VOLUME}'"
+        + (f" (ledger copied to {ledger_path})" if ledger_path else "")
+        + "; `lensemble down` removes the containers (and with --volumes the data)"
     )
-    return ready
+    return StackRun(ready=ready, ledger=ledger_path, model_hashes=hashes)
 
 
 def down_compose(

@@ -8,8 +8,14 @@ project, and the ``docker`` CLI for per-container logs and state.
 
 from __future__ import annotations
 
+import io
+import math
+import os
 import shutil
 import subprocess
+import tarfile
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +28,14 @@ Run = Callable[..., "subprocess.CompletedProcess[str]"]
 
 #: Seconds a single engine query (ps, inspect, logs without follow) may take.
 QUERY_TIMEOUT_S = 60.0
-#: Seconds ``compose up -d`` or ``down`` may take (image pulls can be slow).
+#: Seconds ``down`` may take (stopping waits for each container's grace period).
 COMPOSE_TIMEOUT_S = 1800.0
+#: Seconds between two progress lines while a long engine step runs.
+PROGRESS_EVERY_S = 15.0
+#: Largest file :meth:`Engine.read_file` copies out of a container (bytes).
+MAX_READ_BYTES = 256 * 2**20
+
+Echo = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -33,10 +45,14 @@ class ContainerState:
     Attributes:
         status: ``created``, ``running``, ``restarting``, ``paused``, ``exited`` or ``dead``.
         exit_code: Exit code of the last run (0 while it has not exited).
+        health: ``starting``, ``healthy`` or ``unhealthy``; empty without a healthcheck.
+        restarts: How often the restart policy restarted the container.
     """
 
     status: str
     exit_code: int
+    health: str = ""
+    restarts: int = 0
 
     @property
     def finished(self) -> bool:
@@ -47,8 +63,25 @@ class ContainerState:
 class Engine(Protocol):
     """The operations ``lensemble up`` and ``down`` need on one Compose project."""
 
-    def up(self) -> None:
-        """Create and start the project's services in the background."""
+    def create(self, *, timeout_s: float, echo: Echo) -> None:
+        """Create the project's networks, volumes and containers without starting them.
+
+        Raises:
+            StackFailed: Not done within ``timeout_s`` seconds (the message names the step).
+        """
+
+    def start(self, *, timeout_s: float, echo: Echo) -> None:
+        """Start the created containers in dependency order, in the background.
+
+        Raises:
+            StackFailed: Not done within ``timeout_s`` seconds (the message names the step).
+        """
+
+    def image_present(self, image: str) -> bool:
+        """True when the engine holds ``image`` locally."""
+
+    def read_file(self, container: str, path: str) -> bytes | None:
+        """The bytes of one file in a (running or stopped) container, None if it has none."""
 
     def down(self, *, volumes: bool) -> None:
         """Stop and remove the project's containers and networks (and volumes if asked)."""
@@ -167,10 +200,20 @@ class DockerComposeEngine:
             *args,
         ]
 
-    def _call(self, args: list[str], *, what: str, timeout: float) -> str:
+    def _call(
+        self,
+        args: list[str],
+        *,
+        what: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        slow: str = "Check that the Docker engine is responsive (`docker info`).",
+    ) -> str:
         """Run one command; its stdout, or StackFailed/ToolMissing naming ``what`` failed."""
         try:
-            done = self._run(args, capture_output=True, text=True, timeout=timeout, check=False)
+            done = self._run(
+                args, capture_output=True, text=True, timeout=timeout, check=False, env=env
+            )
         except FileNotFoundError:
             raise ToolMissing(
                 f"`{args[0]}` is not installed, so cannot {what}.",
@@ -179,7 +222,7 @@ class DockerComposeEngine:
         except subprocess.TimeoutExpired:
             raise StackFailed(
                 f"`{' '.join(args[:4])} ...` did not finish within {timeout:.0f} s ({what}).",
-                remediation="Check that the Docker engine is responsive (`docker info`).",
+                remediation=slow,
             ) from None
         if done.returncode != 0:
             raise StackFailed(
@@ -188,13 +231,90 @@ class DockerComposeEngine:
             )
         return done.stdout
 
-    def up(self) -> None:
-        """Start the stack detached (``up -d``), pulling images as the pull policy says."""
-        self._call(
+    def _step(self, args: list[str], *, what: str, timeout_s: float, echo: Echo) -> None:
+        """Run one long Compose step under our own deadline, with a progress line now and then.
+
+        docker-compose 1.x gives up on any engine call slower than ``COMPOSE_HTTP_TIMEOUT``
+        (60 s by default), which a slow storage driver exceeds while it creates containers; the
+        step's own deadline is passed as that timeout so only our deadline applies.
+        """
+        env = {**os.environ, "COMPOSE_HTTP_TIMEOUT": str(math.ceil(timeout_s))}
+        finished = threading.Event()
+        start = time.monotonic()
+
+        def tick() -> None:
+            while not finished.wait(PROGRESS_EVERY_S):
+                echo(f"  still working: {what} ({time.monotonic() - start:.0f} s)")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            self._call(
+                args,
+                what=what,
+                timeout=timeout_s,
+                env=env,
+                slow="The engine is slow (a vfs storage driver copies the whole image for every "
+                "container); give it longer with --start-timeout, or run dockerd with overlay2.",
+            )
+        finally:
+            finished.set()
+            ticker.join()
+
+    def create(self, *, timeout_s: float, echo: Echo) -> None:
+        """``up --no-start``: networks, volumes and containers, nothing started."""
+        self._step(
+            self._compose_args("up", "--no-start"),
+            what=f"create the containers of the Compose project '{self.project}'",
+            timeout_s=timeout_s,
+            echo=echo,
+        )
+
+    def start(self, *, timeout_s: float, echo: Echo) -> None:
+        """``up -d`` on the created project: starts in dependency order (healthy coordinator)."""
+        self._step(
             self._compose_args("up", "-d"),
             what=f"start the Compose project '{self.project}'",
-            timeout=COMPOSE_TIMEOUT_S,
+            timeout_s=timeout_s,
+            echo=echo,
         )
+
+    def image_present(self, image: str) -> bool:
+        """``docker image inspect`` succeeds."""
+        try:
+            done = self._run(
+                ["docker", "image", "inspect", image],
+                capture_output=True,
+                text=True,
+                timeout=QUERY_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def read_file(self, container: str, path: str) -> bytes | None:
+        """``docker cp CONTAINER:PATH -``: one regular file out of the tar stream, bounded."""
+        try:
+            done = subprocess.run(
+                ["docker", "cp", f"{container}:{path}", "-"],
+                capture_output=True,
+                timeout=QUERY_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0 or len(done.stdout) > MAX_READ_BYTES + 2**20:
+            return None
+        try:
+            with tarfile.open(fileobj=io.BytesIO(done.stdout), mode="r:") as tar:
+                member = next((m for m in tar if m.isfile()), None)
+                if member is None or member.size > MAX_READ_BYTES:
+                    return None
+                handle = tar.extractfile(member)
+                return handle.read() if handle is not None else None
+        except tarfile.TarError:
+            return None
 
     def down(self, *, volumes: bool) -> None:
         """Remove the stack's containers and networks; its volumes too when ``volumes``."""
@@ -222,14 +342,24 @@ class DockerComposeEngine:
         )
 
     def state(self, container: str) -> ContainerState:
-        """Status and exit code from ``docker inspect``."""
+        """Status, exit code, health and restarts from ``docker inspect``."""
+        template = (
+            "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} "
+            "{{if .State.Health}}{{.State.Health.Status}}{{end}}"
+        )
         out = self._call(
-            ["docker", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", container],
+            ["docker", "inspect", "--format", template, container],
             what=f"inspect container {container[:12]}",
             timeout=QUERY_TIMEOUT_S,
         )
-        status, _, code = out.strip().partition(" ")
-        return ContainerState(status=status, exit_code=int(code or 0))
+        fields = out.split()
+        numbers = [int(f) if f.lstrip("-").isdigit() else 0 for f in fields[1:3]] + [0, 0]
+        return ContainerState(
+            status=fields[0] if fields else "unknown",
+            exit_code=numbers[0],
+            restarts=numbers[1],
+            health=fields[3] if len(fields) > 3 else "",
+        )
 
     def follow(self, container: str, *, new_only: bool) -> Iterator[str]:
         """Stream ``docker logs -f`` (stdout and stderr merged) until the container stops."""
