@@ -8,7 +8,10 @@ coordinator host and certificate SANs that `lensemble certs init` writes for the
 {{- required "config.run.name is missing: render the values with `lensemble render helm-values --config FILE`" .Values.config.run.name -}}
 {{- end -}}
 
-{{/* A DNS-label-safe name: at most 52 characters (StatefulSet pods add a revision hash). */}}
+{{/*
+A DNS-label-safe name: at most 52 characters (StatefulSet pods add a revision hash).
+lensemble.render.names.safe_name computes the same; tests/k8s/test_names.py holds them equal.
+*/}}
 {{- define "lensemble.safeName" -}}
 {{- if gt (len .) 52 -}}
 {{- printf "%s-%s" (trunc 43 . | trimSuffix "-") (sha256sum . | trunc 8) -}}
@@ -291,10 +294,6 @@ readinessProbe:
 {{- $all := include "lensemble.allTrustDomains" . | fromJsonArray -}}
 {{- if and (eq .Values.mode "participant") (not (has .Values.trustDomain $all)) -}}
 {{- fail (printf "trustDomain: '%s' is not the trust domain of any participant in config.federation.participants; use one of %s." .Values.trustDomain (join ", " $all)) -}}
-{{- end -}}
-{{- $tag := .Values.image.tag | default .Values.config.deployment.image.tag -}}
-{{- if and (eq $tag "latest") (ne .Values.config.deployment.environment "local") -}}
-{{- fail (printf "image.tag: 'latest' is not allowed in %s; pin a version tag." .Values.config.deployment.environment) -}}
 {{- end -}}
 {{- if has "coordinator" $all -}}
 {{- fail "config.federation.participants: a trust domain named 'coordinator' collides with the coordinator's objects; rename it." -}}

@@ -20,8 +20,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from lensemble.config.schema import DNS1123_LABEL, K8S_MEMORY, LensembleConfig, Toleration
+from lensemble.config.schema import (
+    DNS1123_LABEL,
+    K8S_MEMORY,
+    UNPINNED_TAG,
+    UNPINNED_TAG_ALLOWED_IN,
+    LensembleConfig,
+    Toleration,
+)
 from lensemble.config.schema_export import DRAFT_2020_12
+from lensemble.render.names import CONFIDENTIAL_LABEL
 
 #: Helm carries every number as a float64: integers above this lose precision.
 HELM_MAX_SAFE_INT = 2**53 - 1
@@ -52,7 +60,8 @@ class ImageValues(_Knobs):
     tag: str = Field(
         "",
         pattern=r"^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
-        description="Image tag; empty uses the config's. 'latest' is refused outside local.",
+        description=f"Image tag; empty uses the config's. '{UNPINNED_TAG}' is refused outside "
+        f"{UNPINNED_TAG_ALLOWED_IN}.",
     )
     pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field(
         "", description="imagePullPolicy; empty uses the config's."
@@ -246,14 +255,14 @@ class CoordinatorValues(_Knobs):
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Extra tolerations.")
     confidential_node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"lensemble.dev/confidential-compute": "true"},
+        default_factory=lambda: {CONFIDENTIAL_LABEL: "true"},
         description="Node labels of the confidential-compute pool (with "
         "config.deployment.confidential_compute).",
     )
     confidential_tolerations: list[Toleration] = Field(
         default_factory=lambda: [
             Toleration(
-                key="lensemble.dev/confidential-compute",
+                key=CONFIDENTIAL_LABEL,
                 operator="Exists",
                 effect="NoSchedule",
             )
@@ -325,7 +334,8 @@ class ChartValues(_Knobs):
 
 
 def _not_latest() -> dict[str, Any]:
-    return {"properties": {"tag": {"not": {"const": "latest"}}}}
+    # config.schema.unpinned_tag_refused, as JSON Schema (with the environment rule below).
+    return {"properties": {"tag": {"not": {"const": UNPINNED_TAG}}}}
 
 
 #: Cross-field rules Helm enforces before rendering (each names the offending field).
@@ -340,7 +350,9 @@ _RULES: list[dict[str, Any]] = [
                 "config": {
                     "properties": {
                         "deployment": {
-                            "properties": {"environment": {"not": {"const": "local"}}},
+                            "properties": {
+                                "environment": {"not": {"const": UNPINNED_TAG_ALLOWED_IN}}
+                            },
                             "required": ["environment"],
                         }
                     },
