@@ -34,6 +34,7 @@ from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArg
 from lensemble.config import LensembleConfig, load_config
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.render.helm_values import pod_config
+from lensemble.render.k8s import KUSTOMIZE_DIR
 from lensemble.render.names import (
     RUN_LABEL,
     coordinator_namespace,
@@ -80,7 +81,8 @@ def _namespace(
 
 
 def _kustomize_dir(config: LensembleConfig, settings: StackSettings) -> str:
-    return settings.kustomize_dir or f"overlays/{config.deployment.environment}"
+    overlay = KUSTOMIZE_DIR / "overlays" / config.deployment.environment
+    return settings.kustomize_dir or overlay.as_posix()
 
 
 def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:

@@ -414,7 +414,11 @@ def values_schema() -> dict[str, Any]:
     seed = defs["RunConfig"]["properties"]["root_seed"]
     seed.pop("exclusiveMaximum", None)
     seed["maximum"] = HELM_MAX_SAFE_INT
-    # pydantic emits `required` only for fields without defaults; Helm must see config present.
+    # pydantic emits `required` only for fields without defaults; Helm must see the whole
+    # resolved config (values.yaml has no default config), so a bare install is refused here.
+    schema["properties"]["config"]["required"] = sorted(
+        field.alias or name for name, field in LensembleConfig.model_fields.items()
+    )
     return {
         "$schema": DRAFT_2020_12,
         "$id": "https://lensemble.dev/schema/lensemble-chart-values-v1.json",

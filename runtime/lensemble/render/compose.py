@@ -53,8 +53,10 @@ from lensemble.render.container import (
     TLS_DIR,
     container_config,
 )
-from lensemble.render.names import COORDINATOR as COORDINATOR
+from lensemble.render.names import COORDINATOR as COORDINATOR_IDENTITY
 
+#: The coordinator's service name: its identity, so its certificate folder has the same name.
+COORDINATOR = COORDINATOR_IDENTITY
 #: The image's non-root user and group (see the Dockerfile).
 IMAGE_USER = "10001:10001"
 

@@ -96,8 +96,9 @@ def chart_dir(path: Path | None = None) -> Path:
 
 
 def kustomize_dir(path: Path | None = None) -> Path:
-    """The Kustomize tree (``base/``, ``components/``, ``overlays/``): ``path``, else
-    ``deploy/kustomize`` of the checkout.
+    """The Kustomize tree: ``path``, else ``deploy/kustomize`` of the checkout.
+
+    It holds ``base/<env>/`` (generated), ``components/`` and ``overlays/<env>/``.
 
     Raises:
         UsageError: It has no ``overlays/`` folder.
