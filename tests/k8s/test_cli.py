@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -134,33 +135,32 @@ def test_render_k8s_without_helm_is_a_missing_tool(
     assert "helm-python-sdk" in result.err
 
 
-def test_a_broken_overlay_is_named(tmp_path: Path, in_repo: Path) -> None:
-    require("helm")
-    require("kubectl")
-    tree = tmp_path / "kustomize"
-    shutil.copytree(REPO / "deploy/kustomize", tree)
-    (tree / "overlays/staging/kustomization.yaml").write_text(
-        "resources: [../../base/staging]\ncomponents: [../../components/missing]\n",
-        encoding="utf-8",
-    )
-    result = run_cli("render", "k8s", "-c", "config/staging.yaml", "--kustomize", str(tree))
-    assert result.code == 2
-    assert "staging/kustomization.yaml" in result.err
-
-
-def test_an_overlay_that_breaks_the_policy_fails_closed(tmp_path: Path, in_repo: Path) -> None:
+def _render_staging_with_overlay(tmp_path: Path, overlay: str) -> Any:
+    """``lensemble render k8s`` of config/staging.yaml with this staging overlay text."""
     require("helm")
     require("kubectl")
     tree = tmp_path / "kustomize"
     shutil.copytree(REPO / "deploy/kustomize", tree)
     kustomization = tree / "overlays/staging/kustomization.yaml"
-    kustomization.write_text(
-        kustomization.read_text(encoding="utf-8")
-        + "patches:\n  - target: {kind: Deployment}\n    patch: |-\n"
-        "      - {op: add, path: /spec/template/spec/hostNetwork, value: true}\n",
-        encoding="utf-8",
+    kustomization.write_text(overlay, encoding="utf-8")
+    return run_cli("render", "k8s", "-c", "config/staging.yaml", "--kustomize", str(tree))
+
+
+def test_a_broken_overlay_is_named(tmp_path: Path, in_repo: Path) -> None:
+    broken = "resources: [../../base/staging]\ncomponents: [../../components/missing]\n"
+    result = _render_staging_with_overlay(tmp_path, broken)
+    assert result.code == 2
+    assert "staging/kustomization.yaml" in result.err
+
+
+def test_an_overlay_that_breaks_the_policy_fails_closed(tmp_path: Path, in_repo: Path) -> None:
+    overlay = (REPO / "deploy/kustomize/overlays/staging/kustomization.yaml").read_text(
+        encoding="utf-8"
+    ) + (
+        "patches:\n  - target: {kind: Deployment}\n    patch: |-\n"
+        "      - {op: add, path: /spec/template/spec/hostNetwork, value: true}\n"
     )
-    result = run_cli("render", "k8s", "-c", "config/staging.yaml", "--kustomize", str(tree))
+    result = _render_staging_with_overlay(tmp_path, overlay)
     assert result.code == 3
     assert "no-host-access" in result.err
     assert "overlays/staging" in result.err

@@ -13,7 +13,7 @@ import yaml
 
 from lensemble.config import config_hash
 from lensemble.config.load import validate_mapping
-from lensemble.render.container import CONFIG_PATH, STATE_DIR
+from lensemble.render.container import CONFIG_PATH, STATE_DIR, TLS_DIR
 from lensemble.render.helm_values import participants_by_trust_domain, pod_config
 from lensemble.render.k8s_policy import workloads
 from lensemble.render.names import participant_namespace
@@ -173,6 +173,10 @@ def test_each_pod_mounts_only_its_own_identities_tls(case: str) -> None:
             assert identities == sorted(expected[td])
         names = {s["secret"]["name"] for s in sources}
         assert names == {f"{cfg.run.name}-{i}-tls" for i in identities}
+        # Mounted where the pod's config (pod_config) looks for each identity's files.
+        (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "tls"]
+        assert mount["mountPath"] == TLS_DIR
+        assert pod_config(cfg).network.tls.ca_file == f"{TLS_DIR}/{{identity}}/ca.crt"
 
 
 @pytest.mark.parametrize("case", ALL_MODE)

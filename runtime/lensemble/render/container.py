@@ -8,10 +8,10 @@ out, so every container reports the source config's hash in its ready line.
 
 from __future__ import annotations
 
-from lensemble.config.hashing import config_hash
-from lensemble.config.load import validate_mapping
-from lensemble.config.schema import LensembleConfig
-from lensemble.errors import IntegrityError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI reads the paths at start-up; the config models load on use
+    from lensemble.config.schema import LensembleConfig
 
 #: The config file every container reads (``LENSEMBLE_CONFIG``), mounted read-only.
 CONFIG_PATH = "/etc/lensemble/config.yaml"
@@ -49,6 +49,10 @@ def container_config(
         ConfigError: The changed config fails validation.
         IntegrityError: The rewrite changed the config hash (a bug in this function).
     """
+    from lensemble.config.hashing import config_hash
+    from lensemble.config.load import validate_mapping
+    from lensemble.errors import IntegrityError
+
     data = config.model_dump(mode="json")
     data["run"]["output_dir"] = STATE_DIR
     data["federation"]["transport"] = "network"
