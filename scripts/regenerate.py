@@ -171,15 +171,26 @@ REGISTRY: tuple[Generated, ...] = (
 )
 
 
-def stale(root: Path = ROOT) -> list[tuple[Generated, str]]:
-    """Every registered file whose committed text differs from its generator's, with that text."""
-    out = []
+def regenerate(root: Path = ROOT, *, write: bool = True) -> list[str]:
+    """Generate every registered file in registry order, writing each stale one at once.
+
+    Writing at once matters: later generators read earlier files (the chart renders with the
+    ``values.schema.json`` written just before).
+
+    Returns:
+        The paths that were stale (and, with ``write``, are now rewritten).
+    """
+    found = []
     for entry in REGISTRY:
         path = root / entry.path
         text = entry.generate(root)
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            out.append((entry, text))
-    return out
+        if path.is_file() and path.read_text(encoding="utf-8") == text:
+            continue
+        found.append(entry.path)
+        if write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,15 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="list stale files; write nothing")
     args = parser.parse_args(argv)
-    found = stale(ROOT)
-    for entry, text in found:
-        if args.check:
-            print(f"stale: {entry.path}")
-        else:
-            path = ROOT / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {entry.path}")
+    found = regenerate(ROOT, write=not args.check)
+    for path in found:
+        print(f"{'stale' if args.check else 'wrote'}: {path}")
     if not found:
         print(f"all {len(REGISTRY)} generated files are fresh")
     return 1 if args.check and found else 0

@@ -1,9 +1,9 @@
-"""The chart's Go templates and ``lensemble.render.names`` name every object the same way.
+"""Helm renders every object under the name ``lensemble.render.names`` computes.
 
-The chart computes object names in ``_helpers.tpl``; Python computes them for the Pulumi program
-and the kind cluster. Adversarial inputs (the longest run names and trust domains, double hyphens,
-a hyphen exactly where a long name is cut, names one character either side of the limit) are
-rendered through Helm and compared with Python's names.
+The chart computes no name: ``lensemble render helm-values`` passes them in ``names:``. Adversarial
+inputs (the longest run names and trust domains, double hyphens, a hyphen exactly where a long
+name is cut, names one character either side of the limit) are rendered through Helm and every
+object's name compared with Python's.
 """
 
 from __future__ import annotations
@@ -111,3 +111,16 @@ def test_safe_name_cuts_long_names_and_keeps_them_distinct() -> None:
     assert len(safe_name("a" * 71)) == KEPT_PREFIX + 9
     assert safe_name("a" * MAX_OBJECT_NAME) == "a" * MAX_OBJECT_NAME
     assert safe_name("a" * 71) != safe_name("a" * 70)
+
+
+def test_values_without_names_say_how_to_render_them() -> None:
+    from lensemble.errors import UsageError
+
+    require("helm")
+    values = render_helm_values(config_of("helm-staging"))
+    values["names"]["participants"] = {}
+    with pytest.raises(UsageError) as raised:
+        render_chart(values)
+    message = str(raised.value)
+    assert "names.participants has no 'site-" in message
+    assert "lensemble render helm-values --config FILE" in message

@@ -29,7 +29,7 @@ from lensemble.config.schema import (
     Toleration,
 )
 from lensemble.config.schema_export import DRAFT_2020_12
-from lensemble.render.names import CONFIDENTIAL_LABEL
+from lensemble.render.names import CONFIDENTIAL_LABEL, MAX_OBJECT_NAME
 
 #: Helm carries every number as a float64: integers above this lose precision.
 HELM_MAX_SAFE_INT = 2**53 - 1
@@ -294,6 +294,36 @@ class HelmTestValues(_Knobs):
     enabled: bool = Field(True, description="Render the helm test pod (coordinator health).")
 
 
+class WorkloadNames(_Knobs):
+    """Name and namespace of one workload's objects."""
+
+    name: str = Field(
+        "",
+        pattern=r"^$|" + DNS1123_LABEL,
+        max_length=MAX_OBJECT_NAME,
+        description="Name of the Deployment or StatefulSet, its Service and ServiceAccount.",
+    )
+    namespace: str = Field("", pattern=r"^$|" + DNS1123_LABEL, description="Its namespace.")
+
+
+class ObjectNames(_Knobs):
+    """Every object name the chart uses, computed by ``lensemble.render.names``.
+
+    The chart computes no name itself: ``lensemble render helm-values`` writes these, so the
+    chart, the Pulumi program and the kind cluster always agree.
+    """
+
+    coordinator: WorkloadNames = Field(default_factory=WorkloadNames)
+    participants: dict[str, WorkloadNames] = Field(
+        default_factory=dict, description="Per trust domain: its participants' workload."
+    )
+    tls_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per identity ('coordinator' or a participant id): its TLS Secret "
+        "(tls.secretNames overrides one).",
+    )
+
+
 class ChartValues(_Knobs):
     """Every value of ``charts/lensemble``.
 
@@ -316,6 +346,7 @@ class ChartValues(_Knobs):
         description="Required pod anti-affinity: no node runs pods (or mounts volumes) of two "
         "trust domains, nor a participant next to the coordinator.",
     )
+    names: ObjectNames = Field(default_factory=ObjectNames)
     image: ImageValues = Field(default_factory=ImageValues)
     resources: ResourcesValues = Field(default_factory=ResourcesValues)
     persistence: PersistenceValues = Field(default_factory=PersistenceValues)

@@ -17,7 +17,15 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
 from lensemble.render.container import TLS_DIR, container_config
-from lensemble.render.names import COORDINATOR, coordinator_service
+from lensemble.render.names import (
+    COORDINATOR,
+    coordinator_name,
+    coordinator_namespace,
+    coordinator_service,
+    participant_name,
+    participant_namespace,
+    tls_secret_name,
+)
 
 #: Hosts a participant in another pod cannot dial: rewritten to the coordinator's Service.
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}  # noqa: S104
@@ -123,7 +131,8 @@ def render_helm_values(
 
     Returns:
         JSON-ready values: ``mode``, ``trustDomain``, ``trustDomainIsolation`` (on in
-        sovereign-prod) and ``config`` (the container view, see :func:`pod_config`).
+        sovereign-prod), ``names`` (see :func:`object_names`) and ``config`` (the container
+        view, see :func:`pod_config`).
         Keys are in chart order; every other knob keeps its chart default.
 
     Raises:
@@ -158,5 +167,30 @@ def render_helm_values(
         "mode": mode,
         "trustDomain": trust_domain or "",
         "trustDomainIsolation": config.deployment.environment == "sovereign-prod",
+        "names": object_names(config),
         "config": view.model_dump(mode="json"),
+    }
+
+
+def object_names(config: LensembleConfig) -> dict[str, Any]:
+    """The chart's ``names:`` value: every object name, from :mod:`lensemble.render.names`.
+
+    Returns:
+        ``coordinator`` and, per trust domain, ``participants.<td>`` (``name`` and
+        ``namespace``), and ``tlsSecrets`` per identity.
+    """
+    identities = [COORDINATOR, *config.participant_ids]
+    return {
+        "coordinator": {
+            "name": coordinator_name(config),
+            "namespace": coordinator_namespace(config),
+        },
+        "participants": {
+            td: {
+                "name": participant_name(config, td),
+                "namespace": participant_namespace(config, td),
+            }
+            for td in config.trust_domains
+        },
+        "tlsSecrets": {identity: tls_secret_name(config, identity) for identity in identities},
     }

@@ -1,10 +1,10 @@
 """Names and label keys of the objects a config deploys, computed once for every renderer.
 
-The chart (``charts/lensemble/templates/_helpers.tpl``), the Pulumi program (``infra/``), the
-kind cluster and the Kubernetes policy all name the same objects. Python computes them here; the
-chart's Go templates compute the same names, and ``tests/k8s/test_names.py`` renders adversarial
-inputs (maximum lengths, double hyphens, a hyphen where the name is cut) through Helm and through
-these functions and requires equality.
+The chart (through the ``names:`` value ``lensemble render helm-values`` writes), the Pulumi
+program (``infra/``), the kind cluster and the Kubernetes policy all name the same objects; only
+this module computes the names. ``tests/k8s/test_names.py`` renders adversarial inputs (maximum
+lengths, double hyphens, a hyphen exactly where a long name is cut) through Helm and requires
+every rendered object to carry the name computed here.
 """
 
 from __future__ import annotations
