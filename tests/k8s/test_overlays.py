@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
+from lensemble.config.load import validate_mapping
+from lensemble.render.helm_values import render_helm_values
 from lensemble.render.k8s import (
     BASE_CONFIG,
     BASE_MANIFESTS,
     KUSTOMIZE_DIR,
     is_hook,
     parse_manifests,
+    render_chart,
 )
 from lensemble.render.k8s_policy import workloads
 from lensemble.render.kind import kind_cluster
@@ -155,7 +158,7 @@ def test_overlay_differs_from_helm_only_by_its_documented_patches(env: str) -> N
 
 
 def test_local_overlay_is_the_chart_as_the_config_says() -> None:
-    """Local needs no patch: pull policy, resources and placement all come from the config."""
+    """Local needs no patch: pull policy and resources come from the config."""
     cfg = config_of("kustomize-local")
     assert _patches(OVERLAYS / "local") == []
     workers = [
@@ -165,15 +168,28 @@ def test_local_overlay_is_the_chart_as_the_config_says() -> None:
     ]
     assert sorted(w[TRUST_DOMAIN_LABEL] for w in workers) == sorted(cfg.trust_domains)
     resources = cfg.deployment.resources
-    seen = set()
     for _doc, meta, spec in workloads(render("kustomize-local")):
         container = spec["containers"][0]
         assert container["imagePullPolicy"] == cfg.deployment.image.pull_policy == "Never"
         role = meta["labels"]["app.kubernetes.io/component"]
         assert container["resources"]["requests"]["cpu"] == getattr(resources, role).cpu
+
+
+def test_a_config_pinning_its_trust_domains_lands_each_on_its_kind_worker() -> None:
+    """The kind workers carry what a config's placement asks for, so the chart's own
+    nodeSelector pins each trust domain to exactly its worker (no overlay patch)."""
+    require("helm")
+    base = config_of("helm-local").model_dump(mode="json")
+    base["deployment"]["trust_domains"] = {
+        td: {"node_selector": {TRUST_DOMAIN_LABEL: td, "example.org/site": f"site-{td}"}}
+        for td in config_of("helm-local").trust_domains
+    }
+    cfg = validate_mapping(base, source="<pinned>")
+    workers = [n["labels"] for n in kind_cluster(cfg)["nodes"] if n["role"] == "worker"]
+    seen = set()
+    for _doc, meta, spec in workloads(render_chart(render_helm_values(cfg))):
         td = meta["labels"].get(TRUST_DOMAIN_LABEL)
         if td:
-            # The config's node selector picks exactly its trust domain's kind worker.
             selector = spec["nodeSelector"].items()
             assert [w[TRUST_DOMAIN_LABEL] for w in workers if selector <= w.items()] == [td]
             seen.add(td)
