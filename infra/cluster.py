@@ -13,6 +13,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.partition import Partition
+from lensemble.render.names import POOL_LABEL
 
 #: Instance families that can launch with AMD SEV-SNP (EC2 User Guide, "AMD SEV-SNP").
 SEV_SNP_FAMILIES = ("m6a", "c6a", "r6a")
@@ -331,7 +332,7 @@ class Cluster(pulumi.ComponentResource):
                 ],
                 tag_specifications=[
                     aws.ec2.LaunchTemplateTagSpecificationArgs(
-                        resource_type="instance", tags={**tags, "lensemble.dev/pool": pool.name}
+                        resource_type="instance", tags={**tags, POOL_LABEL: pool.name}
                     )
                 ],
                 tags=tags,
@@ -354,7 +355,7 @@ class Cluster(pulumi.ComponentResource):
                     aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=t.effect)
                     for t in pool.taints
                 ],
-                tags={**tags, "lensemble.dev/pool": pool.name},
+                tags={**tags, POOL_LABEL: pool.name},
                 opts=pulumi.ResourceOptions.merge(
                     child, pulumi.ResourceOptions(depends_on=node_policies)
                 ),

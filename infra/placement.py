@@ -8,9 +8,9 @@ resources so they read as the rules they are.
 from __future__ import annotations
 
 from infra.cluster import NodePool, Taint, TaintEffect
-from infra.naming import CONFIDENTIAL_LABEL, POOL_LABEL, TEE_LABEL, TRUST_DOMAIN_LABEL
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem
+from lensemble.render.names import CONFIDENTIAL_LABEL, POOL_LABEL, TEE_LABEL, TRUST_DOMAIN_LABEL
 
 #: Kubernetes taint effects in the EKS API's spelling; a toleration without an effect
 #: tolerates every effect, so its taint uses NoSchedule.

@@ -22,14 +22,7 @@ import pulumi_kubernetes as k8s
 
 from infra.cluster import Cluster, ClusterArgs
 from infra.image_repository import ImageRepository, ImageRepositoryArgs
-from infra.naming import (
-    coordinator_namespace,
-    namespace_labels,
-    participant_namespace,
-    participant_service_account,
-    safe_name,
-    tls_secret_name,
-)
+from infra.naming import namespace_labels
 from infra.network import Network, NetworkArgs
 from infra.overrides import stack_overrides
 from infra.partition import Partition
@@ -40,7 +33,15 @@ from infra.tls import TlsIdentity, read_identity, tls_secret
 from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs
 from lensemble.config import LensembleConfig, load_config
 from lensemble.errors import ConfigError, ConfigProblem
-from lensemble.render.helm_values import container_config
+from lensemble.render.helm_values import pod_config
+from lensemble.render.k8s import KUSTOMIZE_DIR
+from lensemble.render.names import (
+    RUN_LABEL,
+    coordinator_namespace,
+    participant_name,
+    participant_namespace,
+    tls_secret_name,
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def _namespace(
 
 
 def _kustomize_dir(config: LensembleConfig, settings: StackSettings) -> str:
-    return settings.kustomize_dir or f"overlays/{config.deployment.environment}"
+    overlay = KUSTOMIZE_DIR / "overlays" / config.deployment.environment
+    return settings.kustomize_dir or overlay.as_posix()
 
 
 def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:
@@ -191,7 +193,7 @@ def deploy_local(config: LensembleConfig, settings: StackSettings) -> Deployment
 
 def _in_cluster_endpoint(config: LensembleConfig) -> str:
     """``host:port`` the chart's pods dial (a loopback host becomes the coordinator Service)."""
-    return f"{container_config(config).network.host}:{config.network.port}"
+    return f"{pod_config(config).network.host}:{config.network.port}"
 
 
 def _identity(
@@ -252,7 +254,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
     helm = settings.deploy_with == "helm"
     partition = Partition(config.deployment.cloud.partition)
     tags = {
-        "lensemble.dev/run": config.run.name,
+        RUN_LABEL: config.run.name,
         "lensemble.dev/environment": env,
         "lensemble.dev/stack": settings.stack,
     }
@@ -264,7 +266,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
         assert settings.trust_domain is not None  # read_settings guarantees it
         domains = [settings.trust_domain]
         region = trust_domain_region(config, settings.trust_domain)
-        cluster_name = safe_name(f"{config.run.name}-{settings.trust_domain}")
+        cluster_name = participant_name(config, settings.trust_domain)
         endpoint, ca = coordinator_source(settings)
     else:
         domains = list(config.trust_domains) if role == "all" else []
@@ -351,7 +353,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 namespace=participant_namespace(config, td),
                 namespace_labels=namespace_labels(config, td),
                 create_namespace=helm and not shared,
-                service_account=participant_service_account(config, td),
+                service_account=participant_name(config, td),
                 account_id=settings.account_id,
                 tags=tags,
                 tls=_participant_tls(config, settings, td, participant_ca),
@@ -386,7 +388,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 lambda dialed: with_endpoint(config, dialed)
             ),
             trust_domain=td,
-            release_name=safe_name(f"{config.run.name}-{td}"),
+            release_name=participant_name(config, td),
             namespace=participant_namespace(config, td),
             overrides=image.repository_url.apply(
                 lambda url: stack_overrides(

@@ -17,9 +17,9 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.naming import TRUST_DOMAIN_LABEL
 from infra.partition import Partition
 from infra.tls import TlsIdentity, tls_secret
+from lensemble.render.names import TRUST_DOMAIN_LABEL
 
 #: Object-level S3 actions only the participant's role may perform on its bucket.
 DATA_ACTIONS = (

@@ -10,9 +10,9 @@ import yaml
 from lensemble.config import LensembleConfig, config_hash, differing_fields, load_config
 from lensemble.errors import ConfigError, UsageError
 from lensemble.render.compose import (
+    compose_container_config,
     compose_cpus,
     compose_memory,
-    container_config,
     profile_images,
     render_compose,
     write_compose,
@@ -46,7 +46,7 @@ def test_participant_count_sets_the_number_of_participant_services(count: int) -
 
 def test_container_config_keeps_the_config_hash(env_config: tuple[str, LensembleConfig]) -> None:
     _, cfg = env_config
-    inside = container_config(cfg)
+    inside = compose_container_config(cfg)
     assert config_hash(inside) == config_hash(cfg)
     # Only the container-specific fields change.
     allowed = {
@@ -91,7 +91,7 @@ def test_without_tls_nothing_is_mounted_at_the_tls_path() -> None:
     compose = render_compose(cfg)
     assert_topology(compose, cfg)
     # TLS is off, so its paths are left as they were.
-    assert container_config(cfg).network.tls == cfg.network.tls
+    assert compose_container_config(cfg).network.tls == cfg.network.tls
 
 
 def test_gpu_profile_reserves_gpus_and_uses_a_cuda_image() -> None:

@@ -11,7 +11,6 @@ import yaml
 
 from lensemble.config import load_config
 from lensemble.config.load import PACKAGED_DEFAULT
-from lensemble.config.schema_export import json_schema_text
 from tests.support.cli import run_cli
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "config").glob("*.yaml"))
@@ -52,14 +51,6 @@ def test_exported_schema_rejects_unknown_keys_and_bad_enums(repo: Path) -> None:
     assert not list(validator.iter_errors({"federation": {"rounds": 3}}))
 
 
-def test_committed_schema_matches_the_model(repo: Path) -> None:
-    committed = (repo / "config/lensemble.schema.json").read_text(encoding="utf-8")
-    assert committed == json_schema_text(), (
-        "config/lensemble.schema.json is stale; run "
-        "`lensemble config schema -o config/lensemble.schema.json`"
-    )
-
-
 def test_schema_command_prints_draft_2020_12() -> None:
     result = run_cli("config", "schema")
     assert result.code == 0
@@ -97,13 +88,3 @@ def test_show_prints_resolved_yaml_with_hash(in_repo: Path) -> None:
     # The resolved YAML is itself a valid config with the same hash.
     again = run_cli("config", "validate", "config/staging.yaml")
     assert first.removeprefix("# config hash: ") in again.out
-
-
-def test_committed_reference_matches_the_schema(repo: Path) -> None:
-    from lensemble.config.reference import render_reference
-
-    committed = (repo / "docs/config-reference.md").read_text(encoding="utf-8")
-    assert committed == render_reference(), (
-        "docs/config-reference.md is stale; run "
-        "`lensemble config reference -o docs/config-reference.md`"
-    )

@@ -12,20 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from lensemble.render.chart_files import (
-    default_config,
-    render_readme,
-    undocumented,
-    value_docs,
-    values_with_default_config,
-)
-from lensemble.render.chart_values import ChartValues, values_schema_text
+from lensemble.render.chart_files import undocumented, value_docs
+from lensemble.render.chart_values import ChartValues
 from lensemble.render.helm_values import render_helm_values
 from tests.k8s.renders import CASES, REPO, config_of, values_of
 from tests.support.tools import require
 
 CHART = REPO / "charts" / "lensemble"
-REGENERATE = "run scripts/regenerate-k8s.sh"
 INVALID = sorted((Path(__file__).parent / "invalid_values").glob("*.yaml"))
 
 
@@ -51,11 +44,6 @@ def test_chart_metadata() -> None:
 
 
 # ------------------------------------------------------------------------- generated files
-def test_values_schema_is_generated_from_the_models() -> None:
-    committed = (CHART / "values.schema.json").read_text(encoding="utf-8")
-    assert committed == values_schema_text(), f"values.schema.json is stale; {REGENERATE}"
-
-
 def test_values_schema_embeds_the_config_schema() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
@@ -64,15 +52,17 @@ def test_values_schema_embeds_the_config_schema() -> None:
     assert schema["additionalProperties"] is False
 
 
-def test_default_config_is_the_local_config(in_repo: Path) -> None:
-    text = (CHART / "values.yaml").read_text(encoding="utf-8")
-    assert text == values_with_default_config(text), f"values.yaml config: is stale; {REGENERATE}"
-    assert _values_yaml()["config"] == default_config()
+def test_values_yaml_has_no_default_config() -> None:
+    """Helm deep-merges a default's mappings into the release's: a default config would leak
+    its trust domains (deployment.trust_domains) into every other config."""
+    assert _values_yaml()["config"] == {}
 
 
-def test_readme_is_generated_from_values_comments() -> None:
-    committed = (CHART / "README.md").read_text(encoding="utf-8")
-    assert committed == render_readme(CHART), f"charts/lensemble/README.md is stale; {REGENERATE}"
+def test_chart_without_a_config_is_refused_before_rendering() -> None:
+    helm = _helm()
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as raised:
+        chart.render({}, name="bare")
+    assert "at '/config': missing properties" in str(raised.value)
 
 
 def test_every_value_is_documented() -> None:
@@ -91,15 +81,13 @@ def test_an_undocumented_value_is_found() -> None:
 
 
 def test_values_yaml_defaults_are_the_model_defaults() -> None:
-    values = _values_yaml()
-    assert ChartValues.model_validate(values) == ChartValues.model_validate(
-        {"config": values["config"]}
-    )
+    values = {**_values_yaml(), "config": {}}
+    assert ChartValues.model_validate(values) == ChartValues.model_validate({"config": {}})
 
 
 # --------------------------------------------------------------------------------- helm lint
 def _lint_values() -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {"defaults": None}
+    out: dict[str, dict[str, Any] | None] = {}
     out.update({name: values_of(name) for name, case in CASES.items() if case.path == "helm"})
     return out
 

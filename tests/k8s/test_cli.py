@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -85,21 +86,28 @@ def test_render_k8s_prints_to_stdout_with_env_from_config(in_repo: Path) -> None
     assert parse_manifests(result.out, "stdout") == render("kustomize-local")
 
 
-def test_render_k8s_for_another_config_regenerates_the_overlay_files(in_repo: Path) -> None:
+def test_render_k8s_for_another_config_renders_its_own_base(in_repo: Path) -> None:
     require("helm")
     require("kubectl")
+    placement = '{"alpine-two": {"node_selector": {"lensemble.dev/trust-domain": "alpine-two"}}}'
     result = run_cli(
         "render", "k8s", "-c", "config/local.yaml",
         "--set", "federation.participants[0].trust_domain=alpine-two",
+        "--set", f"deployment.trust_domains={placement}",
     )  # fmt: skip
     assert result.code == 0, result.err
+    docs = parse_manifests(result.out, "stdout")
     pinned = {
         d["metadata"]["name"]: d["spec"]["template"]["spec"].get("nodeSelector")
-        for d in parse_manifests(result.out, "stdout")
+        for d in docs
         if d["kind"] == "StatefulSet"
     }
     assert pinned["lensemble-local-alpine-two"] == {"lensemble.dev/trust-domain": "alpine-two"}
+    assert pinned["lensemble-local-coastal-robotics"] is None
     assert "lensemble-local-alpine-labs" not in pinned
+    # Every workload reads this config, not the committed base's.
+    (config_text,) = {d["data"]["config.yaml"] for d in docs if d["kind"] == "ConfigMap"}
+    assert "alpine-two" in config_text
 
 
 def test_render_k8s_refuses_a_mismatched_env(in_repo: Path) -> None:
@@ -127,52 +135,35 @@ def test_render_k8s_without_helm_is_a_missing_tool(
     assert "helm-python-sdk" in result.err
 
 
-def test_a_broken_overlay_is_named(tmp_path: Path, in_repo: Path) -> None:
+def _render_staging_with_overlay(tmp_path: Path, overlay: str) -> Any:
+    """``lensemble render k8s`` of config/staging.yaml with this staging overlay text."""
     require("helm")
     require("kubectl")
-    overlays = tmp_path / "overlays"
-    shutil.copytree(REPO / "overlays", overlays)
-    (overlays / "staging" / "kustomization.yaml").write_text(
-        "resources: [base]\ncomponents: [../components/missing]\n", encoding="utf-8"
-    )
-    result = run_cli("render", "k8s", "-c", "config/staging.yaml", "--overlays", str(overlays))
+    tree = tmp_path / "kustomize"
+    shutil.copytree(REPO / "deploy/kustomize", tree)
+    kustomization = tree / "overlays/staging/kustomization.yaml"
+    kustomization.write_text(overlay, encoding="utf-8")
+    return run_cli("render", "k8s", "-c", "config/staging.yaml", "--kustomize", str(tree))
+
+
+def test_a_broken_overlay_is_named(tmp_path: Path, in_repo: Path) -> None:
+    broken = "resources: [../../base/staging]\ncomponents: [../../components/missing]\n"
+    result = _render_staging_with_overlay(tmp_path, broken)
     assert result.code == 2
     assert "staging/kustomization.yaml" in result.err
 
 
 def test_an_overlay_that_breaks_the_policy_fails_closed(tmp_path: Path, in_repo: Path) -> None:
-    require("helm")
-    require("kubectl")
-    overlays = tmp_path / "overlays"
-    shutil.copytree(REPO / "overlays", overlays)
-    kustomization = overlays / "staging" / "kustomization.yaml"
-    kustomization.write_text(
-        kustomization.read_text(encoding="utf-8")
-        + "patches:\n  - target: {kind: Deployment}\n    patch: |-\n"
-        "      - {op: add, path: /spec/template/spec/hostNetwork, value: true}\n",
-        encoding="utf-8",
+    overlay = (REPO / "deploy/kustomize/overlays/staging/kustomization.yaml").read_text(
+        encoding="utf-8"
+    ) + (
+        "patches:\n  - target: {kind: Deployment}\n    patch: |-\n"
+        "      - {op: add, path: /spec/template/spec/hostNetwork, value: true}\n"
     )
-    result = run_cli("render", "k8s", "-c", "config/staging.yaml", "--overlays", str(overlays))
+    result = _render_staging_with_overlay(tmp_path, overlay)
     assert result.code == 3
     assert "no-host-access" in result.err
     assert "overlays/staging" in result.err
-
-
-def test_update_base_rewrites_only_generated_files(tmp_path: Path, in_repo: Path) -> None:
-    require("helm")
-    require("kubectl")
-    overlays = tmp_path / "overlays"
-    shutil.copytree(REPO / "overlays", overlays)
-    base = overlays / "local" / "base" / "manifests.yaml"
-    base.write_text("# stale\n", encoding="utf-8")
-    result = run_cli(
-        "render", "k8s", "-c", "config/local.yaml", "--overlays", str(overlays), "--update-base"
-    )
-    assert result.code == 0, result.err
-    assert base.read_bytes() == (REPO / "overlays/local/base/manifests.yaml").read_bytes()
-    assert (overlays / "local/kustomization.yaml").read_bytes() == (
-        REPO / "overlays/local/kustomization.yaml"
-    ).read_bytes()
 
 
 def test_helm_values_does_not_import_helm(repo: Path) -> None:

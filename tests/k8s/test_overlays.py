@@ -1,9 +1,12 @@
-"""The Kustomize overlays: committed bases in sync, differences from Helm exactly the documented
-patches, and each environment's promises (kind pinning, sovereign-prod isolation).
+"""The Kustomize tree: small overlays over generated bases, differences from Helm exactly the
+documented patches, no patch that overrides what the config says, and each environment's promises
+(kind pinning, sovereign-prod isolation).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,14 +14,24 @@ from typing import Any
 import pytest
 import yaml
 
-from lensemble.render.helm_values import participant_namespace
-from lensemble.render.k8s import is_hook, overlay_files
+from lensemble.config.load import validate_mapping
+from lensemble.render.helm_values import render_helm_values
+from lensemble.render.k8s import (
+    BASE_CONFIG,
+    BASE_MANIFESTS,
+    KUSTOMIZE_DIR,
+    is_hook,
+    parse_manifests,
+    render_chart,
+)
 from lensemble.render.k8s_policy import workloads
 from lensemble.render.kind import kind_cluster
+from lensemble.render.names import TRUST_DOMAIN_LABEL, participant_namespace
 from tests.k8s.renders import ENVS, REPO, config_of, render
 from tests.support.tools import require
 
-OVERLAYS = REPO / "overlays"
+TREE = REPO / KUSTOMIZE_DIR
+OVERLAYS = TREE / "overlays"
 Docs = list[dict[str, Any]]
 
 
@@ -27,27 +40,19 @@ def _load(path: Path) -> Any:
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_committed_generated_files_are_fresh(env: str) -> None:
-    require("helm")
-    _, files = overlay_files(config_of(f"helm-{env}"), env)
-    for relative, text in files.items():
-        committed = (OVERLAYS / env / relative).read_text(encoding="utf-8")
-        assert committed == text, (
-            f"overlays/{env}/{relative} is stale; run scripts/regenerate-k8s.sh "
-            f"(or lensemble render k8s --config config/{env}.yaml --env {env} --update-base)"
-        )
-
-
-@pytest.mark.parametrize("env", ENVS)
 def test_overlays_are_small_kustomizations_over_their_base(env: str) -> None:
     kustomization = _load(OVERLAYS / env / "kustomization.yaml")
     assert kustomization["kind"] == "Kustomization"
-    assert kustomization["resources"] == ["base"]
+    assert kustomization["resources"] == [f"../../base/{env}"]
     assert "namespace" not in kustomization, "a namespace override would merge trust domains"
     for component in kustomization.get("components", []):
-        assert _load(OVERLAYS / env / component / "kustomization.yaml")["kind"] == "Component"
-    base = _load(OVERLAYS / env / "base" / "kustomization.yaml")
-    assert base["resources"] == ["manifests.yaml"]
+        path = (OVERLAYS / env / component).resolve()
+        assert path.parent == TREE / "components"
+        assert _load(path / "kustomization.yaml")["kind"] == "Component"
+    base = _load(TREE / "base" / env / "kustomization.yaml")
+    assert base["resources"] == [BASE_MANIFESTS]
+    # The config is written once; every workload's ConfigMap refers to it.
+    assert {tuple(g["files"]) for g in base["configMapGenerator"]} == {(BASE_CONFIG,)}
 
 
 # ------------------------------------------------------------ differences = documented patches
@@ -103,7 +108,7 @@ def _patches(kustomization_dir: Path) -> list[Patch]:
     for component in kustomization.get("components", []):
         out += _patches((kustomization_dir / component).resolve())
     for entry in kustomization.get("patches", []):
-        source = str(kustomization_dir.relative_to(OVERLAYS))
+        source = str(kustomization_dir.relative_to(TREE))
         if "patch" in entry:  # inline JSON6902 with a target
             target = entry["target"]
             selector = target.get("labelSelector")
@@ -118,7 +123,7 @@ def _patches(kustomization_dir: Path) -> list[Patch]:
                 for pointer in _leaves(body):
                     out.append(
                         Patch(
-                            str(path.relative_to(OVERLAYS)),
+                            str(path.relative_to(TREE)),
                             doc["kind"],
                             pointer,
                             name=meta["name"],
@@ -138,7 +143,6 @@ def test_overlay_differs_from_helm_only_by_its_documented_patches(env: str) -> N
     overlay = _by_key(render(f"kustomize-{env}"))
     assert overlay.keys() == helm.keys(), "the overlay adds or drops objects"
     patches = _patches(OVERLAYS / env)
-    assert patches, f"overlays/{env} documents no patch"
     undocumented = []
     for key, before in helm.items():
         after = overlay[key]
@@ -153,23 +157,43 @@ def test_overlay_differs_from_helm_only_by_its_documented_patches(env: str) -> N
         assert any(patch.matches(doc) for doc in overlay.values()), f"{patch} matches nothing"
 
 
-def test_local_overlay_pins_trust_domains_to_kind_workers() -> None:
+def test_local_overlay_is_the_chart_as_the_config_says() -> None:
+    """Local needs no patch: pull policy and resources come from the config."""
     cfg = config_of("kustomize-local")
-    workers = {
-        node["labels"]["lensemble.dev/trust-domain"]
-        for node in _load(OVERLAYS / "local" / "kind-cluster.yaml")["nodes"]
+    assert _patches(OVERLAYS / "local") == []
+    workers = [
+        node["labels"]
+        for node in _load(REPO / "deploy/kind/kind-cluster.yaml")["nodes"]
         if node["role"] == "worker"
-    }
-    assert workers == set(cfg.trust_domains)
-    seen = set()
+    ]
+    assert sorted(w[TRUST_DOMAIN_LABEL] for w in workers) == sorted(cfg.trust_domains)
+    resources = cfg.deployment.resources
     for _doc, meta, spec in workloads(render("kustomize-local")):
-        assert spec["containers"][0]["imagePullPolicy"] == "Never"
-        assert spec["containers"][0]["resources"]["requests"]["cpu"] == "100m"
-        td = meta["labels"].get("lensemble.dev/trust-domain")
+        container = spec["containers"][0]
+        assert container["imagePullPolicy"] == cfg.deployment.image.pull_policy == "Never"
+        role = meta["labels"]["app.kubernetes.io/component"]
+        assert container["resources"]["requests"]["cpu"] == getattr(resources, role).cpu
+
+
+def test_a_config_pinning_its_trust_domains_lands_each_on_its_kind_worker() -> None:
+    """The kind workers carry what a config's placement asks for, so the chart's own
+    nodeSelector pins each trust domain to exactly its worker (no overlay patch)."""
+    require("helm")
+    base = config_of("helm-local").model_dump(mode="json")
+    base["deployment"]["trust_domains"] = {
+        td: {"node_selector": {TRUST_DOMAIN_LABEL: td, "example.org/site": f"site-{td}"}}
+        for td in config_of("helm-local").trust_domains
+    }
+    cfg = validate_mapping(base, source="<pinned>")
+    workers = [n["labels"] for n in kind_cluster(cfg)["nodes"] if n["role"] == "worker"]
+    seen = set()
+    for _doc, meta, spec in workloads(render_chart(render_helm_values(cfg))):
+        td = meta["labels"].get(TRUST_DOMAIN_LABEL)
         if td:
-            assert spec["nodeSelector"] == {"lensemble.dev/trust-domain": td}
+            selector = spec["nodeSelector"].items()
+            assert [w[TRUST_DOMAIN_LABEL] for w in workers if selector <= w.items()] == [td]
             seen.add(td)
-    assert seen == workers
+    assert seen == set(cfg.trust_domains)
 
 
 def test_kind_cluster_has_one_control_plane_and_a_worker_per_trust_domain() -> None:
@@ -238,3 +262,119 @@ def test_confidential_runtime_class_only_when_configured() -> None:
     assert "runtimeClassName" not in deployment["spec"]["template"]["spec"]
     (featured,) = [d for d in render("helm-staging-features") if d["kind"] == "Deployment"]
     assert featured["spec"]["template"]["spec"]["runtimeClassName"] == "kata-cc-snp"
+
+
+# ------------------------------------------------- no patch overrides what the config says
+def _build(directory: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    proc = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return _by_key(parse_manifests(proc.stdout, str(directory)))
+
+
+def _units(overlay: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each component of an overlay, and its own patches, as a kustomization of its own."""
+    kustomization = _load(overlay / "kustomization.yaml")
+    units = [(c, {"components": [c]}) for c in kustomization.get("components", [])]
+    if kustomization.get("patches"):
+        units.append(("patches", {"patches": kustomization["patches"]}))
+    return units
+
+
+def overriding_changes(tree: Path, env: str) -> list[str]:
+    """Fields of the base that a patch of ``overlays/<env>`` changes, one line each.
+
+    Every component (and the overlay's own patches) is applied alone to the base; a patch may
+    add fields the base lacks, but a field the base has came from the config (or the chart
+    rendering it), so changing it contradicts the config. A patch that changes nothing at all
+    repeats the base and is reported too.
+    """
+    base = _build(tree / "base" / env)
+    overlay = tree / "overlays" / env
+    out = []
+    for name, unit in _units(overlay):
+        # A sibling of the overlay, so that its relative paths resolve the same way.
+        probe = tree / "overlays" / f"{env}-probe"
+        shutil.rmtree(probe, ignore_errors=True)
+        shutil.copytree(overlay, probe)
+        document = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [f"../../base/{env}"],
+            **unit,
+        }
+        (probe / "kustomization.yaml").write_text(yaml.safe_dump(document), encoding="utf-8")
+        patched = _build(probe)
+        shutil.rmtree(probe)
+        changed = False
+        for key, before in base.items():
+            old, new = _leaves(before), _leaves(patched[key])
+            for pointer in sorted(old.keys() | new.keys()):
+                if old.get(pointer, ...) == new.get(pointer, ...):
+                    continue
+                changed = True
+                if pointer in old:
+                    out.append(f"{name}: {key}: {pointer}: {old[pointer]} -> {new.get(pointer)}")
+        if not changed:
+            out.append(f"{name}: changes nothing the base does not already say")
+    return out
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_no_overlay_patch_overrides_the_config(env: str, tmp_path: Path) -> None:
+    require("kubectl")
+    tree = tmp_path / "kustomize"
+    shutil.copytree(TREE, tree)
+    assert overriding_changes(tree, env) == []
+
+
+def _local_overlay_with(tree: Path, path: str, value: str) -> None:
+    """Make the local overlay use one component that sets ``path`` of every StatefulSet."""
+    component = tree / "components" / "probe"
+    component.mkdir()
+    patch = yaml.safe_dump([{"op": "replace", "path": path, "value": value}])
+    document = {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "patches": [{"target": {"kind": "StatefulSet"}, "patch": patch}],
+    }
+    (component / "kustomization.yaml").write_text(yaml.safe_dump(document), encoding="utf-8")
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../base/local"],
+        "components": ["../../components/probe"],
+    }
+    (tree / "overlays/local/kustomization.yaml").write_text(
+        yaml.safe_dump(overlay), encoding="utf-8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        # What the local overlay did before: CPU requests of 100m where the config says 500m.
+        (
+            "/spec/template/spec/containers/0/resources/requests/cpu",
+            "100m",
+            "/spec/template/spec/containers/0/resources/requests/cpu: 500m -> 100m",
+        ),
+        # And a pull-policy patch that repeated the config's.
+        (
+            "/spec/template/spec/containers/0/imagePullPolicy",
+            "Never",
+            "changes nothing the base does not already say",
+        ),
+    ],
+)
+def test_a_patch_against_the_config_is_found(
+    tmp_path: Path, path: str, value: str, expected: str
+) -> None:
+    require("kubectl")
+    tree = tmp_path / "kustomize"
+    shutil.copytree(TREE, tree)
+    _local_overlay_with(tree, path, value)
+    found = overriding_changes(tree, "local")
+    assert found, "the patch went unnoticed"
+    assert all(line.endswith(expected) for line in found), found

@@ -13,12 +13,10 @@ import yaml
 
 from lensemble.config import config_hash
 from lensemble.config.load import validate_mapping
-from lensemble.render.helm_values import (
-    container_config,
-    participant_namespace,
-    participants_by_trust_domain,
-)
+from lensemble.render.container import CONFIG_PATH, STATE_DIR, TLS_DIR
+from lensemble.render.helm_values import participants_by_trust_domain, pod_config
 from lensemble.render.k8s_policy import workloads
+from lensemble.render.names import participant_namespace
 from tests.k8s.renders import CASES, ENVS, config_of, render
 
 Docs = list[dict[str, Any]]
@@ -84,16 +82,17 @@ def test_every_mounted_config_is_the_source_config(case: str) -> None:
         configmap = maps[(doc["metadata"]["namespace"], volume["configMap"]["name"])]
         mounted = validate_mapping(yaml.safe_load(configmap["data"]["config.yaml"]))
         assert config_hash(mounted) == config_hash(cfg)
-        assert mounted == container_config(cfg)
+        assert mounted == pod_config(cfg)
         container = spec["containers"][0]
         mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
         assert mount == {
             "name": "config",
-            "mountPath": "/etc/lensemble/config.yaml",
+            # The chart's literal path is the contract's (lensemble.render.container).
+            "mountPath": CONFIG_PATH,
             "subPath": "config.yaml",
             "readOnly": True,
         }
-        assert _env(container)["LENSEMBLE_CONFIG"] == "/etc/lensemble/config.yaml"
+        assert _env(container)["LENSEMBLE_CONFIG"] == CONFIG_PATH
 
 
 @pytest.mark.parametrize("case", ALL_MODE)
@@ -145,7 +144,7 @@ def test_coordinator_is_one_writer_with_persistent_state(case: str) -> None:
     (pvc,) = _of(docs, "PersistentVolumeClaim")
     assert claims == [pvc["metadata"]["name"]]
     state = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "state")
-    assert state["mountPath"] == "/var/lib/lensemble"
+    assert state["mountPath"] == STATE_DIR
     (pdb,) = _of(docs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert pdb["spec"]["maxUnavailable"] == 0
@@ -174,6 +173,10 @@ def test_each_pod_mounts_only_its_own_identities_tls(case: str) -> None:
             assert identities == sorted(expected[td])
         names = {s["secret"]["name"] for s in sources}
         assert names == {f"{cfg.run.name}-{i}-tls" for i in identities}
+        # Mounted where the pod's config (pod_config) looks for each identity's files.
+        (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "tls"]
+        assert mount["mountPath"] == TLS_DIR
+        assert pod_config(cfg).network.tls.ca_file == f"{TLS_DIR}/{{identity}}/ca.crt"
 
 
 @pytest.mark.parametrize("case", ALL_MODE)

@@ -8,15 +8,6 @@ coordinator host and certificate SANs that `lensemble certs init` writes for the
 {{- required "config.run.name is missing: render the values with `lensemble render helm-values --config FILE`" .Values.config.run.name -}}
 {{- end -}}
 
-{{/* A DNS-label-safe name: at most 52 characters (StatefulSet pods add a revision hash). */}}
-{{- define "lensemble.safeName" -}}
-{{- if gt (len .) 52 -}}
-{{- printf "%s-%s" (trunc 43 . | trimSuffix "-") (sha256sum . | trunc 8) -}}
-{{- else -}}
-{{- . -}}
-{{- end -}}
-{{- end -}}
-
 {{/* Distinct trust domains of the config, sorted, as JSON. */}}
 {{- define "lensemble.allTrustDomains" -}}
 {{- $tds := list -}}
@@ -53,26 +44,36 @@ coordinator host and certificate SANs that `lensemble certs init` writes for the
 {{- $ids | toJson -}}
 {{- end -}}
 
+{{/*
+Object names come from .Values.names, which `lensemble render helm-values` computes
+(lensemble.render.names): the chart computes no name itself.
+*/}}
 {{- define "lensemble.coordinatorName" -}}
-{{- printf "%s-coordinator" (include "lensemble.run" .) -}}
+{{- required "names.coordinator.name is missing: render the values with `lensemble render helm-values --config FILE`." .Values.names.coordinator.name -}}
+{{- end -}}
+
+{{- define "lensemble.coordinatorNamespace" -}}
+{{- required "names.coordinator.namespace is missing: render the values with `lensemble render helm-values --config FILE`." .Values.names.coordinator.namespace -}}
+{{- end -}}
+
+{{/* One trust domain's names (name, namespace). Call with (dict "root" $ "td" "..."). */}}
+{{- define "lensemble.participantNames" -}}
+{{- $entry := get .root.Values.names.participants .td -}}
+{{- if not $entry -}}
+{{- /* A trust domain the config does not have is named by the checks; else names are stale. */ -}}
+{{- include "lensemble.validate" .root -}}
+{{- fail (printf "names.participants has no '%s': render the values with `lensemble render helm-values --config FILE`." .td) -}}
+{{- end -}}
+{{- toJson $entry -}}
 {{- end -}}
 
 {{/* StatefulSet (and Service, ServiceAccount) name of one trust domain. */}}
 {{- define "lensemble.participantName" -}}
-{{- include "lensemble.safeName" (printf "%s-%s" (include "lensemble.run" .root) .td) -}}
-{{- end -}}
-
-{{- define "lensemble.coordinatorNamespace" -}}
-{{- .Values.config.deployment.namespace.name -}}
+{{- (include "lensemble.participantNames" . | fromJson).name -}}
 {{- end -}}
 
 {{- define "lensemble.participantNamespace" -}}
-{{- $ns := .root.Values.config.deployment.namespace -}}
-{{- if eq $ns.strategy "single" -}}
-{{- $ns.name -}}
-{{- else -}}
-{{- printf "%s-%s" $ns.name .td -}}
-{{- end -}}
+{{- (include "lensemble.participantNames" . | fromJson).namespace -}}
 {{- end -}}
 
 {{/* Namespaces this release uses, sorted, as JSON. */}}
@@ -179,11 +180,11 @@ seccompProfile:
 
 {{/* Secret holding one identity's TLS material. Call with (dict "root" $ "identity" "..."). */}}
 {{- define "lensemble.tlsSecret" -}}
-{{- $names := .root.Values.tls.secretNames -}}
-{{- if hasKey $names .identity -}}
-{{- get $names .identity -}}
+{{- $override := .root.Values.tls.secretNames -}}
+{{- if hasKey $override .identity -}}
+{{- get $override .identity -}}
 {{- else -}}
-{{- printf "%s-%s-tls" (include "lensemble.run" .root) .identity -}}
+{{- required (printf "names.tlsSecrets.%s is missing: render the values with `lensemble render helm-values --config FILE`." .identity) (get .root.Values.names.tlsSecrets .identity) -}}
 {{- end -}}
 {{- end -}}
 
@@ -291,10 +292,6 @@ readinessProbe:
 {{- $all := include "lensemble.allTrustDomains" . | fromJsonArray -}}
 {{- if and (eq .Values.mode "participant") (not (has .Values.trustDomain $all)) -}}
 {{- fail (printf "trustDomain: '%s' is not the trust domain of any participant in config.federation.participants; use one of %s." .Values.trustDomain (join ", " $all)) -}}
-{{- end -}}
-{{- $tag := .Values.image.tag | default .Values.config.deployment.image.tag -}}
-{{- if and (eq $tag "latest") (ne .Values.config.deployment.environment "local") -}}
-{{- fail (printf "image.tag: 'latest' is not allowed in %s; pin a version tag." .Values.config.deployment.environment) -}}
 {{- end -}}
 {{- if has "coordinator" $all -}}
 {{- fail "config.federation.participants: a trust domain named 'coordinator' collides with the coordinator's objects; rename it." -}}

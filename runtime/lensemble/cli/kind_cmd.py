@@ -58,19 +58,21 @@ def _certificates(cfg: LensembleConfig, kubectl: list[str], workdir: Path) -> No
     """One Secret per identity from ``lensemble certs init``, in the identity's namespace."""
     import yaml
 
-    from lensemble.render.helm_values import (
-        container_config,
+    from lensemble.render.helm_values import pod_config
+    from lensemble.render.names import (
+        COORDINATOR,
         coordinator_namespace,
         participant_namespace,
+        tls_secret_name,
     )
 
-    view = container_config(cfg)
+    view = pod_config(cfg)
     config_file = workdir / "config.yaml"
     config_file.write_text(yaml.safe_dump(view.model_dump(mode="json")), encoding="utf-8")
     certs = workdir / "certs"
     cli = [sys.executable, "-c", "from lensemble.cli import main; main()"]
     _run([*cli, "certs", "init", str(certs), "--config", str(config_file)])
-    identities = {"coordinator": coordinator_namespace(cfg)}
+    identities = {COORDINATOR: coordinator_namespace(cfg)}
     for p in cfg.federation.participants:
         identities[p.id] = participant_namespace(cfg, p.trust_domain)
     for identity, namespace in identities.items():
@@ -81,7 +83,7 @@ def _certificates(cfg: LensembleConfig, kubectl: list[str], workdir: Path) -> No
                 "create",
                 "secret",
                 "generic",
-                f"{cfg.run.name}-{identity}-tls",
+                tls_secret_name(cfg, identity),
                 "-n",
                 namespace,
                 f"--from-file=tls.crt={folder / 'tls.crt'}",
@@ -105,7 +107,8 @@ def _follow_rounds(
         IntegrityError: The committed rounds do not chain.
     """
     from lensemble.federation.ledger import RoundRecord, committed_chain
-    from lensemble.render.helm_values import STATE_DIR, coordinator_namespace
+    from lensemble.render.container import STATE_DIR
+    from lensemble.render.names import coordinator_name, coordinator_namespace
 
     ledger = f"{STATE_DIR}/{cfg.observability.ledger_path}"
     target = [
@@ -113,7 +116,7 @@ def _follow_rounds(
         "exec",
         "-n",
         coordinator_namespace(cfg),
-        f"deployment/{cfg.run.name}-coordinator",
+        f"deployment/{coordinator_name(cfg)}",
         "--",
         "cat",
         ledger,
@@ -151,9 +154,9 @@ def up(
     import yaml
 
     from lensemble.render import k8s as k8s_render
-    from lensemble.render.helm_values import participant_namespace
     from lensemble.render.k8s_policy import enforce
     from lensemble.render.kind import cluster_name, kind_cluster
+    from lensemble.render.names import TRUST_DOMAIN_LABEL, participant_namespace
 
     cfg = load(config, set_)
     if cfg.deployment.environment != "local":
@@ -166,7 +169,7 @@ def up(
     kubectl = [kubectl_exe, "--context", f"kind-{name}"]
     image = f"{cfg.deployment.image.repository}:{cfg.deployment.image.tag}"
     rendered = k8s_render.render_k8s(cfg, "local")
-    enforce(rendered.manifests, cfg, source="overlays/local")
+    enforce(rendered.manifests, cfg, source="deploy/kustomize/overlays/local")
     with tempfile.TemporaryDirectory(prefix="lensemble-kind-") as tmp:
         work = Path(tmp)
         if name not in _run([kind, "get", "clusters"]).split():
@@ -196,7 +199,7 @@ def up(
                 "-n",
                 participant_namespace(cfg, td),
                 "-l",
-                f"lensemble.dev/trust-domain={td}",
+                f"{TRUST_DOMAIN_LABEL}={td}",
                 "--for=condition=Ready",
                 f"--timeout={int(timeout)}s",
             ]

@@ -15,6 +15,7 @@ import typer
 
 from lensemble.cli.options import SET_HELP, load
 from lensemble.errors import EXIT_INTERRUPTED, UsageError
+from lensemble.render.container import CONFIG_PATH, TLS_DIR
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
@@ -26,7 +27,7 @@ certs_app = typer.Typer(
 )
 app.add_typer(certs_app, name="certs")
 
-CONTAINER_CONFIG = "/etc/lensemble/config.yaml"
+CONTAINER_CONFIG = CONFIG_PATH
 ROLE_ENV = "LENSEMBLE_ROLE"
 LINGER_ENV = "LENSEMBLE_LINGER"
 CONFIG_ENV = "LENSEMBLE_CONFIG"
@@ -271,5 +272,5 @@ def certs_init(
         f"{ca} {outdir}; issued {', '.join(issued.identities)}; coordinator names: "
         f"{', '.join(issued.server_names)}\n"
         f"keep {outdir / 'ca.key'} out of every container; mount {outdir}/<identity>/ at "
-        "/etc/lensemble/tls\n"
+        f"{TLS_DIR}\n"
     )

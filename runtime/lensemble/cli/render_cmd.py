@@ -112,7 +112,10 @@ def helm_values(
 def k8s(
     config: Path | None = ConfigOption,
     env: str | None = typer.Option(
-        None, "--env", "-e", help="Overlay (overlays/ENV); default: deployment.environment."
+        None,
+        "--env",
+        "-e",
+        help="Overlay (deploy/kustomize/overlays/ENV); default: deployment.environment.",
     ),
     output: Path | None = typer.Option(
         None,
@@ -122,13 +125,11 @@ def k8s(
         metavar="DIR",
     ),
     chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
-    overlays: Path | None = typer.Option(
-        None, "--overlays", help="Overlays directory.", metavar="DIR"
-    ),
-    update_base: bool = typer.Option(
-        False,
-        "--update-base",
-        help="Also rewrite the committed generated files of overlays/ENV (base, kind files).",
+    kustomize_tree: Path | None = typer.Option(
+        None,
+        "--kustomize",
+        help="Kustomize tree with base/, components/ and overlays/ (default: deploy/kustomize).",
+        metavar="DIR",
     ),
     set_: list[str] = SetOption,
 ) -> None:
@@ -138,27 +139,10 @@ def k8s(
 
     cfg = load(config, set_)
     environment = k8s_render.env_from_config(cfg, env)
-    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, overlays=overlays)
-    enforce(rendered.manifests, cfg, source=f"overlays/{environment}")
-    if update_base:
-        for path in k8s_render.write_overlay_files(
-            cfg, environment, chart=chart, overlays=overlays
-        ):
-            sys.stderr.write(f"wrote {path}\n")
+    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, kustomize_tree=kustomize_tree)
+    enforce(rendered.manifests, cfg, source=f"deploy/kustomize/overlays/{environment}")
     if output is None:
         sys.stdout.write(k8s_render.dump_manifests(rendered.manifests))
     else:
         path = k8s_render.write_manifests(rendered.manifests, output, environment)
         sys.stderr.write(f"wrote {path} ({len(rendered.manifests)} objects)\n")
-
-
-@app.command("chart-files")
-def chart_files(
-    chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
-) -> None:
-    """Regenerate the chart's values.schema.json, default config and README.md."""
-    from lensemble.render.chart_files import regenerate
-    from lensemble.render.k8s import chart_dir
-
-    for path in regenerate(chart_dir(chart)):
-        typer.echo(f"wrote {path}")

@@ -32,6 +32,20 @@ DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
 K8S_MEMORY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
 CUDA_TAG = re.compile(r"(^|[-_.])cu[0-9]{3}([-_.]|$)")
+#: The image tag a registry moves: it names no fixed build.
+UNPINNED_TAG = "latest"
+#: The only environment that may run an unpinned tag (images side-loaded on a laptop).
+UNPINNED_TAG_ALLOWED_IN = "local"
+
+
+def unpinned_tag_refused(environment: str, tag: str) -> bool:
+    """Whether ``environment`` refuses image ``tag``: ``latest`` is refused outside local.
+
+    The one statement of the rule; the chart's values schema encodes the same two constants.
+    """
+    return tag == UNPINNED_TAG and environment != UNPINNED_TAG_ALLOWED_IN
+
+
 MiB = 1024 * 1024
 
 Environment = Literal["local", "staging", "sovereign-prod"]
@@ -761,10 +775,10 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
             f"'{dep.image.tag}' is not a CUDA build but GPUs are requested; use a tag such as "
             "'0.1.0-cu126' or set the gpu counts to 0.",
         )
-    if env != "local" and dep.image.tag == "latest":
+    if unpinned_tag_refused(env, dep.image.tag):
         bad(
             "deployment.image.tag",
-            f"'latest' is not allowed in {env}; pin a version tag or a 'sha-<7 hex>' tag.",
+            f"'{dep.image.tag}' is not allowed in {env}; pin a version tag or a 'sha-<7 hex>' tag.",
         )
 
     # sovereign-prod: a real trust boundary between every pair of organisations.

@@ -1,10 +1,9 @@
-"""Generated files of the chart: ``README.md``, ``values.schema.json`` and the default ``config:``.
+"""The chart's generated ``README.md``, from the comments of its hand-written ``values.yaml``.
 
-``values.yaml`` is written by hand with a ``# --`` comment above every key (the helm-docs
-convention); :func:`render_readme` turns those comments into the README's values table. The
-default ``config:`` block (the last key of ``values.yaml``) is the container view of the packaged
-``config/local.yaml``, so a bare ``helm install`` deploys the kind quick start. Tests fail when any
-of the three drifts; ``scripts/regenerate-k8s.sh`` rewrites them.
+``values.yaml`` has a ``# --`` comment above every key (the helm-docs convention);
+:func:`render_readme` turns those comments into the README's values table. ``values.yaml`` has
+no default ``config:``: Helm would merge its mappings into every release's config. The README is
+in ``scripts/regenerate.py``'s registry, so a test fails when it drifts.
 """
 
 from __future__ import annotations
@@ -16,10 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from lensemble.config.load import PACKAGED_DEFAULT, load_config
-from lensemble.render.chart_values import values_schema_text
-from lensemble.render.helm_values import render_helm_values
 
 CONFIG_KEY = "config"
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[^\s#\-][^:]*):(\s|$)")
@@ -130,7 +125,7 @@ def render_readme(chart: Path) -> str:
         value = _lookup(values, doc.path)
         key = ".".join(f'"{p}"' if "." in p else p for p in doc.path)
         if doc.path == (CONFIG_KEY,):
-            default = "container view of `config/local.yaml`"
+            default = "required: `lensemble render helm-values`"
         elif isinstance(value, dict) and value:
             default = ""
         else:
@@ -141,7 +136,7 @@ def render_readme(chart: Path) -> str:
         [
             f"# {meta['name']}",
             "",
-            "<!-- Generated from values.yaml by scripts/regenerate-k8s.sh: do not edit. -->",
+            "<!-- Generated from values.yaml by python scripts/regenerate.py: do not edit. -->",
             "",
             f"Version {meta['version']}, app version {meta['appVersion']}, Kubernetes "
             f"{meta['kubeVersion']}.",
@@ -184,52 +179,3 @@ def render_readme(chart: Path) -> str:
             "",
         ]
     )
-
-
-def default_config() -> dict[str, Any]:
-    """The chart's default ``config:``: the container view of the packaged local config."""
-    values = render_helm_values(load_config(PACKAGED_DEFAULT))
-    config: dict[str, Any] = values["config"]
-    return config
-
-
-def values_with_default_config(text: str) -> str:
-    """``values.yaml`` text with its trailing ``config:`` block regenerated.
-
-    Raises:
-        ValueError: ``config:`` is not the file's last top-level key.
-    """
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if re.match(rf"^{CONFIG_KEY}:(\s|$)", line)]
-    if len(starts) != 1:
-        raise ValueError("values.yaml must have exactly one top-level 'config:' key, last")
-    start = starts[0]
-    if any(re.match(r"^[^\s#]", line) for line in lines[start + 1 :]):
-        raise ValueError("'config:' must be the last top-level key of values.yaml")
-    block = yaml.safe_dump(default_config(), sort_keys=False, width=100)
-    body = "\n".join("  " + line for line in block.splitlines())
-    return "\n".join([*lines[:start], f"{CONFIG_KEY}:", body]) + "\n"
-
-
-def regenerate(chart: Path) -> list[Path]:
-    """Rewrite the chart's generated files (schema, default config, README) in place.
-
-    Returns:
-        The files whose content changed.
-    """
-    changed = []
-    values = chart / "values.yaml"
-    targets: list[tuple[Path, str]] = [
-        (chart / "values.schema.json", values_schema_text()),
-        (values, values_with_default_config(values.read_text(encoding="utf-8"))),
-    ]
-    for path, text in targets:
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
-    readme = chart / "README.md"
-    text = render_readme(chart)
-    if not readme.is_file() or readme.read_text(encoding="utf-8") != text:
-        readme.write_text(text, encoding="utf-8")
-        changed.append(readme)
-    return changed

@@ -20,8 +20,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from lensemble.config.schema import DNS1123_LABEL, K8S_MEMORY, LensembleConfig, Toleration
+from lensemble.config.schema import (
+    DNS1123_LABEL,
+    K8S_MEMORY,
+    UNPINNED_TAG,
+    UNPINNED_TAG_ALLOWED_IN,
+    LensembleConfig,
+    Toleration,
+)
 from lensemble.config.schema_export import DRAFT_2020_12
+from lensemble.render.names import CONFIDENTIAL_LABEL, MAX_OBJECT_NAME
 
 #: Helm carries every number as a float64: integers above this lose precision.
 HELM_MAX_SAFE_INT = 2**53 - 1
@@ -52,7 +60,8 @@ class ImageValues(_Knobs):
     tag: str = Field(
         "",
         pattern=r"^$|^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
-        description="Image tag; empty uses the config's. 'latest' is refused outside local.",
+        description=f"Image tag; empty uses the config's. '{UNPINNED_TAG}' is refused outside "
+        f"{UNPINNED_TAG_ALLOWED_IN}.",
     )
     pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field(
         "", description="imagePullPolicy; empty uses the config's."
@@ -246,14 +255,14 @@ class CoordinatorValues(_Knobs):
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Extra tolerations.")
     confidential_node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"lensemble.dev/confidential-compute": "true"},
+        default_factory=lambda: {CONFIDENTIAL_LABEL: "true"},
         description="Node labels of the confidential-compute pool (with "
         "config.deployment.confidential_compute).",
     )
     confidential_tolerations: list[Toleration] = Field(
         default_factory=lambda: [
             Toleration(
-                key="lensemble.dev/confidential-compute",
+                key=CONFIDENTIAL_LABEL,
                 operator="Exists",
                 effect="NoSchedule",
             )
@@ -285,6 +294,36 @@ class HelmTestValues(_Knobs):
     enabled: bool = Field(True, description="Render the helm test pod (coordinator health).")
 
 
+class WorkloadNames(_Knobs):
+    """Name and namespace of one workload's objects."""
+
+    name: str = Field(
+        "",
+        pattern=r"^$|" + DNS1123_LABEL,
+        max_length=MAX_OBJECT_NAME,
+        description="Name of the Deployment or StatefulSet, its Service and ServiceAccount.",
+    )
+    namespace: str = Field("", pattern=r"^$|" + DNS1123_LABEL, description="Its namespace.")
+
+
+class ObjectNames(_Knobs):
+    """Every object name the chart uses, computed by ``lensemble.render.names``.
+
+    The chart computes no name itself: ``lensemble render helm-values`` writes these, so the
+    chart, the Pulumi program and the kind cluster always agree.
+    """
+
+    coordinator: WorkloadNames = Field(default_factory=WorkloadNames)
+    participants: dict[str, WorkloadNames] = Field(
+        default_factory=dict, description="Per trust domain: its participants' workload."
+    )
+    tls_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per identity ('coordinator' or a participant id): its TLS Secret "
+        "(tls.secretNames overrides one).",
+    )
+
+
 class ChartValues(_Knobs):
     """Every value of ``charts/lensemble``.
 
@@ -307,6 +346,7 @@ class ChartValues(_Knobs):
         description="Required pod anti-affinity: no node runs pods (or mounts volumes) of two "
         "trust domains, nor a participant next to the coordinator.",
     )
+    names: ObjectNames = Field(default_factory=ObjectNames)
     image: ImageValues = Field(default_factory=ImageValues)
     resources: ResourcesValues = Field(default_factory=ResourcesValues)
     persistence: PersistenceValues = Field(default_factory=PersistenceValues)
@@ -325,7 +365,8 @@ class ChartValues(_Knobs):
 
 
 def _not_latest() -> dict[str, Any]:
-    return {"properties": {"tag": {"not": {"const": "latest"}}}}
+    # config.schema.unpinned_tag_refused, as JSON Schema (with the environment rule below).
+    return {"properties": {"tag": {"not": {"const": UNPINNED_TAG}}}}
 
 
 #: Cross-field rules Helm enforces before rendering (each names the offending field).
@@ -340,7 +381,9 @@ _RULES: list[dict[str, Any]] = [
                 "config": {
                     "properties": {
                         "deployment": {
-                            "properties": {"environment": {"not": {"const": "local"}}},
+                            "properties": {
+                                "environment": {"not": {"const": UNPINNED_TAG_ALLOWED_IN}}
+                            },
                             "required": ["environment"],
                         }
                     },
@@ -402,7 +445,11 @@ def values_schema() -> dict[str, Any]:
     seed = defs["RunConfig"]["properties"]["root_seed"]
     seed.pop("exclusiveMaximum", None)
     seed["maximum"] = HELM_MAX_SAFE_INT
-    # pydantic emits `required` only for fields without defaults; Helm must see config present.
+    # pydantic emits `required` only for fields without defaults; Helm must see the whole
+    # resolved config (values.yaml has no default config), so a bare install is refused here.
+    schema["properties"]["config"]["required"] = sorted(
+        field.alias or name for name, field in LensembleConfig.model_fields.items()
+    )
     return {
         "$schema": DRAFT_2020_12,
         "$id": "https://lensemble.dev/schema/lensemble-chart-values-v1.json",

@@ -44,18 +44,22 @@ from typing import Any
 import yaml
 
 from lensemble.config import LensembleConfig, config_hash, dump_config
-from lensemble.config.load import validate_mapping
 from lensemble.config.schema import CUDA_TAG, ParticipantSpec, RoleResources
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
+from lensemble.render.container import (
+    CONFIG_PATH,
+    SCRATCH_DIR,
+    STATE_DIR,
+    TLS_DIR,
+    container_config,
+)
+from lensemble.render.names import COORDINATOR as COORDINATOR_IDENTITY
 
-#: Where the contract puts things inside every container.
-CONTAINER_CONFIG_PATH = "/etc/lensemble/config.yaml"
-CONTAINER_TLS_DIR = "/etc/lensemble/tls"
-CONTAINER_STATE_DIR = "/var/lib/lensemble"
+#: The coordinator's service name: its identity, so its certificate folder has the same name.
+COORDINATOR = COORDINATOR_IDENTITY
 #: The image's non-root user and group (see the Dockerfile).
 IMAGE_USER = "10001:10001"
 
-COORDINATOR = "coordinator"
 COORDINATOR_VOLUME = "coordinator-state"
 PROFILES = ("cpu", "gpu")
 #: CUDA line of the gpu profile when the config's tag is a CPU build: CUDA 12.6 wheels run on
@@ -147,35 +151,16 @@ def check_composable(config: LensembleConfig) -> None:
         raise ConfigError(problems)
 
 
-def container_config(config: LensembleConfig) -> LensembleConfig:
-    """The config every container reads: the source with container-specific fields changed.
+def compose_container_config(config: LensembleConfig) -> LensembleConfig:
+    """The config every container of the stack reads (see :func:`container_config`).
 
-    Only fields the config hash leaves out change: ``network.host`` (the coordinator's service
-    name), ``network.listen_host`` (all interfaces), the TLS paths (the identity folder mounted at
-    ``/etc/lensemble/tls``), ``run.output_dir`` (``/var/lib/lensemble``) and
-    ``observability.log_format`` (``json``). So ``config_hash`` of the result equals the
-    source's.
-
-    Args:
-        config: The validated source config.
-
-    Returns:
-        The validated container config.
+    The coordinator is the service ``coordinator``; each container mounts only its own identity
+    folder at ``/etc/lensemble/tls``. The config hash equals the source's.
 
     Raises:
         ConfigError: The changed config fails validation (a bug: report it).
     """
-    data = config.model_dump(mode="json")
-    data["run"]["output_dir"] = CONTAINER_STATE_DIR
-    network = data["network"]
-    network["host"] = COORDINATOR
-    network["listen_host"] = "0.0.0.0"  # noqa: S104 - inside its own container network
-    if network["tls"]["enabled"]:
-        network["tls"]["ca_file"] = f"{CONTAINER_TLS_DIR}/ca.crt"
-        network["tls"]["cert_file"] = f"{CONTAINER_TLS_DIR}/tls.crt"
-        network["tls"]["key_file"] = f"{CONTAINER_TLS_DIR}/tls.key"
-    data["observability"]["log_format"] = "json"
-    return validate_mapping(data, source="<container config>")
+    return container_config(config, coordinator_host=COORDINATOR, tls_dir=TLS_DIR)
 
 
 # ------------------------------------------------------------------------------- the images
@@ -305,13 +290,13 @@ def _service(
     """One container of the stack; ``participant`` is None for the coordinator."""
     net = config.network
     role = "coordinator" if participant is None else "participant"
-    environment = {"LENSEMBLE_ROLE": role, "LENSEMBLE_CONFIG": CONTAINER_CONFIG_PATH}
+    environment = {"LENSEMBLE_ROLE": role, "LENSEMBLE_CONFIG": CONFIG_PATH}
     labels = {LABEL_RUN: config.run.name, LABEL_ROLE: role}
     volumes: list[dict[str, Any]] = [
         {
             "type": "bind",
             "source": _relative_dir(config_name),
-            "target": CONTAINER_CONFIG_PATH,
+            "target": CONFIG_PATH,
             "read_only": True,
         }
     ]
@@ -320,7 +305,7 @@ def _service(
             {
                 "type": "bind",
                 "source": f"{_relative_dir(certs_dir)}/{identity}",
-                "target": CONTAINER_TLS_DIR,
+                "target": TLS_DIR,
                 "read_only": True,
             }
         )
@@ -336,7 +321,7 @@ def _service(
         labels[LABEL_PARTICIPANT] = participant.id
         labels[LABEL_TRUST_DOMAIN] = participant.trust_domain
     labels[LABEL_PROFILE] = ",".join(profiles)
-    volumes.append({"type": "volume", "source": state, "target": CONTAINER_STATE_DIR})
+    volumes.append({"type": "volume", "source": state, "target": STATE_DIR})
     service: dict[str, Any] = {
         "image": image,
         "pull_policy": PULL_POLICY[config.deployment.image.pull_policy],
@@ -345,7 +330,7 @@ def _service(
         "environment": environment,
         "user": IMAGE_USER,
         "read_only": True,
-        "tmpfs": ["/tmp"],  # noqa: S108 - the contract's scratch space, a private tmpfs
+        "tmpfs": [SCRATCH_DIR],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         # tini as PID 1 forwards SIGTERM and reaps children.
@@ -490,8 +475,8 @@ def compose_text(compose: dict[str, Any], header: Sequence[str] = ()) -> str:
 
 
 def container_config_text(config: LensembleConfig, header: Sequence[str] = ()) -> str:
-    """The container config (see :func:`container_config`) as YAML after ``header`` comments."""
-    return _comment(header) + dump_config(container_config(config))
+    """The container config (:func:`compose_container_config`) as YAML after ``header``."""
+    return _comment(header) + dump_config(compose_container_config(config))
 
 
 def write_compose(
@@ -530,7 +515,7 @@ def write_compose(
     config_header = [
         f"Rendered by `lensemble render compose`{f' from: {source}' if source else ''}",
         "The config every container of the Compose stack reads (mounted read-only at",
-        f"{CONTAINER_CONFIG_PATH}). Do not edit. Its config hash equals the source config's:",
+        f"{CONFIG_PATH}). Do not edit. Its config hash equals the source config's:",
         config_hash(config),
     ]
     output.parent.mkdir(parents=True, exist_ok=True)

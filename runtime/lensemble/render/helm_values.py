@@ -13,39 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from lensemble.config.hashing import config_hash
-from lensemble.config.load import validate_mapping
 from lensemble.config.schema import LensembleConfig
-from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, UsageError
+from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
-
-#: Where the chart mounts things inside every container (docs/architecture.md).
-TLS_DIR = "/etc/lensemble/tls"
-STATE_DIR = "/var/lib/lensemble"
+from lensemble.render.container import TLS_DIR, container_config
+from lensemble.render.names import (
+    COORDINATOR,
+    coordinator_name,
+    coordinator_namespace,
+    coordinator_service,
+    participant_name,
+    participant_namespace,
+    tls_secret_name,
+)
 
 #: Hosts a participant in another pod cannot dial: rewritten to the coordinator's Service.
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}  # noqa: S104
-
-
-def coordinator_namespace(config: LensembleConfig) -> str:
-    """Namespace of the coordinator (``deployment.namespace.name``)."""
-    return config.deployment.namespace.name
-
-
-def participant_namespace(config: LensembleConfig, trust_domain: str) -> str:
-    """Namespace of one trust domain's participants.
-
-    Returns:
-        ``<name>`` with the ``single`` strategy, ``<name>-<trust_domain>`` with
-        ``per-trust-domain``.
-    """
-    ns = config.deployment.namespace
-    return ns.name if ns.strategy == "single" else f"{ns.name}-{trust_domain}"
-
-
-def coordinator_service(config: LensembleConfig) -> str:
-    """In-cluster DNS name of the coordinator's Service: ``<run.name>-coordinator.<ns>.svc``."""
-    return f"{config.run.name}-coordinator.{coordinator_namespace(config)}.svc"
 
 
 def participants_by_trust_domain(config: LensembleConfig) -> dict[str, list[str]]:
@@ -61,13 +44,12 @@ def participants_by_trust_domain(config: LensembleConfig) -> dict[str, list[str]
     return dict(sorted(out.items()))
 
 
-def container_config(config: LensembleConfig) -> LensembleConfig:
-    """The config as a pod reads it: network transport, container paths, JSON logs.
+def pod_config(config: LensembleConfig) -> LensembleConfig:
+    """The config as a pod reads it (:func:`~lensemble.render.container.container_config`).
 
-    Changes ``federation.transport`` (network), ``network.listen_host`` (0.0.0.0), a loopback
-    ``network.host`` (to the coordinator Service), ``run.output_dir`` (/var/lib/lensemble), the
-    TLS paths (``/etc/lensemble/tls/{identity}/...``: one Secret per identity, as
-    ``lensemble certs init`` and cert-manager lay them out) and ``observability.log_format``.
+    A loopback ``network.host`` becomes the coordinator's Service; the TLS paths are
+    ``/etc/lensemble/tls/{identity}/...`` (one Secret per identity, as ``lensemble certs init``
+    and cert-manager lay them out).
 
     Raises:
         ConfigError: The config cannot run on Kubernetes: bearer-token auth (tokens would need
@@ -88,7 +70,7 @@ def container_config(config: LensembleConfig) -> LensembleConfig:
         )
     for i, p in enumerate(config.federation.participants):
         for field, value in (("id", p.id), ("trust_domain", p.trust_domain)):
-            if value == "coordinator":
+            if value == COORDINATOR:
                 raise ConfigError(
                     [
                         ConfigProblem(
@@ -98,36 +80,21 @@ def container_config(config: LensembleConfig) -> LensembleConfig:
                         )
                     ]
                 )
-    data = config.model_dump(mode="json")
-    data["run"]["output_dir"] = STATE_DIR
-    data["federation"]["transport"] = "network"
-    data["observability"]["log_format"] = "json"
-    network = data["network"]
-    network["listen_host"] = "0.0.0.0"  # noqa: S104 - the pod's own interfaces
-    if net.host in _LOOPBACK:
-        network["host"] = coordinator_service(config)
-    elif config.deployment.namespace.strategy == "per-trust-domain" and "." not in net.host:
+    host = net.host
+    if host in _LOOPBACK:
+        host = coordinator_service(config)
+    elif config.deployment.namespace.strategy == "per-trust-domain" and "." not in host:
         raise ConfigError(
             [
                 ConfigProblem(
                     "network.host",
-                    f"'{net.host}' is a short name that participants in other namespaces cannot "
+                    f"'{host}' is a short name that participants in other namespaces cannot "
                     f"resolve; use '{coordinator_service(config)}' or a fully qualified name.",
                 )
             ]
         )
-    if net.tls.enabled:
-        network["tls"]["ca_file"] = f"{TLS_DIR}/{{identity}}/ca.crt"
-        network["tls"]["cert_file"] = f"{TLS_DIR}/{{identity}}/tls.crt"
-        network["tls"]["key_file"] = f"{TLS_DIR}/{{identity}}/tls.key"
-    _check_float64_safe(data, "")
-    out = validate_mapping(data, source="<container view>")
-    if config_hash(out) != config_hash(config):
-        raise IntegrityError(
-            "the container view of the config changed its hash; this is a bug in "
-            "lensemble.render.helm_values, please report it."
-        )
-    return out
+    _check_float64_safe(config.model_dump(mode="json"), "")
+    return container_config(config, coordinator_host=host, tls_dir=f"{TLS_DIR}/{{identity}}")
 
 
 def _check_float64_safe(node: Any, path: str) -> None:
@@ -164,13 +131,14 @@ def render_helm_values(
 
     Returns:
         JSON-ready values: ``mode``, ``trustDomain``, ``trustDomainIsolation`` (on in
-        sovereign-prod) and ``config`` (the container view, see :func:`container_config`).
+        sovereign-prod), ``names`` (see :func:`object_names`) and ``config`` (the container
+        view, see :func:`pod_config`).
         Keys are in chart order; every other knob keeps its chart default.
 
     Raises:
         UsageError: An unknown mode, or a trust domain that is missing, unknown or not
             allowed with the mode.
-        ConfigError: The config cannot run on Kubernetes (see :func:`container_config`).
+        ConfigError: The config cannot run on Kubernetes (see :func:`pod_config`).
     """
     if mode not in MODES:
         raise UsageError(
@@ -194,10 +162,35 @@ def render_helm_values(
             f"--trust-domain only applies to mode 'participant', not '{mode}'.",
             remediation="Drop --trust-domain or pass --mode participant.",
         )
-    view = container_config(config)
+    view = pod_config(config)
     return {
         "mode": mode,
         "trustDomain": trust_domain or "",
         "trustDomainIsolation": config.deployment.environment == "sovereign-prod",
+        "names": object_names(config),
         "config": view.model_dump(mode="json"),
+    }
+
+
+def object_names(config: LensembleConfig) -> dict[str, Any]:
+    """The chart's ``names:`` value: every object name, from :mod:`lensemble.render.names`.
+
+    Returns:
+        ``coordinator`` and, per trust domain, ``participants.<td>`` (``name`` and
+        ``namespace``), and ``tlsSecrets`` per identity.
+    """
+    identities = [COORDINATOR, *config.participant_ids]
+    return {
+        "coordinator": {
+            "name": coordinator_name(config),
+            "namespace": coordinator_namespace(config),
+        },
+        "participants": {
+            td: {
+                "name": participant_name(config, td),
+                "namespace": participant_namespace(config, td),
+            }
+            for td in config.trust_domains
+        },
+        "tlsSecrets": {identity: tls_secret_name(config, identity) for identity in identities},
     }

@@ -4,12 +4,14 @@ Helm runs in-process through the ``helm-python-sdk`` wheel (``helm_python``, Hel
 no ``helm`` binary), Kustomize through ``kubectl kustomize``. Both are reached only inside these
 functions, so importing this module is cheap.
 
-Layout the functions rely on (all paths relative to the repository root)::
+Layout the functions rely on (the Kustomize tree is ``deploy/kustomize`` of the checkout)::
 
-    charts/lensemble/                      the chart
-    overlays/<env>/kustomization.yaml      one overlay per environment, over ./base
-    overlays/<env>/base/manifests.yaml     the chart rendered with config/<env>.yaml (committed)
-    overlays/components/<feature>/         Kustomize Components the overlays share
+    charts/lensemble/                                   the chart
+    deploy/kustomize/base/<env>/manifests.yaml          the chart rendered with config/<env>.yaml,
+    deploy/kustomize/base/<env>/config.yaml             its config, once (ConfigMaps refer to it),
+    deploy/kustomize/base/<env>/kustomization.yaml      and their kustomization (all generated)
+    deploy/kustomize/components/<feature>/              Components: what a config cannot say
+    deploy/kustomize/overlays/<env>/kustomization.yaml  one overlay per environment, over its base
 """
 
 from __future__ import annotations
@@ -28,10 +30,16 @@ import yaml
 from lensemble.config.schema import Environment, LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem, ToolMissing, UsageError
 from lensemble.render.helm_values import render_helm_values
-from lensemble.render.kind import local_overlay_files
 
-BASE_FILE = "base/manifests.yaml"
+#: The Kustomize tree, relative to the checkout.
+KUSTOMIZE_DIR = Path("deploy/kustomize")
+#: The files of one environment's base (all generated), relative to ``base/<env>``.
+BASE_MANIFESTS = "manifests.yaml"
+BASE_CONFIG = "config.yaml"
+BASE_KUSTOMIZATION = "kustomization.yaml"
 HOOK_ANNOTATION = "helm.sh/hook"
+#: The key under which every lensemble ConfigMap holds the container config.
+CONFIG_MAP_KEY = "config.yaml"
 
 #: Install order (kinds first in this list apply first); other kinds follow, sorted by name.
 _KIND_ORDER = (
@@ -87,19 +95,21 @@ def chart_dir(path: Path | None = None) -> Path:
     return chart
 
 
-def overlays_dir(path: Path | None = None) -> Path:
-    """The overlays directory: ``path``, else ``overlays/`` of the checkout.
+def kustomize_dir(path: Path | None = None) -> Path:
+    """The Kustomize tree: ``path``, else ``deploy/kustomize`` of the checkout.
+
+    It holds ``base/<env>/`` (generated), ``components/`` and ``overlays/<env>/``.
 
     Raises:
-        UsageError: It does not exist.
+        UsageError: It has no ``overlays/`` folder.
     """
-    overlays = path if path is not None else repo_root() / "overlays"
-    if not overlays.is_dir():
+    tree = path if path is not None else repo_root() / KUSTOMIZE_DIR
+    if not (tree / "overlays").is_dir():
         raise UsageError(
-            f"{overlays} is not a directory.",
-            remediation="Run from the repository root or pass --overlays overlays.",
+            f"{tree}/overlays is not a directory.",
+            remediation=f"Run from the repository root or pass --kustomize {KUSTOMIZE_DIR}.",
         )
-    return overlays
+    return tree
 
 
 def _sort_key(doc: Manifest) -> tuple[int, str, str, str]:
@@ -232,35 +242,80 @@ def kustomize(overlay: Path, *, kubectl: str = "kubectl") -> list[Manifest]:
     return parse_manifests(proc.stdout, f"kubectl kustomize {overlay}")
 
 
-def base_header(env: str) -> str:
-    """Header of a committed base: where it comes from and how to regenerate it."""
+def _generated_note(env: str) -> str:
     return (
         f"The lensemble chart rendered with config/{env}.yaml (mode all, hooks left out).\n"
-        "Generated: do not edit. Regenerate with scripts/regenerate-k8s.sh."
+        "Generated: do not edit. Regenerate with: python scripts/regenerate.py"
     )
 
 
-def overlay_files(
+def _config_maps(docs: list[Manifest]) -> tuple[list[Manifest], str]:
+    """The chart's config ConfigMaps, and the one config text they all hold."""
+    maps = [
+        d for d in docs if d["kind"] == "ConfigMap" and set(d.get("data") or {}) == {CONFIG_MAP_KEY}
+    ]
+    texts = {d["data"][CONFIG_MAP_KEY] for d in maps}
+    if len(texts) != 1:
+        raise UsageError(
+            f"the chart rendered {len(maps)} config ConfigMaps holding {len(texts)} different "
+            "configs; every workload must read the same config (a bug in the chart)."
+        )
+    return maps, texts.pop()
+
+
+def base_files(
     config: LensembleConfig, env: Environment | str, *, chart: Path | None = None
 ) -> tuple[list[Manifest], dict[str, str]]:
-    """The chart rendered for ``config``, and the generated files of ``overlays/<env>``.
+    """The chart rendered for ``config``, and the generated files of ``base/<env>``.
+
+    The base holds the config once: every workload's ConfigMap is made by Kustomize's
+    ``configMapGenerator`` from ``config.yaml``, so ``kubectl kustomize`` of the base yields
+    exactly the chart's objects without the config written out once per workload.
 
     Returns:
-        Every Helm document (hooks included), and file texts by path relative to the overlay:
-        ``base/manifests.yaml`` (hooks left out, since ``kubectl apply -k`` has no hooks) and,
-        for local, the kind cluster config and the patch pinning trust domains to its workers.
+        Every Helm document (hooks included), and file texts by name: ``manifests.yaml`` (the
+        chart without hooks, which ``kubectl apply -k`` cannot run, and without the config
+        ConfigMaps), ``config.yaml`` and ``kustomization.yaml``.
+
+    Raises:
+        UsageError: See :func:`render_chart`.
+        ConfigError: See :func:`render_chart`.
+        ToolMissing: See :func:`render_chart`.
     """
     helm = render_chart(render_helm_values(config), chart=chart, source=f"config for {env}")
-    files = {BASE_FILE: dump_manifests([d for d in helm if not is_hook(d)], base_header(str(env)))}
-    if env == "local":
-        files.update(local_overlay_files(config))
+    installed = [d for d in helm if not is_hook(d)]
+    maps, config_text = _config_maps(installed)
+    labels = [d["metadata"]["labels"] for d in maps]
+    shared = {k: v for k, v in labels[0].items() if all(own.get(k) == v for own in labels)}
+    generators = [
+        {
+            "name": d["metadata"]["name"],
+            "namespace": d["metadata"]["namespace"],
+            "files": [BASE_CONFIG],
+            "options": {"labels": {k: v for k, v in own.items() if k not in shared}},
+        }
+        for d, own in zip(maps, labels, strict=True)
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [BASE_MANIFESTS],
+        "generatorOptions": {"disableNameSuffixHash": True, "labels": shared},
+        "configMapGenerator": generators,
+    }
+    note = _generated_note(str(env))
+    files = {
+        BASE_MANIFESTS: dump_manifests([d for d in installed if d not in maps], note),
+        BASE_CONFIG: config_text,
+        BASE_KUSTOMIZATION: dump_manifests([kustomization], note),
+    }
     return helm, files
 
 
 def _overlay(tree: Path, env: str) -> Path:
-    overlay = tree / env
+    overlay = tree / "overlays" / env
     if not (overlay / "kustomization.yaml").is_file():
-        known = sorted(p.parent.name for p in tree.glob("*/kustomization.yaml"))
+        known = sorted(p.parent.name for p in (tree / "overlays").glob("*/kustomization.yaml"))
         raise UsageError(
             f"{overlay}/kustomization.yaml does not exist.",
             remediation=f"Use --env with one of: {', '.join(known)}.",
@@ -273,51 +328,30 @@ def render_k8s(
     env: Environment | str,
     *,
     chart: Path | None = None,
-    overlays: Path | None = None,
+    kustomize_tree: Path | None = None,
 ) -> RenderedK8s:
     """Render the chart for ``config`` and build ``overlays/<env>`` over it.
 
-    The overlay tree is copied to a temporary directory and its generated files (base, kind
-    files) replaced with this config's, so the committed files are never touched.
+    The Kustomize tree is copied to a temporary directory and ``base/<env>`` replaced with this
+    config's (:func:`base_files`), so the committed files are never touched.
 
     Raises:
         UsageError: ``env`` has no overlay, or Helm or Kustomize refused the input.
         ConfigError: Helm's schema validation rejected the values.
         ToolMissing: Helm's library or kubectl is missing.
     """
-    tree = overlays_dir(overlays)
+    tree = kustomize_dir(kustomize_tree)
     _overlay(tree, str(env))
-    helm, files = overlay_files(config, env, chart=chart)
+    helm, files = base_files(config, env, chart=chart)
     with tempfile.TemporaryDirectory(prefix="lensemble-k8s-") as tmp:
-        copy = Path(tmp) / "overlays"
+        copy = Path(tmp) / "kustomize"
         shutil.copytree(tree, copy)
-        for relative, text in files.items():
-            (copy / str(env) / relative).write_text(text, encoding="utf-8")
-        manifests = kustomize(copy / str(env))
+        base = copy / "base" / str(env)
+        base.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (base / name).write_text(text, encoding="utf-8")
+        manifests = kustomize(copy / "overlays" / str(env))
     return RenderedK8s(helm=helm, manifests=manifests)
-
-
-def write_overlay_files(
-    config: LensembleConfig,
-    env: Environment | str,
-    *,
-    chart: Path | None = None,
-    overlays: Path | None = None,
-) -> list[Path]:
-    """Rewrite the committed generated files of ``overlays/<env>`` (see :func:`overlay_files`).
-
-    Returns:
-        The paths written.
-    """
-    overlay = _overlay(overlays_dir(overlays), str(env))
-    _, files = overlay_files(config, env, chart=chart)
-    written = []
-    for relative, text in files.items():
-        path = overlay / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
 
 
 def write_manifests(docs: Sequence[Manifest], directory: Path, env: str) -> Path:

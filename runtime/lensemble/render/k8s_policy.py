@@ -18,14 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from lensemble.config.schema import LensembleConfig
+from lensemble.config.schema import UNPINNED_TAG, LensembleConfig, unpinned_tag_refused
 from lensemble.errors import IntegrityError
 from lensemble.render.chart_values import OPEN_CIDRS
+from lensemble.render.names import COMPONENT_LABEL, TRUST_DOMAIN_LABEL
 
 Manifest = dict[str, Any]
 
-TRUST_DOMAIN_LABEL = "lensemble.dev/trust-domain"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "Pod")
 #: Text that marks key or certificate material.
 _SECRET_MARKERS = ("-----BEGIN", "PRIVATE KEY")
@@ -213,14 +212,16 @@ def _restricted_namespaces(docs: Sequence[Manifest], config: LensembleConfig) ->
 
 
 def _pinned_images(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
-    if config.deployment.environment == "local":
-        return
+    env = config.deployment.environment
     for doc, _, spec in workloads(docs):
         for c in _containers(spec):
             image = str(c.get("image", ""))
-            tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else "latest"
-            if tag == "latest" and "@sha256:" not in image:
-                yield f"{_name(doc)} runs {image or 'an image'} with the 'latest' tag."
+            if "@sha256:" in image:
+                continue  # a digest pins the image whatever the tag says
+            # A reference without a tag means the registry's default tag.
+            tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else UNPINNED_TAG
+            if unpinned_tag_refused(env, tag):
+                yield f"{_name(doc)} runs {image or 'an image'} with the '{tag}' tag."
 
 
 Rule = Callable[[Sequence[Manifest], LensembleConfig], Iterator[str]]
