@@ -26,13 +26,13 @@ from pathlib import Path
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_FAIL_CLOSED, EXIT_RUN_FAILED, UsageError
 from lensemble.render.compose import (
-    CONTAINER_STATE_DIR,
     COORDINATOR,
     COORDINATOR_VOLUME,
     participant_service,
     profile_images,
     write_compose,
 )
+from lensemble.render.container import STATE_DIR
 from lensemble.stack import StackFailed
 from lensemble.stack.engine import DockerComposeEngine, Engine
 from lensemble.stack.ready import ReadyLine, check_ready_line, first_ready_line
@@ -505,7 +505,7 @@ def up_compose(
             "`lensemble down`.",
             exit_code=passed,
         )
-    ledger = engine.read_file(coordinator, f"{CONTAINER_STATE_DIR}/{LEDGER_NAME}")
+    ledger = engine.read_file(coordinator, f"{STATE_DIR}/{LEDGER_NAME}")
     hashes = committed_hashes(ledger) if ledger is not None else []
     ledger_path = None
     if ledger is not None:
