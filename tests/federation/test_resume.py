@@ -126,3 +126,38 @@ def test_participants_rewind_when_a_restarted_coordinator_reopens_a_round(
     assert committed_chain(Ledger(out / "ledger.jsonl").records()) == _uninterrupted(
         tmp_path, rounds=3
     )
+
+
+def _chain_with_alpha_training_in_vain(tmp_path: Path, *, forget: bool) -> list[str]:
+    """Round 1: alpha trains but its update never arrives; the coordinator goes on without it."""
+    from lensemble.federation.faults import parse_faults
+    from lensemble.federation.messages import RoundOpening
+
+    config = small_config(rounds=3)
+    out = tmp_path / ("forgot" if forget else "kept")
+    coordinator, transport, participants = build(
+        config, faults=parse_faults("drop:alpha@1"), output_dir=out
+    )
+    coordinator.run_round(transport)
+    opening = RoundOpening(1, 0, 1, coordinator.model_hash, 30.0)
+    participants["alpha"].contribute(opening, coordinator.model_payload())
+    if forget:
+        assert participants["alpha"].forget(1, 0)
+        assert not participants["alpha"].forget(1, 0)  # once: nothing left to undo
+    coordinator.run(transport)
+    return committed_chain(Ledger(out / "ledger.jsonl").records())
+
+
+def test_a_participant_whose_update_was_lost_trains_on_as_if_absent(tmp_path: Path) -> None:
+    from lensemble.federation.faults import parse_faults
+
+    config = small_config(rounds=3)
+    coordinator, transport, _ = build(
+        config, faults=parse_faults("drop:alpha@1"), output_dir=tmp_path / "dropped"
+    )
+    coordinator.run(transport)
+    absent = committed_chain(Ledger(tmp_path / "dropped" / "ledger.jsonl").records())
+    assert _chain_with_alpha_training_in_vain(tmp_path, forget=True) == absent
+    # Without the rewind, the training in vain leaks into alpha's later updates.
+    kept = _chain_with_alpha_training_in_vain(tmp_path, forget=False)
+    assert kept[:2] == absent[:2] and kept[2] != absent[2]

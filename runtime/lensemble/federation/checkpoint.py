@@ -173,6 +173,11 @@ class InnerStateStore:
             if old[0] < rounds[-2:][0]:
                 (self.folder / old[2]).unlink(missing_ok=True)
 
+    def discard(self, round_index: int, attempt: int) -> None:
+        """Delete the snapshot taken after training ``(round_index, attempt)``, if any."""
+        path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
+        path.unlink(missing_ok=True)
+
     def _entries(self) -> list[tuple[int, int, str]]:
         if not self.folder.is_dir():
             return []

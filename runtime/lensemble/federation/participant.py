@@ -133,6 +133,25 @@ class Participant:
         self._trained = found[0] if found else None
         return found is not None
 
+    def forget(self, round_index: int, attempt: int) -> bool:
+        """Undo the training of ``(round_index, attempt)``, whose update was not taken.
+
+        An update lost on the way (a cut network, a deadline passed) or refused leaves this
+        participant as if it had been absent from that round, which is what the coordinator's
+        record says: its inner state goes back to before the round and that round's snapshot
+        is deleted. So the hash chain depends on who contributed, never on who trained in vain
+        (the same chain as an in-process run with ``drop`` at the same rounds).
+
+        Returns:
+            True when the state was rewound; False with snapshots disabled (nothing to go back
+            to) or when this participant did not train that round last.
+        """
+        if self.states is None or self._trained != (round_index, attempt):
+            return False
+        self.states.discard(round_index, attempt)
+        self.restore(round_index, attempt)
+        return True
+
     def contribute(self, opening: RoundOpening, model_payload: bytes) -> Contribution:
         """Train on local data from the round's global model and seal the pseudo-gradient.
 

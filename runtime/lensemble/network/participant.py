@@ -563,9 +563,13 @@ class ParticipantLoop:
                     )
                 else:
                     self._on_error(f"submitting the update of {where}", error)
+                    return
+                self._forget(opening)
                 return
             self._succeeded()
             self.metrics.verdict(reply.accepted, reply.reason)
+            if not reply.accepted:
+                self._forget(opening)
             self.rounds_contributed.append((opening.round_index, opening.attempt))
             note = "" if reply.reason == "accepted" else f" ({reply.message})"
             event(
@@ -577,6 +581,18 @@ class ParticipantLoop:
                 reason=reply.reason,
             )
             return
+
+    def _forget(self, opening: RoundOpening) -> None:
+        """The update was not taken: train on as if absent from that round (see forget)."""
+        if self.participant.forget(opening.round_index, opening.attempt):
+            event(
+                _log,
+                "rewound",
+                f"inner state back to before round {opening.round_index} attempt "
+                f"{opening.attempt}, whose update was not taken.",
+                round=opening.round_index,
+                attempt=opening.attempt,
+            )
 
 
 def config_view(config: LensembleConfig) -> dict[str, Any]:
