@@ -36,12 +36,16 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 #: Seconds a whole `lensemble up` run may take on a loaded 2-core machine.
 RUN_DEADLINE_S = 900.0
 NETWORK = ["--set", "federation.transport=network"]
-#: Short rounds for the fault runs; the timeout hierarchy rpc < round <= join holds.
-FAULT_TIMEOUTS = [
+#: The fault runs: rounds long enough (300 inner steps, several seconds under the containers'
+#: CPU limits) for a fault fired at a round's opening line to land while participants train,
+#: and a round timeout well above that; the hierarchy rpc < round <= join holds.
+FAULT_ROUNDS = [
     "--set",
-    "network.rpc_timeout_s=8",
+    "federation.inner_steps=300",
     "--set",
-    "federation.round_timeout_s=20",
+    "network.rpc_timeout_s=10",
+    "--set",
+    "federation.round_timeout_s=45",
 ]
 
 
@@ -224,7 +228,7 @@ def test_up_runs_to_completion_and_commits_the_simulation_chain(tmp_path: Path) 
 
 
 def test_a_crashed_participant_restarts_and_a_cut_network_rejoins(tmp_path: Path) -> None:
-    rounds = ["--set", "federation.rounds=7", *FAULT_TIMEOUTS]
+    rounds = ["--set", "federation.rounds=7", *FAULT_ROUNDS]
     with stack(tmp_path, *rounds) as up:
         project = up.project
 
@@ -264,7 +268,7 @@ def test_a_crashed_participant_restarts_and_a_cut_network_rejoins(tmp_path: Path
 
 
 def test_a_crashed_coordinator_resumes_from_its_volume(tmp_path: Path) -> None:
-    rounds = ["--set", "federation.rounds=4", *FAULT_TIMEOUTS]
+    rounds = ["--set", "federation.rounds=4", *FAULT_ROUNDS]
     with stack(tmp_path, *rounds) as up:
         code = up.run({"round 2 attempt 0 open": lambda: crash(up.project, "coordinator")})
         assert code == 0, "\n".join(up.lines[-40:])
