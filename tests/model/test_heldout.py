@@ -12,7 +12,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import ParticipantData, load_or_collect
 from lensemble.errors import ArchitectureMismatch
 from lensemble.eval.heldout import evaluate, probe_r2
-from lensemble.model.learner import initial_global_parameters, train_local_only
+from lensemble.model.inner_loop import initial_global_parameters, train_local_only
 from lensemble.model.worldmodel import Params, build_model
 from tests.model.conftest import small_config
 

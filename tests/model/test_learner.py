@@ -12,7 +12,7 @@ import torch
 from lensemble.data.trajectories import load_or_collect
 from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.learner import Learner
-from lensemble.model.learner import (
+from lensemble.model.inner_loop import (
     WorldModelLearner,
     build_learner,
     initial_global_parameters,
@@ -56,7 +56,7 @@ def test_train_round_is_bit_identical_whatever_ran_before(make_config: MakeConfi
 _SUBPROCESS = """
 import sys
 from pathlib import Path
-from lensemble.model.learner import build_learner, initial_global_parameters
+from lensemble.model.inner_loop import build_learner, initial_global_parameters
 from tests.model.conftest import params_digest, small_config
 config = small_config(Path(sys.argv[1]))
 pid = config.participant_ids[0]

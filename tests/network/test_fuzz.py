@@ -26,12 +26,12 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
-from lensemble.network.errors import CURRENT_ROUND_KEY, REASON_KEY
-from lensemble.network.participant import CoordinatorClient, coordinator_target
+from lensemble.network.participant_client import CoordinatorClient, coordinator_target
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
 from lensemble.network.service import message_options
+from lensemble.network.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.federation import QuadraticLearner, build, initial_params
 from tests.support.network import (
     LiveCoordinator,
