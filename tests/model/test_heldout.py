@@ -87,6 +87,7 @@ def test_training_lowers_the_k_step_error(trained: Trained) -> None:
     assert after.participants[pid].k_step_error < 0.5 * untrained.participants[pid].k_step_error
 
 
+@pytest.mark.integration  # three seeds of training: seconds, not a quick check
 def test_probe_of_a_trained_model_beats_an_untrained_one(tmp_path: Path) -> None:
     """With a 3-D latent (the pendulum's cos, sin and speed need all three), a random encoder
     loses information that training keeps; how much it loses depends on the draw, so the

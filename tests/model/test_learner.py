@@ -64,6 +64,7 @@ print(params_digest(build_learner(config, pid).train_round(initial_global_parame
 """
 
 
+@pytest.mark.integration  # a child interpreter that imports torch and collects its own data
 def test_train_round_is_bit_identical_in_a_fresh_process(tmp_path: Path) -> None:
     config = small_config(tmp_path / "here")
     pid = config.participant_ids[0]
@@ -158,6 +159,7 @@ def _latent_std(config_dir: Path, *overrides: str) -> float:
     return float(latents.std(dim=0).mean())
 
 
+@pytest.mark.integration  # 4 x 300 inner steps: seconds of training, not a quick check
 @pytest.mark.parametrize("regularizer", ["vicreg", "sigreg"])
 def test_anti_collapse_keeps_latent_variance_away_from_zero(
     tmp_path: Path, regularizer: str
