@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +43,9 @@ class RoundMetrics:
     @classmethod
     def of(cls, record: RoundRecord) -> RoundMetrics:
         """The metrics line of a committed round's ledger record, not yet evaluated."""
-        return cls(
-            round=record.round,
-            model_hash=record.model_hash,
-            contributors=record.contributors,
-            mean_inner_loss=record.mean_inner_loss,
-            bytes_up=record.bytes_up,
-            bytes_down=record.bytes_down,
-            wall_s=record.wall_s,
-            non_compute_s=record.non_compute_s,
-        )
+        # Every field but the scores is the ledger record's field of the same name.
+        lineage = [f.name for f in fields(cls) if f.name not in ("federated", "local_only")]
+        return cls(**{name: getattr(record, name) for name in lineage})
 
     def to_json(self) -> str:
         """Compact JSON line, keys sorted."""
