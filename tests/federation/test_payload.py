@@ -51,6 +51,7 @@ def test_any_metadata_round_trips_through_safetensors_and_is_deterministic() -> 
 
 
 @pytest.mark.integration  # three child interpreters that import torch
+@pytest.mark.slow
 def test_bytes_are_the_same_in_another_process() -> None:
     code = (
         "import sys, torch; from lensemble.federation.payload import encode; "

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 import torch
 
 from lensemble.config import LensembleConfig
@@ -210,6 +211,7 @@ async def _fuzz(config: LensembleConfig, mutator: Mutator, rng: random.Random) -
     return seen
 
 
+@pytest.mark.slow
 def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path: Path) -> None:
     mapping = network_mapping(
         tmp_path,
