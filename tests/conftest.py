@@ -35,7 +35,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("e2e/*", "e2e"),
     ("*_e2e.py", "e2e"),
     ("network/test_processes.py", "e2e"),  # coordinator and participants as processes
-    ("network/test_simulate.py", "e2e"),  # lensemble simulate over the network transport
+    ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
     ("network/test_multihost.py", "e2e"),  # processes in network namespaces
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server

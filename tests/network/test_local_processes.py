@@ -1,4 +1,4 @@
-"""``lensemble simulate`` over the network transport: the local launcher and transport parity."""
+"""``lensemble simulate`` as local processes: the launcher and transport parity."""
 
 from __future__ import annotations
 
