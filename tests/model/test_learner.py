@@ -13,6 +13,7 @@ from lensemble.data.trajectories import load_or_collect
 from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.learner import Learner
 from lensemble.model.inner_loop import (
+    LocalOnlyRun,
     WorldModelLearner,
     build_learner,
     initial_global_parameters,
@@ -134,6 +135,23 @@ def test_foreign_inner_state_and_parameters_are_refused(make_config: MakeConfig)
     wrong["encoder.layers.9.weight"] = wrong.pop("encoder.layers.0.weight")
     with pytest.raises(ArchitectureMismatch, match="missing"):
         learner.train_round(wrong, 1, 1)
+
+
+def test_local_only_baseline_trained_in_steps_equals_trained_at_once(
+    make_config: MakeConfig,
+) -> None:
+    # The simulation evaluates the baseline every few rounds; stopping must change no bit.
+    config = make_config()
+    pid = config.participant_ids[0]
+    data = load_or_collect(config, pid)
+    stepwise = LocalOnlyRun(config, pid, data, steps=3)
+    stepwise.train_until(1)
+    stepwise.train_until(1)  # rounds already trained are not repeated
+    stepwise.train_until(3)
+    assert stepwise.rounds == 3
+    at_once = train_local_only(config, pid, data, rounds=3, steps=3)
+    assert params_digest(stepwise.params) == params_digest(at_once)
+    assert params_digest(at_once) != params_digest(train_local_only(config, pid, data, 2, 3))
 
 
 def test_loss_decreases_over_training(make_config: MakeConfig) -> None:
