@@ -147,11 +147,11 @@ def require_vendored_worldmodel() -> None:
     Usable means: the vendored tree is synced (``lensemble vendor sync``) and the
     ``[worldmodel]`` extra is installed; the skip reason says how to get there.
     """
-    from lensemble.data import worldmodel
+    from lensemble.data import vendored_envs
     from lensemble.errors import ToolMissing
 
     try:
-        worldmodel.use_vendored("stable_worldmodel", "stable_worldmodel")
+        vendored_envs.use_vendored("stable_worldmodel", "stable_worldmodel")
     except ToolMissing as exc:
         if "worldmodel" in required_tools():
             pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")

@@ -12,7 +12,7 @@ from pathlib import Path
 class ImportSite:
     """One import statement (or ``importlib.import_module("...")`` call) in a module."""
 
-    module: str  # the importing module, e.g. lensemble.data.worldmodel
+    module: str  # the importing module, e.g. lensemble.data.vendored_envs
     target: str  # the imported module, absolute, e.g. stable_worldmodel.envs
     names: tuple[str, ...]  # for ``from X import a, b``: ("a", "b")
     in_function: bool  # inside a def (lazy) rather than at import time

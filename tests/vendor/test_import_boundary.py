@@ -12,7 +12,7 @@ import pytest
 
 from tests.vendor.imports import import_sites, internal_graph, package_modules
 
-SHIMS = {"lensemble.data.worldmodel", "lensemble.eval.worldmodel"}
+SHIMS = {"lensemble.data.vendored_envs", "lensemble.eval.vendored_planners"}
 
 
 def _vendored_names(repo: Path) -> set[str]:
@@ -37,15 +37,15 @@ def test_only_the_two_shims_import_vendored_code_and_only_lazily(repo: Path) -> 
                 assert site.in_function, f"{module} imports {site.target} at import time"
     assert set(importers) <= SHIMS, f"vendored code imported outside the shims: {importers}"
     # The shims really do reach the vendored code (so the check above is not vacuous).
-    assert "stable_worldmodel.envs" in importers["lensemble.data.worldmodel"]
-    assert "stable_worldmodel.solver" in importers["lensemble.eval.worldmodel"]
+    assert "stable_worldmodel.envs" in importers["lensemble.data.vendored_envs"]
+    assert "stable_worldmodel.solver" in importers["lensemble.eval.vendored_planners"]
 
 
 def test_lensemble_package_re_exports_nothing_vendored(repo: Path) -> None:
     code = (
         "import sys\n"
         "import lensemble, lensemble.cli, lensemble.vendor\n"
-        "import lensemble.data.worldmodel, lensemble.eval.worldmodel\n"
+        "import lensemble.data.vendored_envs, lensemble.eval.vendored_planners\n"
         "from lensemble.cli import main\n"
         "sys.argv = ['lensemble', 'vendor', '--help']\n"
         "try:\n"
@@ -83,7 +83,7 @@ def test_vendor_layer_imports_only_errors_stdlib_pydantic_and_packaging(repo: Pa
 
 def test_runtime_import_graph_has_no_cycles(repo: Path) -> None:
     graph = internal_graph(_package(repo))
-    assert "lensemble.data.worldmodel" in graph["lensemble.eval.worldmodel"]
+    assert "lensemble.data.vendored_envs" in graph["lensemble.eval.vendored_planners"]
     assert "lensemble.vendor.fetch" in graph["lensemble.vendor.sync"]
     try:
         order = list(graphlib.TopologicalSorter(graph).static_order())

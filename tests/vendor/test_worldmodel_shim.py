@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.data import worldmodel as data_wm
+from lensemble.data import vendored_envs as data_wm
 from lensemble.errors import EXIT_TOOL, ConfigError, ToolMissing
-from lensemble.eval import worldmodel as eval_wm
+from lensemble.eval import vendored_planners as eval_wm
 from tests.support.tools import require_vendored_worldmodel
 
 
@@ -116,7 +116,7 @@ def test_importing_vendored_stable_pretraining_leaves_logging_alone(
     pytest.importorskip("omegaconf", reason="the [worldmodel] extra is not installed")
     code = (
         "import logging, sys\n"
-        "from lensemble.data.worldmodel import use_vendored\n"
+        "from lensemble.data.vendored_envs import use_vendored\n"
         "use_vendored('stable_pretraining', 'stable_pretraining')\n"
         "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
         "before = list(logging.root.handlers)\n"

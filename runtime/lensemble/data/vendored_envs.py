@@ -48,7 +48,7 @@ def third_party_dir() -> Path:
     configured = os.environ.get(THIRD_PARTY_ENV)
     if configured:
         return Path(configured)
-    # runtime/lensemble/data/worldmodel.py -> the repository root is three levels up.
+    # runtime/lensemble/data/vendored_envs.py -> the repository root is three levels up.
     return Path(__file__).resolve().parents[3] / "third_party"
 
 
