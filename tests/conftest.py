@@ -42,6 +42,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests
     ("infra/*", "integration"),  # Pulumi programs under the Pulumi mock engine, Helm
     ("compose/test_compose_files.py", "integration"),  # docker compose config
+    ("image/test_image_contract.py", "integration"),  # the built image on a real engine
     ("vendor/test_online.py", "integration"),  # the package index
     ("vendor/test_import_boundary.py", "integration"),  # child interpreters, whole-package scans
 )
