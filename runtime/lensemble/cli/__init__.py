@@ -2,7 +2,8 @@
 
 Each command group lives in its own module and imports its heavy dependencies (torch, grpc,
 Helm) inside the command, so ``lensemble --help`` and ``lensemble config ...`` stay fast and
-never import torch.
+never import torch, and a base install (no ``[train]`` extra) can run every command that does not
+train: a command that does says which extra to install (:mod:`lensemble.extras`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from lensemble.cli import (
     render_cmd,
     simulate_cmd,
     stack_cmd,
-    vendor_cmd,
 )
 from lensemble.cli.output import report_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
+from lensemble.extras import missing_extra
 
 app = typer.Typer(
     name="lensemble",
@@ -38,7 +39,6 @@ app.add_typer(render_cmd.app, name="render")
 app.command(name="simulate")(simulate_cmd.simulate)
 app.add_typer(stack_cmd.app)
 app.add_typer(kind_cmd.app, name="kind")
-app.add_typer(vendor_cmd.app, name="vendor")
 app.add_typer(network_cmd.app)
 
 
@@ -64,6 +64,14 @@ def main() -> None:
     except LensembleError as exc:
         report_error(exc)
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # A library of an optional extra that this install lacks (torch on a base install):
+        # the user's install, not our bug. Any other missing module keeps its traceback.
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        report_error(missing)
+        sys.exit(missing.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(EXIT_INTERRUPTED)
