@@ -13,6 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.support.cli import run_cli
 from tests.vendor.imports import import_sites, package_modules
 
 SHIMS = {"lensemble.data.worldmodel", "lensemble.eval.worldmodel"}
@@ -109,3 +110,14 @@ def test_every_runtime_package_sits_in_a_layer_contract(repo: Path) -> None:
         f"lensemble.{missing[0]} is in no layer of [tool.importlinter] in pyproject.toml; add it "
         "to the training or deployment layers (and to the table in docs/architecture.md)."
     )
+
+
+def test_the_former_lensemble_vendor_command_points_at_the_checkout_tool() -> None:
+    result = run_cli("vendor", "sync", "--update", "stable-worldmodel==0.1.1")
+    assert result.code == 2
+    assert result.err.strip().splitlines() == [
+        "error: `lensemble vendor` left the installed package: it manages third_party/ of a "
+        "source checkout; run `python -m tools.vendor sync --update stable-worldmodel==0.1.1` "
+        "from the repository root."
+    ]
+    assert "vendor" not in run_cli("--help").out

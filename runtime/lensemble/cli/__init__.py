@@ -8,6 +8,7 @@ train: a command that does says which extra to install (:mod:`lensemble.extras`)
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import typer
@@ -40,6 +41,21 @@ app.command(name="simulate")(simulate_cmd.simulate)
 app.add_typer(stack_cmd.app)
 app.add_typer(kind_cmd.app, name="kind")
 app.add_typer(network_cmd.app)
+
+
+@app.command(
+    "vendor",
+    hidden=True,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def _vendor_moved(ctx: typer.Context) -> None:
+    """Point the former ``lensemble vendor`` at the checkout tool that replaced it."""
+    raise UsageError(
+        "`lensemble vendor` left the installed package: it manages third_party/ of a source "
+        "checkout;",
+        remediation=f"run `{shlex.join(['python', '-m', 'tools.vendor', *ctx.args])}` from the "
+        "repository root.",
+    )
 
 
 def _version(value: bool) -> None:
