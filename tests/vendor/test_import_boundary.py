@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import run_cli
 from tests.vendor.imports import import_sites, package_modules
 
@@ -112,12 +114,19 @@ def test_every_runtime_package_sits_in_a_layer_contract(repo: Path) -> None:
     )
 
 
-def test_the_former_lensemble_vendor_command_points_at_the_checkout_tool() -> None:
-    result = run_cli("vendor", "sync", "--update", "stable-worldmodel==0.1.1")
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["vendor", "sync", "--update", "stable-worldmodel==0.1.1"], "manages third_party/"),
+        (["kind", "up", "--rounds", "2"], "builds the image, chart and overlays"),
+    ],
+)
+def test_former_commands_point_at_the_checkout_tools(argv: list[str], what: str) -> None:
+    result = run_cli(*argv)
     assert result.code == 2
-    assert result.err.strip().splitlines() == [
-        "error: `lensemble vendor` left the installed package: it manages third_party/ of a "
-        "source checkout; run `python -m tools.vendor sync --update stable-worldmodel==0.1.1` "
-        "from the repository root."
-    ]
-    assert "vendor" not in run_cli("--help").out
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith(f"error: `lensemble {argv[0]}` left the installed package: it {what}")
+    assert line.endswith(
+        f"run `python -m tools.{argv[0]} {' '.join(argv[1:])}` from the repository root."
+    )
+    assert f" {argv[0]} " not in run_cli("--help").out

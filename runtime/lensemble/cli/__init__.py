@@ -16,7 +16,6 @@ import typer
 from lensemble import __version__
 from lensemble.cli import (
     config_cmd,
-    kind_cmd,
     network_cmd,
     render_cmd,
     simulate_cmd,
@@ -39,23 +38,34 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(render_cmd.app, name="render")
 app.command(name="simulate")(simulate_cmd.simulate)
 app.add_typer(stack_cmd.app)
-app.add_typer(kind_cmd.app, name="kind")
 app.add_typer(network_cmd.app)
 
 
-@app.command(
-    "vendor",
-    hidden=True,
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def _vendor_moved(ctx: typer.Context) -> None:
-    """Point the former ``lensemble vendor`` at the checkout tool that replaced it."""
-    raise UsageError(
-        "`lensemble vendor` left the installed package: it manages third_party/ of a source "
-        "checkout;",
-        remediation=f"run `{shlex.join(['python', '-m', 'tools.vendor', *ctx.args])}` from the "
-        "repository root.",
-    )
+#: Former commands that became development tools of the source checkout (``tools/``).
+MOVED_TO_CHECKOUT = {
+    "vendor": "manages third_party/ of a source checkout",
+    "kind": "builds the image, chart and overlays of a source checkout into a kind cluster",
+}
+
+
+def _moved(name: str, what: str) -> None:
+    def moved(ctx: typer.Context) -> None:
+        raise UsageError(
+            f"`lensemble {name}` left the installed package: it {what};",
+            remediation=f"run `{shlex.join(['python', '-m', f'tools.{name}', *ctx.args])}` from "
+            "the repository root.",
+        )
+
+    moved.__doc__ = f"Point the former ``lensemble {name}`` at ``python -m tools.{name}``."
+    app.command(
+        name,
+        hidden=True,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(moved)
+
+
+for _name, _what in MOVED_TO_CHECKOUT.items():
+    _moved(_name, _what)
 
 
 def _version(value: bool) -> None:

@@ -1,4 +1,7 @@
-"""``lensemble kind``: a local kind cluster running the local overlay, end to end.
+"""``python -m tools.kind``: a local kind cluster running the local overlay, end to end.
+
+A development tool of the source checkout (it builds the image from the checkout's Dockerfile and
+renders its chart and overlays); it is not part of the installed package nor of the image.
 
 ``up`` creates the cluster (one control plane, one worker per trust domain), builds the image and
 side-loads it, creates one TLS Secret per identity (``lensemble certs init``), applies the local
@@ -21,15 +24,21 @@ from typing import TYPE_CHECKING
 import typer
 
 from lensemble.cli.options import ConfigOption, SetOption, load
-from lensemble.errors import RoundError, ToolMissing, UsageError
+from lensemble.cli.output import report_error
+from lensemble.errors import LensembleError, RoundError, ToolMissing, UsageError
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
     from lensemble.federation.ledger import RoundRecord
 
 app = typer.Typer(
-    help="Run the local overlay on a kind cluster (needs Docker, kind and kubectl).",
+    name="python -m tools.kind",
+    help="Run the local overlay on a kind cluster (needs Docker, kind and kubectl). Run from the "
+    "repository root of a source checkout.",
     no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -37,7 +46,7 @@ def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise ToolMissing(
-            f"{name} is not on PATH; `lensemble kind` needs docker, kind and kubectl.",
+            f"{name} is not on PATH; `python -m tools.kind` needs docker, kind and kubectl.",
             remediation=f"Install {name} and retry.",
         )
     return path
@@ -206,7 +215,8 @@ def up(
         line = {"round": record.round, "parent_hash": record.parent_hash}
         typer.echo(json.dumps({**line, "model_hash": record.model_hash}))
     typer.echo(
-        f"delete the cluster with: lensemble kind down --config {config or 'config/local.yaml'}"
+        "delete the cluster with: python -m tools.kind down --config "
+        f"{config or 'config/local.yaml'}"
     )
 
 
@@ -221,3 +231,16 @@ def down(
     cfg = load(config, set_)
     _run([_tool("kind"), "delete", "cluster", "--name", cluster_name(cfg)])
     typer.echo(f"deleted kind cluster {cluster_name(cfg)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the kind tool; Lensemble errors become one line on stderr and their exit code.
+
+    Args:
+        argv: Arguments after the program name (default: ``sys.argv[1:]``).
+    """
+    try:
+        app(args=argv, prog_name="python -m tools.kind")
+    except LensembleError as exc:
+        report_error(exc)
+        sys.exit(exc.exit_code)
