@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,21 @@ def _cli_without_train(repo: Path, *argv: str, role: str = "") -> subprocess.Com
         "main()\n"
     )
     return _run_without(TRAIN, body, repo)
+
+
+@pytest.mark.parametrize("extra", ["train", "infra"])
+def test_the_import_map_lists_exactly_the_extras_packages(repo: Path, extra: str) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = {
+        canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"][extra]
+    }
+    mapped = {canonicalize_name(pkg) for pkg, ext in EXTRA_OF_IMPORT.values() if ext == extra}
+    assert mapped == declared
+    base = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert not base & {"torch", "numpy", "gymnasium", "matplotlib", "grpcio", "safetensors"}
 
 
 def test_missing_extra_names_the_extra_only_for_libraries_an_extra_installs() -> None:
