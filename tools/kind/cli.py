@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from lensemble.cli.options import ConfigOption, SetOption, load
-from lensemble.cli.output import report_error
-from lensemble.errors import LensembleError, RoundError, ToolMissing, UsageError
+from lensemble.errors import RoundError, ToolMissing, UsageError
+from tools.entry import run_tool
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
@@ -234,13 +234,5 @@ def down(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the kind tool; Lensemble errors become one line on stderr and their exit code.
-
-    Args:
-        argv: Arguments after the program name (default: ``sys.argv[1:]``).
-    """
-    try:
-        app(args=argv, prog_name="python -m tools.kind")
-    except LensembleError as exc:
-        report_error(exc)
-        sys.exit(exc.exit_code)
+    """Run ``python -m tools.kind`` with ``argv`` (default: ``sys.argv[1:]``)."""
+    run_tool(app, "python -m tools.kind", argv)

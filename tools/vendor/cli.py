@@ -14,6 +14,7 @@ import typer
 
 from lensemble.cli.output import report_error
 from lensemble.errors import LensembleError, UsageError
+from tools.entry import run_tool
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -172,13 +173,5 @@ def check(name: str | None = NameArgument, root: Path = RootOption) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the vendor tool; Lensemble errors become one line on stderr and their exit code.
-
-    Args:
-        argv: Arguments after the program name (default: ``sys.argv[1:]``).
-    """
-    try:
-        app(args=argv, prog_name="python -m tools.vendor")
-    except LensembleError as exc:
-        report_error(exc)
-        sys.exit(exc.exit_code)
+    """Run ``python -m tools.vendor`` with ``argv`` (default: ``sys.argv[1:]``)."""
+    run_tool(app, "python -m tools.vendor", argv)
