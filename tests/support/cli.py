@@ -1,4 +1,4 @@
-"""Run the ``lensemble`` CLI (or a checkout tool) in-process; capture exit code and output."""
+"""Run the ``lensemble`` CLI or a checkout tool (``tools/``) in-process; capture code and output."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def run_cli(*args: str) -> CliResult:
     return _capture("lensemble", args, main)
 
 
-def run_vendor(*args: str) -> CliResult:
-    """Invoke ``python -m tools.vendor ARGS`` through its entry point (error handling included)."""
-    from tools.vendor.cli import main
+def run_tool(tool: str, *args: str) -> CliResult:
+    """Invoke the checkout tool ``python -m tools.TOOL ARGS`` through its entry point."""
+    import importlib
 
-    return _capture("python -m tools.vendor", args, main)
+    main = importlib.import_module(f"tools.{tool}.cli").main
+    return _capture(f"python -m tools.{tool}", args, main)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import CliResult, run_vendor
+from tests.support.cli import CliResult, run_tool
 
 LICENSE_TEXT = b"MIT License\n\nCopyright (c) upstream authors\n"
 
@@ -237,7 +237,7 @@ class Workspace:
 
     def vendor(self, *args: str) -> CliResult:
         """Run ``python -m tools.vendor ARGS --root ROOT``."""
-        return run_vendor(*args, "--root", str(self.root))
+        return run_tool("vendor", *args, "--root", str(self.root))
 
     @property
     def src(self) -> Path:
