@@ -144,7 +144,7 @@ def require(tool: str) -> None:
 def require_vendored_worldmodel() -> None:
     """Skip (or fail, when CI requires ``worldmodel``) unless stable-worldmodel is usable.
 
-    Usable means: the vendored tree is synced (``lensemble vendor sync``) and the
+    Usable means: the vendored tree is synced (``python -m tools.vendor sync``) and the
     ``[worldmodel]`` extra is installed; the skip reason says how to get there.
     """
     from lensemble.data import vendored_envs

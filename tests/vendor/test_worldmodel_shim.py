@@ -27,8 +27,29 @@ def test_missing_tree_says_to_sync_and_install(
     with pytest.raises(ToolMissing) as err:
         data_wm.make_env("swm/PendulumControl-v1", {})
     assert err.value.exit_code == EXIT_TOOL
-    assert "lensemble vendor sync stable_worldmodel" in str(err.value)
+    assert "python -m tools.vendor sync stable_worldmodel" in str(err.value)
     assert "[worldmodel]" in str(err.value)
+
+
+def test_an_installed_package_outside_a_checkout_says_where_the_tree_must_come_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = tmp_path / "lib" / "python3.11" / "site-packages" / "lensemble" / "data"
+    installed.mkdir(parents=True)
+    monkeypatch.delenv(data_wm.THIRD_PARTY_ENV, raising=False)
+    monkeypatch.setattr(data_wm, "__file__", str(installed / "worldmodel.py"))
+    assert data_wm.third_party_dir() is None
+    with pytest.raises(ToolMissing) as err:
+        data_wm.make_env("swm/PendulumControl-v1", {})
+    assert "installed outside" in str(err.value)
+    assert f"set {data_wm.THIRD_PARTY_ENV} to the third_party/ folder of a checkout" in str(
+        err.value
+    )
+
+
+def test_a_checkout_finds_its_own_third_party(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(data_wm.THIRD_PARTY_ENV, raising=False)
+    assert data_wm.third_party_dir() == repo / "third_party"
 
 
 def test_non_worldmodel_id_and_unknown_planner_are_config_errors() -> None:

@@ -107,8 +107,8 @@ def _make_base(env_id: str, env_params: dict[str, float]) -> Any:
             raise ToolMissing(
                 f"data.env_id '{env_id}' needs the vendored stable-worldmodel, which cannot be "
                 f"imported ({exc}).",
-                remediation="Install the [worldmodel] extra and run `lensemble vendor sync`, "
-                "or choose a gymnasium id such as Pendulum-v1.",
+                remediation="Install the [worldmodel] extra and run `python -m tools.vendor sync` "
+                "in the checkout, or choose a gymnasium id such as Pendulum-v1.",
             ) from exc
         return shim.make_env(env_id, env_params)
 
