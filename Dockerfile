@@ -95,7 +95,7 @@ RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
     fi; \
     if [ -n "${PIP_INDEX_URL}" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
     if [ "${TORCH_CUDA}" != "cpu" ]; then sed -i '/^torch==/d' constraints.txt; fi; \
-    pip install -c constraints.txt . --find-links /wheelhouse; \
+    pip install -c constraints.txt '.[train]' --find-links /wheelhouse; \
     pip check
 
 # ---------------------------------------------------------------------------- runtime stage

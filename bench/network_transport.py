@@ -161,7 +161,7 @@ def in_process_round(total: int, rounds: int) -> list[float]:
 def serve(config_path: Path, payload_bytes: int) -> None:
     """A coordinator transport with one open round whose judge accepts every update at once."""
     from lensemble.config import load_config
-    from lensemble.network.coordinator import GrpcCoordinatorTransport
+    from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
     from lensemble.network.security import Authenticator, server_credentials
     from lensemble.network.service import start_coordinator_server
 
@@ -219,7 +219,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 def grpc_throughput(
     tmp: Path, payload_bytes: int, chunk_bytes: int, tls: bool
 ) -> tuple[float, float]:
-    from lensemble.network.participant import CoordinatorClient
+    from lensemble.network.participant_client import CoordinatorClient
     from lensemble.network.proto import lensemble_pb2 as pb
 
     mapping = config_mapping(tmp, 1, chunk_bytes, tls)

@@ -1,4 +1,4 @@
-"""Time of ``lensemble vendor sync`` (warm download cache) and ``check`` for the real projects.
+"""Time of ``python -m tools.vendor sync`` (warm download cache) and ``check``, real projects.
 
 Runs on a scratch copy of ``third_party/`` (manifests, locks, patches) so the working tree is
 untouched. The first sync fills a scratch cache from the package index (timed separately, needs
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lensemble.vendor import check_project, find_projects, sync_project
+from tools.vendor import check_project, find_projects, sync_project
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = 5

@@ -31,8 +31,8 @@ from lensemble.config import load_config
 from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import ParticipantData, load_or_collect
 from lensemble.eval.heldout import EvalReport, evaluate
-from lensemble.model import learner as learner_module
-from lensemble.model.learner import (
+from lensemble.model import inner_loop as learner_module
+from lensemble.model.inner_loop import (
     WorldModelLearner,
     initial_global_parameters,
     train_local_only,

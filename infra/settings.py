@@ -280,8 +280,8 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             settings.stack,
             "tlsDir",
             "does not combine with deployWith kustomize: the overlay makes the namespaces the "
-            "Secrets go to; create them after the overlay (as lensemble kind up does) or deploy "
-            "with helm.",
+            "Secrets go to; create them after the overlay (as python -m tools.kind up does) or "
+            "deploy with helm.",
         )
     for key, cidrs in (
         ("coordinatorIngressCidrs", settings.coordinator_ingress_cidrs),

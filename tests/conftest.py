@@ -1,12 +1,103 @@
-"""Shared fixtures: the repository root and a working directory per test."""
+"""Shared fixtures (the repository root, a working directory per test) and the test tiers.
+
+Every test belongs to exactly one tier, so ``pytest -m unit`` is the contributor's quick loop
+and plain ``pytest`` (CI) runs all of them:
+
+- ``unit``: in one process (or a short child Python), no external tool, no server, no whole run;
+  each test takes a second or two at most. The tier runs in under a minute on 2 cores.
+- ``integration``: our code against a real external tool or OS service: Helm, kubectl,
+  kubernetes-validate, docker compose, the Pulumi mock engine, gRPC servers on loopback, child
+  processes that import torch, or minutes of training.
+- ``e2e``: a whole federation or stack the way a user starts it: ``lensemble simulate``, the
+  coordinator and participants as processes, a Compose stack, a kind cluster.
+
+A test's tier comes from an explicit ``@pytest.mark.<tier>`` (on the test, class or module), else
+from :data:`TIER_BY_PATH`, else ``unit``. A file whose default tier is not ``unit`` holds no unit
+test, so ``-m unit`` does not even import it. The engine markers (docker, kind, netns, online,
+worldmodel) and ``slow`` say what else a test needs; none of them is allowed in the unit tier.
+``tests/test_tiers.py`` checks all of this.
+"""
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+TIERS = ("unit", "integration", "e2e")
+
+#: Default tier of the tests in a file, by its path under ``tests/`` (first match wins).
+TIER_BY_PATH: tuple[tuple[str, str], ...] = (
+    ("e2e/*", "e2e"),
+    ("*_e2e.py", "e2e"),
+    ("network/test_processes.py", "e2e"),  # coordinator and participants as processes
+    ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
+    ("network/test_multihost.py", "e2e"),  # processes in network namespaces
+    ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
+    ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
+    ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests
+    ("infra/*", "integration"),  # Pulumi programs under the Pulumi mock engine, Helm
+    ("compose/test_compose_files.py", "integration"),  # docker compose config
+    ("image/test_image_contract.py", "integration"),  # the built image on a real engine
+    ("vendor/test_online.py", "integration"),  # the package index
+    ("vendor/test_import_boundary.py", "integration"),  # child interpreters, whole-package scans
+)
+
+#: Markers that never go with the unit tier: what they need is not in a quick loop.
+NOT_UNIT = ("slow", "docker", "kind", "netns", "online")
+
+#: Node id -> (its tier markers, its file's default tier, its NOT_UNIT markers) for the whole
+#: collection, kept before ``-m`` deselects anything (checked by ``tests/test_tiers.py``).
+Collected = dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]]
+COLLECTED = pytest.StashKey[Collected]()
+
+
+def default_tier(path: Path) -> str:
+    """The tier of a test file that names none (see :data:`TIER_BY_PATH`)."""
+    try:
+        relative = path.resolve().relative_to(TESTS).as_posix()
+    except ValueError:  # a test outside tests/ (pytest given another path)
+        return "unit"
+    for pattern, tier in TIER_BY_PATH:
+        if fnmatch(relative, pattern):
+            return tier
+    return "unit"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under exactly ``-m unit``, skip importing test files that hold no unit test."""
+    if config.option.markexpr.strip() != "unit":
+        return None
+    is_test_file = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if is_test_file and default_tier(collection_path) != "unit":
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test without an explicit tier its file's default tier, before ``-m`` runs."""
+    collected: Collected = {}
+    for item in items:
+        if not any(m.name in TIERS for m in item.iter_markers()):
+            item.add_marker(default_tier(item.path))
+        names = {m.name for m in item.iter_markers()}
+        collected[item.nodeid] = (
+            tuple(t for t in TIERS if t in names),
+            default_tier(item.path),
+            tuple(m for m in NOT_UNIT if m in names),
+        )
+    config.stash[COLLECTED] = collected
+
+
+@pytest.fixture
+def collected_tiers(request: pytest.FixtureRequest) -> Collected:
+    """Node id -> (tiers, default tier, NOT_UNIT markers) of every test collected here."""
+    return request.config.stash[COLLECTED]
 
 
 @pytest.fixture

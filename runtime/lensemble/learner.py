@@ -3,7 +3,7 @@
 The coordinator and the round state machine never see data or models, only named float32
 tensors. A participant holds a :class:`Learner`: it trains from the global parameters for ``H``
 inner steps on data that never leaves the participant, and returns its local parameters. The
-built-in implementation is :class:`lensemble.model.learner.WorldModelLearner`; tests use small
+built-in implementation is :class:`lensemble.model.inner_loop.WorldModelLearner`; tests use small
 deterministic learners.
 """
 

@@ -99,10 +99,11 @@ def test_build_args_choose_the_torch_line(dockerfile: DockerfileParser) -> None:
 
 
 def test_installs_with_the_readme_command(dockerfile: DockerfileParser) -> None:
+    # The image runs a federation: the README's quick-start install, with the [train] extra.
     readme_commands = set(re.findall(r"pip install -c constraints\.txt \S+", README))
-    assert "pip install -c constraints.txt ." in readme_commands
+    assert "pip install -c constraints.txt '.[train]'" in readme_commands
     runs = " ".join(i["value"] for i in instructions(dockerfile, "RUN"))
-    assert "pip install -c constraints.txt ." in runs
+    assert "pip install -c constraints.txt '.[train]'" in runs
     # For CUDA lines only, the CPU torch pin is dropped from the constraints.
     assert re.search(
         r'if \[ "\$\{TORCH_CUDA\}" != "cpu" \]; then sed -i \'/\^torch==/d\' constraints\.txt', runs

@@ -28,7 +28,7 @@ from lensemble.stack.compose_stack import (
     up_compose,
 )
 from lensemble.stack.engine import ContainerState, DockerComposeEngine, compose_command
-from lensemble.stack.ready import check_ready_line, first_ready_line, parse_ready_line
+from lensemble.stack.ready_parse import check_ready_line, first_ready_line, parse_ready_line
 from tests.compose.conftest import REPO
 from tests.support.cli import run_cli
 

@@ -59,6 +59,7 @@ def test_federation_beats_training_alone_on_the_union_of_held_out_data(
     assert not list((out / "coordinator").rglob("*trajector*"))
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_the_same_hash_chain(in_repo: Path, tmp_path: Path) -> None:
     fast = ["--rounds", "3", "--set", "evaluation.local_only_baseline=false"]
     a = _simulate(tmp_path / "a", *fast)
@@ -69,6 +70,7 @@ def test_same_config_and_seed_give_the_same_hash_chain(in_repo: Path, tmp_path: 
     assert c["model_hash"] != a["model_hash"]
 
 
+@pytest.mark.slow
 def test_resume_continues_to_the_same_chain(in_repo: Path, tmp_path: Path) -> None:
     fast = ["--set", "evaluation.local_only_baseline=false"]
     straight = _simulate(tmp_path / "straight", "--rounds", "4", *fast)

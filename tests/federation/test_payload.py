@@ -50,16 +50,20 @@ def test_any_metadata_round_trips_through_safetensors_and_is_deterministic() -> 
     assert encode(dict(reversed(MIXED.items())), dict(reversed(meta.items()))) == data
 
 
+@pytest.mark.integration  # three child interpreters that import torch
+@pytest.mark.slow
 def test_bytes_are_the_same_in_another_process() -> None:
     code = (
         "import sys, torch; from lensemble.federation.payload import encode; "
         "sys.stdout.buffer.write(encode({'w': torch.arange(4.0)}, "
         "{'z': '1', 'a': '2', 'm': '3', 'k': '4'}))"
     )
-    outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
-        for _ in range(3)
-    }
+    # The children run side by side: each is a separate process all the same.
+    children = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE) for _ in range(3)
+    ]
+    outs = {child.communicate()[0] for child in children}
+    assert [child.returncode for child in children] == [0, 0, 0]
     assert outs == {encode({"w": torch.arange(4.0)}, {"z": "1", "a": "2", "m": "3", "k": "4"})}
 
 

@@ -15,7 +15,7 @@ from lensemble.config import config_hash, load_config
 from lensemble.render.helm_values import render_helm_values
 from lensemble.render.k8s import parse_manifests
 from tests.k8s.renders import REPO, render
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli, run_tool
 from tests.support.tools import require
 
 
@@ -189,12 +189,12 @@ def test_kind_up_needs_docker_kind_and_kubectl(
     in_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    result = run_cli("kind", "up", "-c", "config/local.yaml")
+    result = run_tool("kind", "up", "-c", "config/local.yaml")
     assert result.code == 4
     assert "kind is not on PATH" in result.err
 
 
 def test_kind_up_runs_local_configs_only(in_repo: Path) -> None:
-    result = run_cli("kind", "up", "-c", "config/staging.yaml")
+    result = run_tool("kind", "up", "-c", "config/staging.yaml")
     assert result.code == 2
     assert "deployment.environment is 'staging'" in result.err

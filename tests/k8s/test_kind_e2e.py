@@ -1,4 +1,4 @@
-"""End to end on a real kind cluster: ``lensemble kind up`` then ``lensemble kind down``.
+"""End to end on a real kind cluster: ``python -m tools.kind up`` then ``... down``.
 
 Needs Docker, kind and kubectl; CI machines have no Docker engine, so this is skipped there (the
 rest of tests/k8s validates the same manifests statically).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,16 @@ def test_kind_up_runs_rounds_and_reports_the_hash_chain(repo: Path) -> None:
     require("kubectl")
     try:
         up = subprocess.run(
-            ["lensemble", "kind", "up", "--config", "config/local.yaml", "--rounds", "2"],
+            [
+                sys.executable,
+                "-m",
+                "tools.kind",
+                "up",
+                "--config",
+                "config/local.yaml",
+                "--rounds",
+                "2",
+            ],
             cwd=repo,
             capture_output=True,
             text=True,
@@ -36,7 +46,7 @@ def test_kind_up_runs_rounds_and_reports_the_hash_chain(repo: Path) -> None:
         assert all(b["parent_hash"] == a["model_hash"] for a, b in itertools.pairwise(rounds))
     finally:
         down = subprocess.run(
-            ["lensemble", "kind", "down", "--config", "config/local.yaml"],
+            [sys.executable, "-m", "tools.kind", "down", "--config", "config/local.yaml"],
             cwd=repo,
             capture_output=True,
             text=True,

@@ -111,7 +111,7 @@ def test_unknown_physics_key_is_refused() -> None:
 def test_swm_environment_without_the_vendored_shim_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "lensemble.data.worldmodel", None)  # import fails
+    monkeypatch.setitem(sys.modules, "lensemble.data.vendored_envs", None)  # import fails
     with pytest.raises(ToolMissing, match=r"data\.env_id 'swm/PushT'") as err:
         make_env("swm/PushT", {})
     assert err.value.exit_code == 4

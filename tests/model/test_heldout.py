@@ -12,7 +12,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import ParticipantData, load_or_collect
 from lensemble.errors import ArchitectureMismatch
 from lensemble.eval.heldout import evaluate, probe_r2
-from lensemble.model.learner import initial_global_parameters, train_local_only
+from lensemble.model.inner_loop import initial_global_parameters, train_local_only
 from lensemble.model.worldmodel import Params, build_model
 from tests.model.conftest import small_config
 
@@ -87,6 +87,7 @@ def test_training_lowers_the_k_step_error(trained: Trained) -> None:
     assert after.participants[pid].k_step_error < 0.5 * untrained.participants[pid].k_step_error
 
 
+@pytest.mark.integration  # three seeds of training: seconds, not a quick check
 def test_probe_of_a_trained_model_beats_an_untrained_one(tmp_path: Path) -> None:
     """With a 3-D latent (the pendulum's cos, sin and speed need all three), a random encoder
     loses information that training keeps; how much it loses depends on the draw, so the

@@ -12,7 +12,8 @@ import torch
 from lensemble.data.trajectories import load_or_collect
 from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.learner import Learner
-from lensemble.model.learner import (
+from lensemble.model.inner_loop import (
+    LocalOnlyRun,
     WorldModelLearner,
     build_learner,
     initial_global_parameters,
@@ -56,7 +57,7 @@ def test_train_round_is_bit_identical_whatever_ran_before(make_config: MakeConfi
 _SUBPROCESS = """
 import sys
 from pathlib import Path
-from lensemble.model.learner import build_learner, initial_global_parameters
+from lensemble.model.inner_loop import build_learner, initial_global_parameters
 from tests.model.conftest import params_digest, small_config
 config = small_config(Path(sys.argv[1]))
 pid = config.participant_ids[0]
@@ -64,6 +65,7 @@ print(params_digest(build_learner(config, pid).train_round(initial_global_parame
 """
 
 
+@pytest.mark.integration  # a child interpreter that imports torch and collects its own data
 def test_train_round_is_bit_identical_in_a_fresh_process(tmp_path: Path) -> None:
     config = small_config(tmp_path / "here")
     pid = config.participant_ids[0]
@@ -135,6 +137,23 @@ def test_foreign_inner_state_and_parameters_are_refused(make_config: MakeConfig)
         learner.train_round(wrong, 1, 1)
 
 
+def test_local_only_baseline_trained_in_steps_equals_trained_at_once(
+    make_config: MakeConfig,
+) -> None:
+    # The simulation evaluates the baseline every few rounds; stopping must change no bit.
+    config = make_config()
+    pid = config.participant_ids[0]
+    data = load_or_collect(config, pid)
+    stepwise = LocalOnlyRun(config, pid, data, steps=3)
+    stepwise.train_until(1)
+    stepwise.train_until(1)  # rounds already trained are not repeated
+    stepwise.train_until(3)
+    assert stepwise.rounds == 3
+    at_once = train_local_only(config, pid, data, rounds=3, steps=3)
+    assert params_digest(stepwise.params) == params_digest(at_once)
+    assert params_digest(at_once) != params_digest(train_local_only(config, pid, data, 2, 3))
+
+
 def test_loss_decreases_over_training(make_config: MakeConfig) -> None:
     config = make_config()
     learner = build_learner(config, config.participant_ids[0])
@@ -158,6 +177,7 @@ def _latent_std(config_dir: Path, *overrides: str) -> float:
     return float(latents.std(dim=0).mean())
 
 
+@pytest.mark.integration  # 4 x 300 inner steps: seconds of training, not a quick check
 @pytest.mark.parametrize("regularizer", ["vicreg", "sigreg"])
 def test_anti_collapse_keeps_latent_variance_away_from_zero(
     tmp_path: Path, regularizer: str

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 import torch
 
 from lensemble.config import LensembleConfig
@@ -26,12 +27,12 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
-from lensemble.network.errors import CURRENT_ROUND_KEY, REASON_KEY
-from lensemble.network.participant import CoordinatorClient, coordinator_target
+from lensemble.network.participant_client import CoordinatorClient, coordinator_target
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
 from lensemble.network.service import message_options
+from lensemble.network.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.federation import QuadraticLearner, build, initial_params
 from tests.support.network import (
     LiveCoordinator,
@@ -210,6 +211,7 @@ async def _fuzz(config: LensembleConfig, mutator: Mutator, rng: random.Random) -
     return seen
 
 
+@pytest.mark.slow
 def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path: Path) -> None:
     mapping = network_mapping(
         tmp_path,

@@ -13,8 +13,8 @@ from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.ledger import committed_chain
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
-from lensemble.network.errors import AccessDenied
-from lensemble.network.participant import CoordinatorClient, ParticipantLoop
+from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from lensemble.network.transport_errors import AccessDenied
 from tests.support.federation import QuadraticLearner, build, initial_params
 from tests.support.network import (
     PARTICIPANTS,

@@ -26,14 +26,14 @@ from lensemble.network.certs import (
     coordinator_names,
     init_certs,
 )
-from lensemble.network.errors import CURRENT_ROUND_KEY, REASON_KEY
 from lensemble.network.health import READINESS_SERVICE, HealthServer, check
 from lensemble.network.identity import identity_path, resolve_participant_id
 from lensemble.network.metrics import Metrics, MetricsServer
-from lensemble.network.participant import Failure, classify
-from lensemble.network.ready import StdoutGuard, ready_line
+from lensemble.network.participant_client import Failure, classify
+from lensemble.network.ready_announce import StdoutGuard, ready_line
 from lensemble.network.security import Authenticator, coordinator_tokens, participant_token
 from lensemble.network.streams import Assembler, TooLarge, chunk_count, chunks
+from lensemble.network.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.network import network_mapping
 
 TOKENS = {pid: f"{pid}-secret-token-0123456789" for pid in ("alpha", "bravo", "charlie", "delta")}
@@ -284,7 +284,7 @@ def test_ready_line_is_one_json_object_with_the_contract_fields() -> None:
 def test_stdout_guard_sends_stray_output_to_stderr_and_emits_one_line(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from lensemble.network.ready import StdoutGuard\n"
+        "from lensemble.network.ready_announce import StdoutGuard\n"
         "guard = StdoutGuard(); guard.claim()\n"
         "print('stray python print'); sys.stdout.flush(); os.write(1, b'stray C write\\n')\n"
         'guard.emit(\'{"event": "ready"}\')\n'

@@ -58,9 +58,9 @@ class BlockingLearner:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lensemble.network.errors import ShutdownRequested
     from lensemble.network.identity import resolve_participant_id
     from lensemble.network.process import PortOptions, run_coordinator, run_participant
+    from lensemble.network.transport_errors import ShutdownRequested
 
     parser = argparse.ArgumentParser(prog="netproc")
     parser.add_argument("role", choices=["coordinator", "participant"])

@@ -90,7 +90,7 @@ class LiveCoordinator:
 
     def __init__(self, config: LensembleConfig, output_dir: Path | None = None) -> None:
         from lensemble.federation.coordinator import Coordinator
-        from lensemble.network.coordinator import GrpcCoordinatorTransport
+        from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
         from lensemble.network.metrics import Metrics
         from lensemble.network.process import CoordinatorEvents
         from lensemble.network.security import Authenticator, coordinator_tokens, server_credentials
@@ -153,7 +153,7 @@ class ParticipantThread:
     ) -> None:
         from lensemble.federation.participant import Participant
         from lensemble.federation.payload import manifest
-        from lensemble.network.participant import CoordinatorClient, ParticipantLoop
+        from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
         from tests.support.federation import QuadraticLearner, initial_params
 
         theta0 = initial_params(config.run.root_seed)

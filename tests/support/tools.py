@@ -144,14 +144,14 @@ def require(tool: str) -> None:
 def require_vendored_worldmodel() -> None:
     """Skip (or fail, when CI requires ``worldmodel``) unless stable-worldmodel is usable.
 
-    Usable means: the vendored tree is synced (``lensemble vendor sync``) and the
+    Usable means: the vendored tree is synced (``python -m tools.vendor sync``) and the
     ``[worldmodel]`` extra is installed; the skip reason says how to get there.
     """
-    from lensemble.data import worldmodel
+    from lensemble.data import vendored_envs
     from lensemble.errors import ToolMissing
 
     try:
-        worldmodel.use_vendored("stable_worldmodel", "stable_worldmodel")
+        vendored_envs.use_vendored("stable_worldmodel", "stable_worldmodel")
     except ToolMissing as exc:
         if "worldmodel" in required_tools():
             pytest.fail(f"worldmodel is required by LENSEMBLE_REQUIRE_TOOLS: {exc}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import CliResult, run_cli
+from tests.support.cli import CliResult, run_tool
 
 LICENSE_TEXT = b"MIT License\n\nCopyright (c) upstream authors\n"
 
@@ -236,8 +236,8 @@ class Workspace:
     project: Path
 
     def vendor(self, *args: str) -> CliResult:
-        """Run ``lensemble vendor ARGS --root ROOT``."""
-        return run_cli("vendor", *args, "--root", str(self.root))
+        """Run ``python -m tools.vendor ARGS --root ROOT``."""
+        return run_tool("vendor", *args, "--root", str(self.root))
 
     @property
     def src(self) -> Path:

@@ -1,4 +1,4 @@
-"""Static import analysis of a package with ``ast``: who imports what, and cycles."""
+"""Static import analysis of a package with ``ast``: who imports what, lazily or not."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 class ImportSite:
     """One import statement (or ``importlib.import_module("...")`` call) in a module."""
 
-    module: str  # the importing module, e.g. lensemble.data.worldmodel
+    module: str  # the importing module, e.g. lensemble.data.vendored_envs
     target: str  # the imported module, absolute, e.g. stable_worldmodel.envs
     names: tuple[str, ...]  # for ``from X import a, b``: ("a", "b")
     in_function: bool  # inside a def (lazy) rather than at import time
@@ -85,22 +85,3 @@ def package_modules(package_root: Path) -> dict[str, Path]:
         for p in sorted(package_root.rglob("*.py"))
         if "__pycache__" not in p.parts
     }
-
-
-def internal_graph(package_root: Path) -> dict[str, set[str]]:
-    """Edges ``importer -> imported`` between the package's own modules (type-only excluded).
-
-    ``from pkg.sub import name`` points at ``pkg.sub.name`` when that is a module, else at
-    ``pkg.sub``.
-    """
-    modules = package_modules(package_root)
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        for site in import_sites(path, package_root):
-            if site.type_only:
-                continue
-            targets = [f"{site.target}.{n}" for n in site.names if f"{site.target}.{n}" in modules]
-            if len(targets) < len(site.names) or not site.names:
-                targets.append(site.target)
-            graph[module] |= {t for t in targets if t in modules and t != module}
-    return graph

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.vendor import find_projects
-from lensemble.vendor.drift import check_metadata
-from lensemble.vendor.manifest import Project
-from lensemble.vendor.patches import check_dep3, patch_series
+from tools.vendor import find_projects
+from tools.vendor.drift import check_metadata
+from tools.vendor.manifest import Project
+from tools.vendor.patches import check_dep3, patch_series
 
 
 @pytest.fixture(scope="module")

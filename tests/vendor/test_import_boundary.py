@@ -1,8 +1,13 @@
-"""Vendored code is reached only through the two shims, and the runtime's imports have no cycle."""
+"""Import boundaries that import-linter (``lint-imports``, pyproject.toml) cannot express.
+
+import-linter checks the layers, the base install's libraries and cycles; these tests check what
+it cannot see: vendored code is imported only lazily and only by the two shims (also through
+``importlib``), the vendor tool's imports are an allow-list, and every runtime package sits in
+a layer of the contracts.
+"""
 
 from __future__ import annotations
 
-import graphlib
 import subprocess
 import sys
 import tomllib
@@ -10,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.vendor.imports import import_sites, internal_graph, package_modules
+from tests.support.cli import run_cli
+from tests.vendor.imports import import_sites, package_modules
 
-SHIMS = {"lensemble.data.worldmodel", "lensemble.eval.worldmodel"}
+SHIMS = {"lensemble.data.vendored_envs", "lensemble.eval.vendored_planners"}
 
 
 def _vendored_names(repo: Path) -> set[str]:
@@ -37,19 +43,18 @@ def test_only_the_two_shims_import_vendored_code_and_only_lazily(repo: Path) -> 
                 assert site.in_function, f"{module} imports {site.target} at import time"
     assert set(importers) <= SHIMS, f"vendored code imported outside the shims: {importers}"
     # The shims really do reach the vendored code (so the check above is not vacuous).
-    assert "stable_worldmodel.envs" in importers["lensemble.data.worldmodel"]
-    assert "stable_worldmodel.solver" in importers["lensemble.eval.worldmodel"]
+    assert "stable_worldmodel.envs" in importers["lensemble.data.vendored_envs"]
+    assert "stable_worldmodel.solver" in importers["lensemble.eval.vendored_planners"]
 
 
 def test_lensemble_package_re_exports_nothing_vendored(repo: Path) -> None:
     code = (
         "import sys\n"
-        "import lensemble, lensemble.cli, lensemble.vendor\n"
-        "import lensemble.data.worldmodel, lensemble.eval.worldmodel\n"
-        "from lensemble.cli import main\n"
-        "sys.argv = ['lensemble', 'vendor', '--help']\n"
+        "import lensemble, lensemble.cli, tools.vendor\n"
+        "import lensemble.data.vendored_envs, lensemble.eval.vendored_planners\n"
+        "from tools.vendor.cli import main\n"
         "try:\n"
-        "    main()\n"
+        "    main(['--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in\n"
@@ -62,49 +67,68 @@ def test_lensemble_package_re_exports_nothing_vendored(repo: Path) -> None:
     assert "LOADED [] ALL ['__version__']" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_vendor_layer_imports_only_errors_stdlib_pydantic_and_packaging(repo: Path) -> None:
-    allowed_external = set(sys.stdlib_module_names) | {"pydantic", "packaging"}
-    package = _package(repo)
+def test_vendor_tool_imports_only_errors_stdlib_pydantic_packaging_and_typer(repo: Path) -> None:
+    allowed_external = set(sys.stdlib_module_names) | {"pydantic", "packaging", "typer"}
+    allowed_lensemble = {"lensemble", "lensemble.errors", "lensemble.cli.output"}
+    package = repo / "tools" / "vendor"
     checked = 0
     for module, path in package_modules(package).items():
-        if not module.startswith("lensemble.vendor"):
-            continue
         for site in import_sites(path, package):
             top = site.target.split(".")[0]
             if top == "lensemble":
-                assert site.target in ("lensemble", "lensemble.errors") or site.target.startswith(
-                    "lensemble.vendor"
-                ), f"{module} imports {site.target}"
+                assert site.target in allowed_lensemble, f"{module} imports {site.target}"
+            elif top == "tools":
+                assert site.target == "tools.entry" or site.target.startswith("tools.vendor"), (
+                    f"{module} imports {site.target}"
+                )
             else:
                 assert top in allowed_external or top == "", f"{module} imports {site.target}"
             checked += 1
     assert checked > 20
 
 
-def test_runtime_import_graph_has_no_cycles(repo: Path) -> None:
-    graph = internal_graph(_package(repo))
-    assert "lensemble.data.worldmodel" in graph["lensemble.eval.worldmodel"]
-    assert "lensemble.vendor.fetch" in graph["lensemble.vendor.sync"]
-    try:
-        order = list(graphlib.TopologicalSorter(graph).static_order())
-    except graphlib.CycleError as exc:
-        pytest.fail(f"import cycle in the runtime: {' -> '.join(exc.args[1])}")
-    assert set(order) == set(graph)
+def _layered_modules(repo: Path) -> set[str]:
+    """Every module the layers contracts of ``[tool.importlinter]`` name, e.g. ``network``."""
+    config = tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
+    named: set[str] = set()
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["type"] != "layers":
+            continue
+        assert contract["containers"] == ["lensemble"], contract["id"]
+        for layer in contract["layers"]:
+            for part in layer.replace("|", ":").split(":"):
+                named.add(part.strip().strip("()"))
+    return named
 
 
-def test_cycle_detection_catches_a_real_cycle(tmp_path: Path) -> None:
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from pkg.sub import b\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
-    (pkg / "c.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"
+def test_every_runtime_package_sits_in_a_layer_contract(repo: Path) -> None:
+    package = _package(repo)
+    top_level = {
+        p.stem if p.is_file() else p.name
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+    assert {"cli", "config", "network", "render", "errors"} <= top_level
+    missing = sorted(top_level - _layered_modules(repo))
+    assert not missing, (
+        f"lensemble.{missing[0]} is in no layer of [tool.importlinter] in pyproject.toml; add it "
+        "to the training or deployment layers (and to the table in docs/architecture.md)."
     )
-    graph = internal_graph(pkg)
-    assert graph["pkg.a"] == {"pkg.sub.b"}
-    assert graph["pkg.sub.b"] == {"pkg.a"}  # lazy imports count
-    assert graph["pkg.c"] == set()  # type-only imports do not
-    with pytest.raises(graphlib.CycleError):
-        list(graphlib.TopologicalSorter(graph).static_order())
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["vendor", "sync", "--update", "stable-worldmodel==0.1.1"], "manages third_party/"),
+        (["kind", "up", "--rounds", "2"], "builds the image, chart and overlays"),
+    ],
+)
+def test_former_commands_point_at_the_checkout_tools(argv: list[str], what: str) -> None:
+    result = run_cli(*argv)
+    assert result.code == 2
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith(f"error: `lensemble {argv[0]}` left the installed package: it {what}")
+    assert line.endswith(
+        f"run `python -m tools.{argv[0]} {' '.join(argv[1:])}` from the repository root."
+    )
+    assert f" {argv[0]} " not in run_cli("--help").out

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.vendor import find_projects
-from lensemble.vendor.fetch import resolve_release
-from tests.support.cli import run_cli
+from tests.support.cli import run_tool
 from tests.support.tools import require
+from tools.vendor import find_projects
+from tools.vendor.fetch import resolve_release
 
 
 @pytest.mark.online
@@ -27,12 +27,12 @@ def test_real_pins_sync_from_the_index_and_match_their_locks(repo: Path, tmp_pat
     }
     assert len(locks_before) == 2
 
-    result = run_cli("vendor", "sync", "--locked", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--locked", "--root", str(tmp_path))
     assert result.code == 0, result.err
     assert result.out.count("lock unchanged") == 2
     assert {p: p.read_bytes() for p in locks_before} == locks_before
 
-    check = run_cli("vendor", "check", "--root", str(tmp_path))
+    check = run_tool("vendor", "check", "--root", str(tmp_path))
     assert check.code == 0, check.err
     assert check.out.count("clean ") == 2
 

@@ -1,4 +1,4 @@
-"""`lensemble vendor sync` and `check` end to end against fixture distributions (offline).
+"""`python -m tools.vendor sync` and `check` end to end against fixture distributions (offline).
 
 Each test builds its own distributions and serves them from a loopback index, then drives the
 real CLI and checks exit codes, the materialised tree, the lock and the messages people read.
@@ -10,7 +10,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from tests.support.cli import run_cli
+from tests.support.cli import run_tool
 from tests.vendor.fixtures import (
     DEMO_V1,
     PATCH_LOUD,
@@ -103,7 +103,7 @@ def test_tampered_tree_names_the_first_differing_files(pinned: Workspace) -> Non
     assert "demo_pkg/backdoor.py (added)" in first_line
     assert "demo_pkg/util.py (modified)" in first_line
     assert "pycache" not in first_line
-    assert "lensemble vendor sync demo_pkg" in result.err
+    assert "python -m tools.vendor sync demo_pkg" in result.err
 
     assert pinned.vendor("sync").code == 0  # restores pristine + patches
     assert pinned.vendor("check").code == 0
@@ -114,7 +114,7 @@ def test_check_without_a_synced_tree_says_to_sync(pinned: Workspace) -> None:
     result = pinned.vendor("check")
     assert result.code == 2
     assert "src is missing" in result.err
-    assert "lensemble vendor sync demo_pkg" in result.err
+    assert "python -m tools.vendor sync demo_pkg" in result.err
 
 
 def test_update_reports_every_patch_that_no_longer_applies(pinned: Workspace) -> None:
@@ -211,7 +211,7 @@ def test_missing_license_without_exception_fails_closed(
     index.add("bare-pkg", sdist_name("bare-pkg", "1.0"), sdist_bytes("bare-pkg", "1.0", files))
     project = write_project(tmp_path, "bare_pkg", package="bare-pkg", index_url=index.simple)
 
-    result = run_cli("vendor", "sync", "--update", "bare-pkg==1.0", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--update", "bare-pkg==1.0", "--root", str(tmp_path))
     assert result.code == 3
     assert "bare_pkg/src has no 'LICENSE'" in result.err
     assert "records no license exception" in result.err
@@ -226,8 +226,10 @@ def test_missing_license_with_recorded_exception_passes(
     index.add("bare-pkg", sdist_name("bare-pkg", "1.0"), sdist_bytes("bare-pkg", "1.0", files))
     write_project(tmp_path, "bare_pkg", package="bare-pkg", index_url=index.simple, exception=True)
 
-    assert run_cli("vendor", "sync", "--update", "bare-pkg==1.0", "--root", str(tmp_path)).code == 0
-    result = run_cli("vendor", "check", "--root", str(tmp_path))
+    assert (
+        run_tool("vendor", "sync", "--update", "bare-pkg==1.0", "--root", str(tmp_path)).code == 0
+    )
+    result = run_tool("vendor", "check", "--root", str(tmp_path))
     assert result.code == 0, result.err
     assert "license MIT (no file; recorded exception)" in result.out
     assert "note:" not in result.out
@@ -245,7 +247,7 @@ def test_exception_is_flagged_once_upstream_ships_the_license(
         license_file="COPYING",
         exception=True,
     )
-    result = run_cli("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
     assert result.code == 0, result.err
     assert "note: upstream now ships LICENSE: set license.file and drop the exception" in result.out
 
@@ -254,7 +256,7 @@ def test_upstream_relicensing_is_caught(tmp_path: Path, index: LoopbackIndex) ->
     files = {**DEMO_V1, "PKG-INFO": DEMO_V1["PKG-INFO"].replace(b"MIT", b"GPL-3.0-only")}
     index.add("demo-pkg", sdist_name("demo-pkg", "1.0"), sdist_bytes("demo-pkg", "1.0", files))
     write_project(tmp_path, "demo_pkg", package="demo-pkg", index_url=index.simple)
-    result = run_cli("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
     assert result.code == 3
     assert "declares license 'GPL-3.0-only'" in result.err
 
@@ -280,10 +282,10 @@ def test_wheel_with_license_glob_and_upstream_commit(tmp_path: Path, index: Loop
         distribution="wheel",
         license_file="*.dist-info/licenses/LICENSE",
     )
-    result = run_cli("vendor", "sync", "--update", "wheel-pkg==1.0", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--update", "wheel-pkg==1.0", "--root", str(tmp_path))
     assert result.code == 0, result.err
     assert (project / "src/wheel_pkg/__init__.py").read_bytes() == b"VALUE = 1\n"
-    check = run_cli("vendor", "check", "wheel-pkg", "--root", str(tmp_path))
+    check = run_tool("vendor", "check", "wheel-pkg", "--root", str(tmp_path))
     assert "license MIT (wheel_pkg-1.0.dist-info/licenses/LICENSE)" in check.out
     assert f'"upstream_commit": "{commit}"' in (project / "vendor.lock.json").read_text()
 
@@ -292,7 +294,7 @@ def test_archive_with_unsafe_path_is_refused(tmp_path: Path, index: LoopbackInde
     evil = sdist_bytes("demo-pkg", "1.0", DEMO_V1, extra_member="demo_pkg-1.0/../../escape.txt")
     index.add("demo-pkg", sdist_name("demo-pkg", "1.0"), evil)
     write_project(tmp_path, "demo_pkg", package="demo-pkg", index_url=index.simple)
-    result = run_cli("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
+    result = run_tool("vendor", "sync", "--update", "demo-pkg==1.0", "--root", str(tmp_path))
     assert result.code == 2
     assert "unsafe path" in result.err
     assert not (tmp_path.parent / "escape.txt").exists()

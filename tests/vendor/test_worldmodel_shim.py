@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.data import worldmodel as data_wm
+from lensemble.data import vendored_envs as data_wm
 from lensemble.errors import EXIT_TOOL, ConfigError, ToolMissing
-from lensemble.eval import worldmodel as eval_wm
+from lensemble.eval import vendored_planners as eval_wm
 from tests.support.tools import require_vendored_worldmodel
 
 
@@ -27,8 +27,29 @@ def test_missing_tree_says_to_sync_and_install(
     with pytest.raises(ToolMissing) as err:
         data_wm.make_env("swm/PendulumControl-v1", {})
     assert err.value.exit_code == EXIT_TOOL
-    assert "lensemble vendor sync stable_worldmodel" in str(err.value)
+    assert "python -m tools.vendor sync stable_worldmodel" in str(err.value)
     assert "[worldmodel]" in str(err.value)
+
+
+def test_an_installed_package_outside_a_checkout_says_where_the_tree_must_come_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed = tmp_path / "lib" / "python3.11" / "site-packages" / "lensemble" / "data"
+    installed.mkdir(parents=True)
+    monkeypatch.delenv(data_wm.THIRD_PARTY_ENV, raising=False)
+    monkeypatch.setattr(data_wm, "__file__", str(installed / "worldmodel.py"))
+    assert data_wm.third_party_dir() is None
+    with pytest.raises(ToolMissing) as err:
+        data_wm.make_env("swm/PendulumControl-v1", {})
+    assert "installed outside" in str(err.value)
+    assert f"set {data_wm.THIRD_PARTY_ENV} to the third_party/ folder of a checkout" in str(
+        err.value
+    )
+
+
+def test_a_checkout_finds_its_own_third_party(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(data_wm.THIRD_PARTY_ENV, raising=False)
+    assert data_wm.third_party_dir() == repo / "third_party"
 
 
 def test_non_worldmodel_id_and_unknown_planner_are_config_errors() -> None:
@@ -116,7 +137,7 @@ def test_importing_vendored_stable_pretraining_leaves_logging_alone(
     pytest.importorskip("omegaconf", reason="the [worldmodel] extra is not installed")
     code = (
         "import logging, sys\n"
-        "from lensemble.data.worldmodel import use_vendored\n"
+        "from lensemble.data.vendored_envs import use_vendored\n"
         "use_vendored('stable_pretraining', 'stable_pretraining')\n"
         "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
         "before = list(logging.root.handlers)\n"

@@ -2,11 +2,13 @@
 
 Each command group lives in its own module and imports its heavy dependencies (torch, grpc,
 Helm) inside the command, so ``lensemble --help`` and ``lensemble config ...`` stay fast and
-never import torch.
+never import torch, and a base install (no ``[train]`` extra) can run every command that does not
+train: a command that does says which extra to install (:mod:`lensemble.extras`).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import typer
@@ -15,15 +17,14 @@ from lensemble import __version__
 from lensemble.cli import (
     config_cmd,
     image_cmd,
-    kind_cmd,
     network_cmd,
     render_cmd,
     simulate_cmd,
     stack_cmd,
-    vendor_cmd,
 )
 from lensemble.cli.output import report_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
+from lensemble.extras import missing_extra
 
 app = typer.Typer(
     name="lensemble",
@@ -39,9 +40,34 @@ app.add_typer(render_cmd.app, name="render")
 app.command(name="simulate")(simulate_cmd.simulate)
 app.add_typer(stack_cmd.app)
 app.add_typer(image_cmd.app, name="image")
-app.add_typer(kind_cmd.app, name="kind")
-app.add_typer(vendor_cmd.app, name="vendor")
 app.add_typer(network_cmd.app)
+
+
+#: Former commands that became development tools of the source checkout (``tools/``).
+MOVED_TO_CHECKOUT = {
+    "vendor": "manages third_party/ of a source checkout",
+    "kind": "builds the image, chart and overlays of a source checkout into a kind cluster",
+}
+
+
+def _moved(name: str, what: str) -> None:
+    def moved(ctx: typer.Context) -> None:
+        raise UsageError(
+            f"`lensemble {name}` left the installed package: it {what};",
+            remediation=f"run `{shlex.join(['python', '-m', f'tools.{name}', *ctx.args])}` from "
+            "the repository root.",
+        )
+
+    moved.__doc__ = f"Point the former ``lensemble {name}`` at ``python -m tools.{name}``."
+    app.command(
+        name,
+        hidden=True,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(moved)
+
+
+for _name, _what in MOVED_TO_CHECKOUT.items():
+    _moved(_name, _what)
 
 
 def _version(value: bool) -> None:
@@ -66,6 +92,14 @@ def main() -> None:
     except LensembleError as exc:
         report_error(exc)
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # A library of an optional extra that this install lacks (torch on a base install):
+        # the user's install, not our bug. Any other missing module keeps its traceback.
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        report_error(missing)
+        sys.exit(missing.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(EXIT_INTERRUPTED)

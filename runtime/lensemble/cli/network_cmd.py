@@ -107,9 +107,9 @@ def _stopped() -> typer.Exit:
 
 
 def _run_coordinator(cfg: LensembleConfig, ports: PortOptions, *, linger: bool = False) -> None:
-    from lensemble.model.learner import initial_global_parameters
-    from lensemble.network.errors import ShutdownRequested
+    from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.process import run_coordinator
+    from lensemble.network.transport_errors import ShutdownRequested
 
     try:
         run_coordinator(cfg, initial_global_parameters(cfg), ports, linger=linger)
@@ -123,9 +123,9 @@ def _run_participant(
     from lensemble.network.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
-    from lensemble.model.learner import build_learner, initial_global_parameters
-    from lensemble.network.errors import ShutdownRequested
+    from lensemble.model.inner_loop import build_learner, initial_global_parameters
     from lensemble.network.process import run_participant
+    from lensemble.network.transport_errors import ShutdownRequested
 
     try:
         run_participant(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from lensemble.config import LensembleConfig
-    from lensemble.federation.simulation import SimulationResult
+    from lensemble.simulation.summary import SimulationResult
 
 
 def _overrides(
@@ -73,6 +72,7 @@ def simulate(
     """
     from lensemble.config import default_config_path
     from lensemble.federation.faults import parse_faults
+    from lensemble.simulation.output import prepare_output_dir
 
     overrides = _overrides(set_, participants, rounds, output_dir)
     cfg = load(config or default_config_path(), overrides)
@@ -90,7 +90,9 @@ def simulate(
             remediation="drop --faults, or kill and restart the processes of a network run.",
         )
     try:
-        _check_output_dir(cfg, resume)
+        note = prepare_output_dir(cfg, resume)
+        if note is not None:
+            sys.stderr.write(note + "\n")
         if cfg.federation.transport == "network":
             result = _run_network(cfg, config or default_config_path(), overrides, resume)
         else:
@@ -105,53 +107,15 @@ def simulate(
             error = {"error": exc.message, "code": exc.code, "exit_code": exc.exit_code}
             sys.stdout.write(json.dumps(error, sort_keys=True) + "\n")
         raise
-    from lensemble.federation.plot import write_report_png
-    from lensemble.federation.simulation import read_metrics
+    from lensemble.simulation.output import REPORT_FILE, read_metrics
+    from lensemble.simulation.report import write_report_png
+    from lensemble.simulation.summary import summary
 
-    png = write_report_png(read_metrics(result.output_dir), result.output_dir / "report.png")
+    png = write_report_png(read_metrics(result.output_dir), result.output_dir / REPORT_FILE)
     if json_summary:
-        sys.stdout.write(json.dumps(_summary(result, png), sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps(summary(result, png), sort_keys=True) + "\n")
     else:
         _print_tables(cfg, result, png)
-
-
-def _check_output_dir(cfg: LensembleConfig, resume: bool) -> None:
-    """Create the output folder, tell what happens to a previous run there, refuse shrinking it.
-
-    Raises:
-        UsageError: The folder cannot be created or written, or ``--resume`` would shrink a run.
-    """
-    from lensemble.federation.checkpoint import CheckpointStore
-
-    out = cfg.run.output_dir
-    # Fail before collecting data, not after a minute of work.
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot create the output folder {out} ({exc.strerror});",
-            remediation="pass a writable folder with --output-dir or set run.output_dir.",
-        ) from None
-    if not os.access(out, os.W_OK):
-        raise UsageError(
-            f"the output folder {out} is not writable;",
-            remediation="pass a writable folder with --output-dir or set run.output_dir.",
-        )
-    versions = CheckpointStore(Path(out)).versions()
-    committed = versions[-1] if versions else 0
-    if resume and not versions:
-        sys.stderr.write(f"note: nothing to resume in {out}; starting a fresh run.\n")
-    elif not resume and committed:
-        sys.stderr.write(
-            f"note: replacing the previous run in {out} ({committed} rounds committed); use "
-            "--resume to continue it, or -o to write elsewhere.\n"
-        )
-    elif resume and committed > cfg.federation.rounds:
-        raise UsageError(
-            f"the run in {out} already committed {committed} rounds, more than "
-            f"federation.rounds ({cfg.federation.rounds});",
-            remediation=f"pass --rounds {committed} or more to continue it.",
-        )
 
 
 def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> SimulationResult:
@@ -159,7 +123,7 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lensemble.federation.rounds import RoundState
-    from lensemble.federation.simulation import run_simulation
+    from lensemble.simulation.in_process import run_in_process
 
     err = Console(stderr=True)
     if not err.is_terminal:
@@ -211,7 +175,7 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
 
     with progress:
         task = progress.add_task("collecting data...", total=fed.rounds, completed=0)
-        result = run_simulation(cfg, faults=plan, resume=resume, observer=Observer())
+        result = run_in_process(cfg, faults=plan, resume=resume, observer=Observer())
         progress.update(task, completed=fed.rounds)
     return result
 
@@ -219,10 +183,10 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
 def _run_network(
     cfg: LensembleConfig, path: Path, overrides: list[str], resume: bool
 ) -> SimulationResult:
-    """Coordinator and participants as processes on loopback (see lensemble.network.local_run)."""
+    """Coordinator and participants as processes on loopback (simulation.local_processes)."""
     from rich.console import Console
 
-    from lensemble.network.local_run import run_network_simulation
+    from lensemble.simulation.local_processes import run_local_processes
 
     err = Console(stderr=True)
     fed = cfg.federation
@@ -243,7 +207,7 @@ def _run_network(
             + f", {str(event.get('model_hash', ''))[:19]}..."
         )
 
-    return run_network_simulation(path, overrides, cfg, resume=resume, on_round=on_round)
+    return run_local_processes(path, overrides, cfg, resume=resume, on_round=on_round)
 
 
 def _plural(n: int, word: str) -> str:
@@ -254,34 +218,11 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def _summary(result: SimulationResult, png: Path | None) -> dict[str, Any]:
-    from lensemble.federation.simulation import mean_local_only_union
-
-    final = result.final or {}
-    committed = [r for r in result.records if r.state == "closed"]
-    from lensemble.federation.ledger import committed_chain
-
-    return {
-        "config_hash": result.config_hash,
-        "model_hash": result.model_hash,
-        "hash_chain": committed_chain(result.records),
-        "rounds_committed": len(committed),
-        "resumed_from_version": result.resumed_from,
-        "aborted_attempts": sum(r.state == "aborted" for r in result.records),
-        "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
-        "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),
-        "local_only_mean_union_k_step_error": mean_local_only_union(result.final_local_only),
-        "bytes_up": sum(r.bytes_up for r in result.records),
-        "bytes_down": sum(r.bytes_down for r in result.records),
-        "wall_s": round(result.wall_s, 3),
-        "output_dir": str(result.output_dir),
-        "report_png": str(png) if png else None,
-    }
-
-
 def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from lensemble.simulation.summary import summary as summarise
 
     out: Console = Console()
     if not out.is_terminal:
@@ -313,7 +254,7 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
             _num(fed_s.get("probe_r2")),
             _num(loc_s.get("probe_r2")),
         )
-    summary = _summary(result, png)
+    summary = summarise(result, png)
     union = final.get("union", {})
     mean_r2 = sum(r["union"]["probe_r2"] for r in local.values()) / len(local) if local else None
     table.add_row(

@@ -102,13 +102,13 @@ def _make_base(env_id: str, env_params: dict[str, float]) -> Any:
     """Construct the environment, through the stable-worldmodel shim for ``swm/`` ids."""
     if env_id.startswith(SWM_PREFIX):
         try:
-            shim = importlib.import_module("lensemble.data.worldmodel")
+            shim = importlib.import_module("lensemble.data.vendored_envs")
         except ImportError as exc:
             raise ToolMissing(
                 f"data.env_id '{env_id}' needs the vendored stable-worldmodel, which cannot be "
                 f"imported ({exc}).",
-                remediation="Install the [worldmodel] extra and run `lensemble vendor sync`, "
-                "or choose a gymnasium id such as Pendulum-v1.",
+                remediation="Install the [worldmodel] extra and run `python -m tools.vendor sync` "
+                "in the checkout, or choose a gymnasium id such as Pendulum-v1.",
             ) from exc
         return shim.make_env(env_id, env_params)
 
@@ -140,7 +140,7 @@ def make_env(env_id: str, env_params: dict[str, float]) -> Any:
 
     Args:
         env_id: ``data.env_id``: a gymnasium id, or ``swm/...`` for the stable-worldmodel shim
-            (``lensemble.data.worldmodel.make_env(env_id, env_params)``, imported lazily; the
+            (``lensemble.data.vendored_envs.make_env(env_id, env_params)``, imported lazily; the
             shim applies the overrides itself).
         env_params: The participant's ``env_params``.
 

@@ -1,8 +1,9 @@
 """Process logs on stderr, as JSON lines or text (``observability.log_format``).
 
-Stdout carries exactly one line, the ready line (:mod:`lensemble.network.ready`); everything
-else goes to stderr. Structured events (``round_opened``, ``verdict``, ``round_closed``, ...)
-carry their fields, so launchers and tests follow a run by reading JSON lines.
+Stdout carries exactly one line, the ready line (:mod:`lensemble.network.ready_announce`);
+everything else goes to stderr. Structured events (``round_opened``, ``verdict``,
+``round_closed``, ...) carry their fields, so launchers and tests follow a run by reading JSON
+lines.
 """
 
 from __future__ import annotations

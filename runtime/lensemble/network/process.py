@@ -8,10 +8,11 @@ main thread then asks the worker to stop and waits a bounded time.
 
 - Coordinator: resumes from the last checkpoint in ``run.output_dir`` when there is one, serves
   ``lensemble.v1.Coordinator``, and runs the unchanged federation ``Coordinator`` over
-  :class:`~lensemble.network.coordinator.GrpcCoordinatorTransport`. On SIGTERM the open round
-  is abandoned (nothing committed; the last checkpoint stands and a restart reopens the round).
+  :class:`~lensemble.network.coordinator_transport.GrpcCoordinatorTransport`. On SIGTERM the
+  open round is abandoned (nothing committed; the last checkpoint stands and a restart reopens
+  the round).
 - Participant: joins, then takes part in rounds
-  (:class:`~lensemble.network.participant.ParticipantLoop`); on SIGTERM it leaves.
+  (:class:`~lensemble.network.participant_client.ParticipantLoop`); on SIGTERM it leaves.
 """
 
 from __future__ import annotations
@@ -38,14 +39,13 @@ from lensemble.federation.rounds import RoundState
 from lensemble.learner import Learner
 from lensemble.network import logs
 from lensemble.network.certs import check_own_certificate
-from lensemble.network.coordinator import GrpcCoordinatorTransport
-from lensemble.network.errors import ShutdownRequested
+from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
 from lensemble.network.health import HealthServer
 from lensemble.network.identity import identity_path
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics, MetricsServer
-from lensemble.network.participant import CoordinatorClient, ParticipantLoop
-from lensemble.network.ready import StdoutGuard, ready_line
+from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from lensemble.network.ready_announce import StdoutGuard, ready_line
 from lensemble.network.security import (
     Authenticator,
     coordinator_tokens,
@@ -54,6 +54,7 @@ from lensemble.network.security import (
     warn_if_insecure,
 )
 from lensemble.network.service import start_coordinator_server
+from lensemble.network.transport_errors import ShutdownRequested
 
 T = TypeVar("T")
 _log = logging.getLogger("lensemble.network.process")

@@ -18,8 +18,8 @@ from lensemble import __version__
 from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
 from lensemble.federation.messages import Reason, Submission, Verdict
-from lensemble.network import errors as nerr
-from lensemble.network.coordinator import GrpcCoordinatorTransport, Rejection
+from lensemble.network import transport_errors as nerr
+from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
 from lensemble.network.health import NO_REUSEPORT, bind_port
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc

@@ -35,7 +35,7 @@ from lensemble.render.compose import (
 from lensemble.render.container import STATE_DIR
 from lensemble.stack import StackFailed
 from lensemble.stack.engine import DockerComposeEngine, Engine
-from lensemble.stack.ready import ReadyLine, check_ready_line, first_ready_line
+from lensemble.stack.ready_parse import ReadyLine, check_ready_line, first_ready_line
 
 RECORD_NAME = "stack.json"
 COMPOSE_NAME = "compose.yaml"

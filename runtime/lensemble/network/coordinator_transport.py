@@ -35,10 +35,10 @@ from lensemble.config.hashing import differing_paths, hashed_view
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.transport import Traffic
-from lensemble.network import errors as nerr
-from lensemble.network.errors import ShutdownRequested
+from lensemble.network import transport_errors as nerr
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
+from lensemble.network.transport_errors import ShutdownRequested
 
 _log = logging.getLogger("lensemble.network.coordinator")
 

@@ -1,4 +1,7 @@
-"""``lensemble kind``: a local kind cluster running the local overlay, end to end.
+"""``python -m tools.kind``: a local kind cluster running the local overlay, end to end.
+
+A development tool of the source checkout (it builds the image from the checkout's Dockerfile and
+renders its chart and overlays); it is not part of the installed package nor of the image.
 
 ``up`` creates the cluster (one control plane, one worker per trust domain), builds the image and
 side-loads it, creates one TLS Secret per identity (``lensemble certs init``), applies the local
@@ -22,14 +25,20 @@ import typer
 
 from lensemble.cli.options import ConfigOption, SetOption, load
 from lensemble.errors import RoundError, ToolMissing, UsageError
+from tools.entry import run_tool
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
     from lensemble.federation.ledger import RoundRecord
 
 app = typer.Typer(
-    help="Run the local overlay on a kind cluster (needs Docker, kind and kubectl).",
+    name="python -m tools.kind",
+    help="Run the local overlay on a kind cluster (needs Docker, kind and kubectl). Run from the "
+    "repository root of a source checkout.",
     no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -37,7 +46,7 @@ def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise ToolMissing(
-            f"{name} is not on PATH; `lensemble kind` needs docker, kind and kubectl.",
+            f"{name} is not on PATH; `python -m tools.kind` needs docker, kind and kubectl.",
             remediation=f"Install {name} and retry.",
         )
     return path
@@ -146,7 +155,12 @@ def _follow_rounds(
 def up(
     config: Path | None = ConfigOption,
     rounds: int = typer.Option(3, "--rounds", min=1, help="Rounds to follow before reporting."),
-    build: bool = typer.Option(True, "--build/--no-build", help="Build the image first."),
+    build: bool = typer.Option(
+        True,
+        "--build/--no-build",
+        help="Build the image first (as `lensemble image build`; without a registry, run that "
+        "with its --base, --wheelhouse and --ca-bundle and pass --no-build).",
+    ),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds to wait for each stage."),
     set_: list[str] = SetOption,
 ) -> None:
@@ -177,13 +191,19 @@ def up(
             cluster_file.write_text(yaml.safe_dump(kind_cluster(cfg)), encoding="utf-8")
             _run([kind, "create", "cluster", "--config", str(cluster_file), "--wait", "300s"])
         if build:
-            dockerfile = k8s_render.repo_root() / "Dockerfile"
-            if not dockerfile.is_file():
-                raise UsageError(
-                    f"{dockerfile} does not exist, so the image cannot be built.",
-                    remediation="Build and tag the image yourself, then pass --no-build.",
-                )
-            _run([docker, "build", "-t", image, str(dockerfile.parent)])
+            # The one image build (BuildKit, staged context); its options (--base, wheelhouse,
+            # CA bundle) are `lensemble image build`'s: build that way and pass --no-build.
+            from lensemble import __version__
+            from lensemble.image.build import build_image, find_source_tree
+            from lensemble.image.client import find_build_client
+
+            build_image(
+                find_build_client(docker),
+                find_source_tree(k8s_render.repo_root()),
+                version=__version__,
+                extra_tags=[image],
+                echo=typer.echo,
+            )
         _run([kind, "load", "docker-image", image, "--name", name])
         manifests = work / "manifests.yaml"
         manifests.write_text(k8s_render.dump_manifests(rendered.manifests), encoding="utf-8")
@@ -209,7 +229,8 @@ def up(
         line = {"round": record.round, "parent_hash": record.parent_hash}
         typer.echo(json.dumps({**line, "model_hash": record.model_hash}))
     typer.echo(
-        f"delete the cluster with: lensemble kind down --config {config or 'config/local.yaml'}"
+        "delete the cluster with: python -m tools.kind down --config "
+        f"{config or 'config/local.yaml'}"
     )
 
 
@@ -224,3 +245,8 @@ def down(
     cfg = load(config, set_)
     _run([_tool("kind"), "delete", "cluster", "--name", cluster_name(cfg)])
     typer.echo(f"deleted kind cluster {cluster_name(cfg)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``python -m tools.kind`` with ``argv`` (default: ``sys.argv[1:]``)."""
+    run_tool(app, "python -m tools.kind", argv)

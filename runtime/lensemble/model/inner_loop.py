@@ -239,6 +239,37 @@ def initial_global_parameters(config: LensembleConfig) -> Params:
     return initial_parameters(config, env_spec(config.data.env_id))
 
 
+class LocalOnlyRun:
+    """The local-only baseline of one participant: it trains alone, no federation.
+
+    Same initial parameters as the federated run and the same inner steps per round, drawn round
+    by round from the same batch seeds, with the optimizer state carried throughout. Training is
+    incremental: :meth:`train_until` continues from the rounds already trained, so evaluating the
+    baseline every few rounds costs no more than training it once.
+
+    Args:
+        config: The run's config.
+        participant_id: The participant (seeds its batches).
+        data: Its private data.
+        steps: Inner steps per round (``federation.inner_steps`` in a run).
+    """
+
+    def __init__(
+        self, config: LensembleConfig, participant_id: str, data: ParticipantData, steps: int
+    ) -> None:
+        self.learner = WorldModelLearner(config, participant_id, data)
+        self.params: Params = initial_parameters(config, data.spec)
+        self.steps = steps
+        self.rounds = 0
+
+    def train_until(self, rounds: int) -> Params:
+        """Train the rounds not trained yet, up to ``rounds`` in all; return the parameters."""
+        for round_index in range(self.rounds, rounds):
+            self.params = self.learner.train_round(self.params, round_index, self.steps).params
+        self.rounds = max(self.rounds, rounds)
+        return self.params
+
+
 def train_local_only(
     config: LensembleConfig,
     participant_id: str,
@@ -246,17 +277,11 @@ def train_local_only(
     rounds: int,
     steps: int,
 ) -> Params:
-    """The local-only baseline: the participant trains alone, no federation.
+    """The local-only baseline after ``rounds`` rounds of ``steps`` inner steps.
 
-    Same initial parameters as the federated run and the same number of inner steps
-    (``rounds * steps``), drawn round by round from the same batch seeds, with the optimizer
-    state carried throughout.
+    See :class:`LocalOnlyRun`.
 
     Returns:
         The participant's parameters after ``rounds * steps`` AdamW steps.
     """
-    learner = WorldModelLearner(config, participant_id, data)
-    params = initial_parameters(config, data.spec)
-    for round_index in range(rounds):
-        params = learner.train_round(params, round_index, steps).params
-    return params
+    return LocalOnlyRun(config, participant_id, data, steps).train_until(rounds)

@@ -1,4 +1,8 @@
-"""``lensemble vendor``: materialise and guard the vendored upstream code in ``third_party/``."""
+"""``python -m tools.vendor``: materialise and guard the vendored code in ``third_party/``.
+
+A development tool of the source checkout: it is not part of the installed ``lensemble``
+package (nor of the runtime image) and runs from the repository root.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +14,21 @@ import typer
 
 from lensemble.cli.output import report_error
 from lensemble.errors import LensembleError, UsageError
+from tools.entry import run_tool
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from lensemble.vendor import Project
+    from tools.vendor import Project
 
 app = typer.Typer(
-    help="Vendored upstream code (third_party/): sync pinned releases plus patches, check drift.",
+    name="python -m tools.vendor",
+    help="Vendored upstream code (third_party/): sync pinned releases plus patches, check drift. "
+    "Run from the repository root of a source checkout.",
     no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 NameArgument = typer.Argument(
@@ -30,7 +40,7 @@ RootOption = typer.Option(
 
 
 def _projects(root: Path, name: str | None) -> list[Project]:
-    from lensemble.vendor import find_projects, load_project
+    from tools.vendor import find_projects, load_project
 
     third_party = root / "third_party"
     if name is not None:
@@ -39,7 +49,7 @@ def _projects(root: Path, name: str | None) -> list[Project]:
     if not projects:
         raise UsageError(
             f"{third_party} holds no vendored project (no */vendor.toml).",
-            remediation="run from the repository root or pass --root.",
+            remediation="run from the repository root of a source checkout or pass --root.",
         )
     return projects
 
@@ -97,7 +107,7 @@ def sync(
     Downloads (or takes from --cache) each pinned release, verifies its SHA-256, unpacks it to
     third_party/NAME/src and applies the patch series; records the tree digest in the lock.
     """
-    from lensemble.vendor import SyncReport, load_project, sync_project
+    from tools.vendor import SyncReport, load_project, sync_project
 
     target: tuple[str, str] | None = _parse_update(update) if update else None
     if target is not None:
@@ -142,7 +152,7 @@ def check(name: str | None = NameArgument, root: Path = RootOption) -> None:
     Fails when third_party/NAME/src differs from pristine upstream plus the patch series, a
     patch lacks a DEP-3 field, or the license file is missing without a recorded exception.
     """
-    from lensemble.vendor import CheckReport, check_project
+    from tools.vendor import CheckReport, check_project
 
     def run(project: Project) -> str:
         report: CheckReport = check_project(project)
@@ -160,3 +170,8 @@ def check(name: str | None = NameArgument, root: Path = RootOption) -> None:
         return "\n".join(lines)
 
     _run_each(_projects(root, name), "check", run)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``python -m tools.vendor`` with ``argv`` (default: ``sys.argv[1:]``)."""
+    run_tool(app, "python -m tools.vendor", argv)

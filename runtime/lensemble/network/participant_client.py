@@ -38,9 +38,8 @@ from lensemble.config.hashing import canonical_json, hashed_view
 from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, PayloadError
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
-from lensemble.network import errors as nerr
+from lensemble.network import transport_errors as nerr
 from lensemble.network.backoff import Backoff
-from lensemble.network.errors import AccessDenied, CoordinatorUnreachable, ShutdownRequested
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
 from lensemble.network.proto import lensemble_pb2 as pb
@@ -48,6 +47,11 @@ from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
 from lensemble.network.service import keepalive_ms, message_options
 from lensemble.network.streams import Assembler, chunk_count, chunks
+from lensemble.network.transport_errors import (
+    AccessDenied,
+    CoordinatorUnreachable,
+    ShutdownRequested,
+)
 
 _log = logging.getLogger("lensemble.network.participant")
 

@@ -15,14 +15,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lensemble.vendor.digest import diff_trees, file_digests, tree_digest
-from lensemble.vendor.drift import describe_differences, series_changes
-from lensemble.vendor.errors import NotSynced, PatchFailed, TreeDrift, VendorInputError
-from lensemble.vendor.fetch import Release, fetch_distribution, resolve_release
-from lensemble.vendor.license import LicenseStatus, check_license
-from lensemble.vendor.manifest import CACHE_DIR, LOCK_FILE, Lock, LockedPatch, Project
-from lensemble.vendor.patches import apply_patch, check_dep3, patch_series
-from lensemble.vendor.unpack import unpack
+from tools.vendor.digest import diff_trees, file_digests, tree_digest
+from tools.vendor.drift import describe_differences, series_changes
+from tools.vendor.errors import NotSynced, PatchFailed, TreeDrift, VendorInputError
+from tools.vendor.fetch import Release, fetch_distribution, resolve_release
+from tools.vendor.license import LicenseStatus, check_license
+from tools.vendor.manifest import CACHE_DIR, LOCK_FILE, Lock, LockedPatch, Project
+from tools.vendor.patches import apply_patch, check_dep3, patch_series
+from tools.vendor.unpack import unpack
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _target_release(project: Project, lock: Lock | None, update: str | None) -> 
     if lock is None:
         raise NotSynced(
             f"{project.label} has no {LOCK_FILE} yet.",
-            remediation=f"pin a release: `lensemble vendor sync {project.name} "
+            remediation=f"pin a release: `python -m tools.vendor sync {project.name} "
             f"--update {upstream.package}==VERSION`.",
         )
     if (lock.package, lock.distribution) != (upstream.package, upstream.distribution):
@@ -224,7 +224,8 @@ def sync_project(
             raise TreeDrift(
                 f"{project.label}/{LOCK_FILE} is out of date: "
                 f"{'; '.join(_lock_differences(lock, new_lock))}.",
-                remediation=f"run `lensemble vendor sync {project.name}` and commit {LOCK_FILE}.",
+                remediation=f"run `python -m tools.vendor sync {project.name}` and commit "
+                f"{LOCK_FILE}.",
             )
         if project.src.exists():
             project.src.rename(staging / "previous")

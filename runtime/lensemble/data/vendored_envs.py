@@ -35,7 +35,7 @@ WORLDMODEL_PREFIX = "swm/"
 #: source checkout (e.g. an installed wheel next to a synced checkout).
 THIRD_PARTY_ENV = "LENSEMBLE_THIRD_PARTY"
 
-_INSTALL_HINT = "pip install -e '.[worldmodel]'"
+_INSTALL_HINT = "pip install -c constraints.txt -e '.[train,worldmodel]'"
 
 
 def is_worldmodel_env(env_id: str) -> bool:
@@ -43,13 +43,21 @@ def is_worldmodel_env(env_id: str) -> bool:
     return env_id.startswith(WORLDMODEL_PREFIX)
 
 
-def third_party_dir() -> Path:
-    """``$LENSEMBLE_THIRD_PARTY``, else ``third_party/`` of the checkout this package runs from."""
+def third_party_dir() -> Path | None:
+    """Where the vendored trees live, or None for an installed wheel outside a checkout.
+
+    ``$LENSEMBLE_THIRD_PARTY`` when set, else ``third_party/`` of the source checkout this
+    package runs from (an editable install).
+    """
     configured = os.environ.get(THIRD_PARTY_ENV)
     if configured:
         return Path(configured)
-    # runtime/lensemble/data/worldmodel.py -> the repository root is three levels up.
-    return Path(__file__).resolve().parents[3] / "third_party"
+    # In a checkout this file is runtime/lensemble/data/vendored_envs.py: the root is three levels
+    # up and holds pyproject.toml. Installed under site-packages, nothing there says so.
+    root = Path(__file__).resolve().parents[3]
+    if (root / "pyproject.toml").is_file() and (root / "third_party").is_dir():
+        return root / "third_party"
+    return None
 
 
 def use_vendored(project: str, import_name: str) -> Path:
@@ -63,14 +71,24 @@ def use_vendored(project: str, import_name: str) -> Path:
         The ``src`` folder now on ``sys.path``.
 
     Raises:
-        ToolMissing: The tree is not synced, or another copy of the package is already imported.
+        ToolMissing: The tree is not synced, this package is installed outside a checkout and
+            $LENSEMBLE_THIRD_PARTY is unset, or another copy of the package is already imported.
     """
-    src = third_party_dir() / project / "src"
+    third_party = third_party_dir()
+    if third_party is None:
+        raise ToolMissing(
+            f"the vendored {project} comes from a source checkout, and this lensemble is "
+            f"installed outside one with {THIRD_PARTY_ENV} unset.",
+            remediation=f"set {THIRD_PARTY_ENV} to the third_party/ folder of a checkout where "
+            f"`python -m tools.vendor sync {project}` has run, or run from that checkout.",
+        )
+    src = third_party / project / "src"
     if not (src / import_name).is_dir():
         raise ToolMissing(
             f"the vendored {project} is missing ({src} has no {import_name}/).",
-            remediation=f"run `lensemble vendor sync {project}` from the repository root and "
-            f"`{_INSTALL_HINT}` (or set {THIRD_PARTY_ENV} to a synced third_party/ folder).",
+            remediation=f"run `python -m tools.vendor sync {project}` from the repository root "
+            f"and install the [worldmodel] extra (`{_INSTALL_HINT}`), or set {THIRD_PARTY_ENV} to "
+            "a synced third_party/ folder.",
         )
     loaded = sys.modules.get(import_name)
     origin = getattr(loaded, "__file__", None) if loaded is not None else None

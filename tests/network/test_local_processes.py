@@ -1,4 +1,4 @@
-"""``lensemble simulate`` over the network transport: the local launcher and transport parity."""
+"""``lensemble simulate`` as local processes: the launcher and transport parity."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import committed_chain
 from lensemble.network.launcher import LocalFederation, ProcessFailed
-from lensemble.network.local_run import run_network_simulation
+from lensemble.simulation.local_processes import run_local_processes
 from tests.support.cli import run_cli
 from tests.support.federation import build
 from tests.support.network import NETPROC, REPO, network_mapping
@@ -37,7 +37,7 @@ def test_launcher_issues_credentials_runs_every_process_and_summarises(
     path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
     config = validate_mapping(mapping)
     closed: list[dict[str, Any]] = []
-    result = run_network_simulation(
+    result = run_local_processes(
         path, [], config, on_round=closed.append, program=NETPROC, evaluate_final=False
     )
     out = Path(config.run.output_dir)
@@ -68,7 +68,7 @@ def test_a_failing_process_stops_the_run_with_one_sentence(tmp_path: Path) -> No
         "import sys; sys.stderr.write('error: the learner exploded\\n'); sys.exit(3)",
     )
     with pytest.raises(ProcessFailed, match="exited with code 3 before the run started: error: "):
-        run_network_simulation(path, [], validate_mapping(mapping), program=broken)
+        run_local_processes(path, [], validate_mapping(mapping), program=broken)
 
 
 def test_simulate_refuses_faults_over_the_network(in_repo: Path) -> None:

@@ -8,9 +8,9 @@ the drift and license guard (RFC-0016 §2). This layer imports only the standard
 pydantic, ``packaging`` and ``lensemble.errors``; it never imports torch or the vendored code.
 """
 
-from lensemble.vendor.drift import CheckReport, check_project
-from lensemble.vendor.manifest import Project, find_projects, load_project
-from lensemble.vendor.sync import SyncReport, sync_project
+from tools.vendor.drift import CheckReport, check_project
+from tools.vendor.manifest import Project, find_projects, load_project
+from tools.vendor.sync import SyncReport, sync_project
 
 __all__ = [
     "CheckReport",

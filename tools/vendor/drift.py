@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lensemble.vendor.digest import diff_trees, file_digests, tree_digest
-from lensemble.vendor.errors import NotSynced, TreeDrift, VendorInputError
-from lensemble.vendor.license import LicenseStatus, check_license
-from lensemble.vendor.manifest import LOCK_FILE, Lock, LockedPatch, Project
-from lensemble.vendor.patches import check_dep3, patch_series
+from tools.vendor.digest import diff_trees, file_digests, tree_digest
+from tools.vendor.errors import NotSynced, TreeDrift, VendorInputError
+from tools.vendor.license import LicenseStatus, check_license
+from tools.vendor.manifest import LOCK_FILE, Lock, LockedPatch, Project
+from tools.vendor.patches import check_dep3, patch_series
 
 _SHOWN = 5
 
@@ -76,7 +76,7 @@ def check_metadata(project: Project) -> Lock:
     if lock is None:
         raise NotSynced(
             f"{project.label} has no {LOCK_FILE}.",
-            remediation=f"pin a release: `lensemble vendor sync {project.name} "
+            remediation=f"pin a release: `python -m tools.vendor sync {project.name} "
             f"--update {project.manifest.upstream.package}==VERSION`.",
         )
     upstream = project.manifest.upstream
@@ -84,7 +84,7 @@ def check_metadata(project: Project) -> Lock:
         raise VendorInputError(
             f"{project.label}: vendor.toml asks for the {upstream.distribution} of "
             f"{upstream.package} but the lock has the {lock.distribution} of {lock.package}.",
-            remediation=f"re-pin with `lensemble vendor sync {project.name} --update "
+            remediation=f"re-pin with `python -m tools.vendor sync {project.name} --update "
             f"{upstream.package}==VERSION`.",
         )
     series = patch_series(project.patches_dir)
@@ -96,13 +96,14 @@ def check_metadata(project: Project) -> Lock:
         raise TreeDrift(
             f"{project.label}: the patch series changed since the lock was written "
             f"({', '.join(changes)}).",
-            remediation=f"run `lensemble vendor sync {project.name}` and commit {LOCK_FILE}.",
+            remediation=f"run `python -m tools.vendor sync {project.name}` and commit {LOCK_FILE}.",
         )
     if tree_digest(lock.files) != lock.tree_digest:
         raise TreeDrift(
             f"{project.label}/{LOCK_FILE}: the file map does not match tree_digest "
             "(the lock was edited by hand).",
-            remediation=f"restore it from git or rerun `lensemble vendor sync {project.name}`.",
+            remediation="restore it from git or rerun "
+            f"`python -m tools.vendor sync {project.name}`.",
         )
     return lock
 
@@ -121,7 +122,7 @@ def check_project(project: Project) -> CheckReport:
     if not project.src.is_dir():
         raise NotSynced(
             f"{project.label}/src is missing (upstream source is not committed).",
-            remediation=f"materialise it with `lensemble vendor sync {project.name}`.",
+            remediation=f"materialise it with `python -m tools.vendor sync {project.name}`.",
         )
     diff = diff_trees(lock.files, file_digests(project.src))
     if not diff.clean:
@@ -132,8 +133,9 @@ def check_project(project: Project) -> CheckReport:
             modified=diff.modified,
             added=diff.added,
             removed=diff.removed,
-            remediation=f"never edit the tree in place: restore it with `lensemble vendor sync "
-            f"{project.name}` and put changes in a new patch under patches/.",
+            remediation="never edit the tree in place: restore it with "
+            f"`python -m tools.vendor sync {project.name}` and put changes in a new patch under "
+            "patches/.",
         )
     license_status = check_license(project, project.src)
     return CheckReport(

@@ -11,8 +11,8 @@ import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from lensemble.vendor.errors import VendorInputError
-from lensemble.vendor.manifest import Distribution
+from tools.vendor.errors import VendorInputError
+from tools.vendor.manifest import Distribution
 
 
 def _safe_relative(name: str, archive: Path) -> PurePosixPath:

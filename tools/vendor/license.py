@@ -11,8 +11,8 @@ import email.parser
 from dataclasses import dataclass
 from pathlib import Path
 
-from lensemble.vendor.errors import LicenseError
-from lensemble.vendor.manifest import MANIFEST_FILE, Project
+from tools.vendor.errors import LicenseError
+from tools.vendor.manifest import MANIFEST_FILE, Project
 
 _LICENSE_STEMS = ("LICENSE", "LICENCE", "COPYING")
 

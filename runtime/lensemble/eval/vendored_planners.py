@@ -3,7 +3,7 @@
 stable-worldmodel ships sampling-based MPC planners (CEM, iCEM, MPPI) that optimise an action
 sequence against a world model's cost (RFC-0005 §3, the planner factory). This module re-exposes
 only :func:`make_planner`; the vendored code is imported inside it, from the tree that
-:func:`lensemble.data.worldmodel.use_vendored` puts on ``sys.path``. The planners need torch,
+:func:`lensemble.data.vendored_envs.use_vendored` puts on ``sys.path``. The planners need torch,
 gymnasium, numpy and loguru, and nothing else.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lensemble.data.worldmodel import use_vendored
+from lensemble.data.vendored_envs import use_vendored
 from lensemble.errors import ConfigError, ConfigProblem, ToolMissing
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ class Dep3HeaderError(VendorInputError):
 
 
 class NotSynced(VendorInputError):
-    """The vendored tree (or its lock) is missing: ``lensemble vendor sync`` has not run."""
+    """The vendored tree (or its lock) is missing: ``python -m tools.vendor sync`` has not run."""
 
     code = "vendor_not_synced"
 

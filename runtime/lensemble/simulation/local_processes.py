@@ -1,12 +1,12 @@
-"""``lensemble simulate`` over the network transport: real processes on loopback, TLS on.
+"""A federation as local processes: ``lensemble simulate`` over the network transport, TLS on.
 
 The launcher issues development certificates into ``<output_dir>/certs`` (and bearer tokens when
 ``network.auth`` is ``token``), starts one coordinator and one participant process per
 participant with the same config file and overrides, waits for every ready line, follows the
 coordinator's round events, and summarises the run from the ledger exactly as the in-process
-simulation does: the hash chain, bytes, the final model hash and, when the world model is
-available, the held-out evaluation of the final model next to the local-only baseline (each
-participant's cached held-out episodes stand for it evaluating inside its own trust domain).
+run does: the hash chain, bytes, the final model hash and, when the world model is available,
+the held-out evaluation of the final model next to the local-only baseline
+(:mod:`lensemble.simulation.evaluation`).
 
 Any process that fails stops the run: the launcher reports one sentence naming the process and
 its last error, tears every process down exactly once, and raises ``ProcessFailed``.
@@ -24,7 +24,6 @@ from typing import Any
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.ledger import Ledger, RoundRecord
-from lensemble.federation.simulation import RoundMetrics, SimulationResult, fresh_output
 from lensemble.network.certs import init_certs
 from lensemble.network.identity import COORDINATOR_IDENTITY
 from lensemble.network.launcher import (
@@ -34,6 +33,9 @@ from lensemble.network.launcher import (
     ProcessFailed,
     free_port,
 )
+from lensemble.simulation.evaluation import Evaluation
+from lensemble.simulation.output import fresh_output, write_metrics
+from lensemble.simulation.summary import RoundMetrics, SimulationResult
 
 #: Extra time (seconds) for process start-up (imports) on top of the config's own timeouts.
 STARTUP_S = 120.0
@@ -69,7 +71,7 @@ def _write_secret(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def run_network_simulation(
+def run_local_processes(
     config_path: Path,
     overrides: Sequence[str],
     config: LensembleConfig,
@@ -204,26 +206,14 @@ def _summarise(
     final: dict[str, Any] | None = None
     local_only: dict[str, dict[str, Any]] = {}
     if checkpoint is not None and evaluate_final:
-        final, local_only = _evaluate(config, checkpoint.params, len(committed))
-    metrics = [
-        RoundMetrics(
-            round=r.round,
-            model_hash=r.model_hash,
-            contributors=r.contributors,
-            mean_inner_loss=r.mean_inner_loss,
-            bytes_up=r.bytes_up,
-            bytes_down=r.bytes_down,
-            wall_s=r.wall_s,
-            non_compute_s=r.non_compute_s,
-        )
-        for r in committed
-    ]
+        evaluation = Evaluation(config)
+        final = evaluation.federated(checkpoint.params)
+        local_only = evaluation.local_only(len(committed))
+    metrics = [RoundMetrics.of(r) for r in committed]
     if metrics:
         metrics[-1].federated = final
         metrics[-1].local_only = local_only or None
-    (out / "metrics.jsonl").write_text(
-        "".join(m.to_json() + "\n" for m in metrics), encoding="utf-8"
-    )
+    write_metrics(out, metrics)
     return SimulationResult(
         config_hash=config_hash(config),
         records=records,
@@ -235,26 +225,3 @@ def _summarise(
         wall_s=wall_s,
         resumed_from=resumed_from,
     )
-
-
-def _evaluate(
-    config: LensembleConfig, params: Any, rounds: int
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """Held-out evaluation of the final model and, if configured, of each local-only model.
-
-    The local-only baseline (each participant training alone for the same inner steps) is
-    trained here, as the in-process simulation does, on the participants' cached data.
-    """
-    from lensemble.data.trajectories import load_or_collect
-    from lensemble.eval.heldout import evaluate
-    from lensemble.model.learner import train_local_only
-
-    datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
-    final: dict[str, Any] = evaluate(config, params, datasets).to_dict()
-    local_only: dict[str, dict[str, Any]] = {}
-    if config.evaluation.local_only_baseline:
-        steps = config.federation.inner_steps
-        for pid, data in datasets.items():
-            alone = train_local_only(config, pid, data, rounds, steps)
-            local_only[pid] = evaluate(config, alone, datasets).to_dict()
-    return final, local_only

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lensemble.errors import ToolMissing
-from lensemble.vendor.digest import sha256_file
-from lensemble.vendor.errors import Dep3HeaderError, VendorInputError
+from tools.vendor.digest import sha256_file
+from tools.vendor.errors import Dep3HeaderError, VendorInputError
 
 PATCH_NAME = re.compile(r"^\d{4}-[A-Za-z0-9][A-Za-z0-9._-]*\.patch$")
 

@@ -31,9 +31,9 @@ from packaging.version import InvalidVersion, Version
 
 from lensemble import __version__
 from lensemble.errors import ToolMissing
-from lensemble.vendor.digest import sha256_file
-from lensemble.vendor.errors import DistributionMismatch, VendorInputError
-from lensemble.vendor.manifest import Distribution
+from tools.vendor.digest import sha256_file
+from tools.vendor.errors import DistributionMismatch, VendorInputError
+from tools.vendor.manifest import Distribution
 
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 _TIMEOUT_S = 60.0

@@ -1,7 +1,7 @@
 """The manifest and the lock of one vendored project, and where its files live.
 
 The manifest (``vendor.toml``, edited by people) says what we vendor and under which license
-policy; the lock (``vendor.lock.json``, written by ``lensemble vendor sync``) records exactly
+policy; the lock (``vendor.lock.json``, written by ``python -m tools.vendor sync``) records exactly
 what was materialised: the pinned release, its SHA-256, and the digest and per-file SHA-256 of
 the tree after the patch series. Field names follow moz.yaml / OpenTitan's vendor.hjson where
 one exists (anchors §3).
@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lensemble.vendor.errors import VendorInputError
+from tools.vendor.errors import VendorInputError
 
 MANIFEST_FILE = "vendor.toml"
 LOCK_FILE = "vendor.lock.json"
@@ -202,12 +202,14 @@ class Project:
         except json.JSONDecodeError as exc:
             raise VendorInputError(
                 f"{self.label}/{LOCK_FILE} is not valid JSON (line {exc.lineno}).",
-                remediation=f"restore it from git or rerun `lensemble vendor sync {self.name}`.",
+                remediation="restore it from git or rerun "
+                f"`python -m tools.vendor sync {self.name}`.",
             ) from None
         except ValidationError as exc:
             raise VendorInputError(
                 f"{self.label}/{LOCK_FILE} is invalid: {_problems(exc)}.",
-                remediation=f"restore it from git or rerun `lensemble vendor sync {self.name}`.",
+                remediation="restore it from git or rerun "
+                f"`python -m tools.vendor sync {self.name}`.",
             ) from None
 
     def write_lock(self, lock: Lock) -> None:

@@ -1,0 +1,121 @@
+"""What a run on one machine reports: round metrics, the result, and its JSON summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from lensemble.federation.ledger import RoundRecord, committed_chain
+
+
+@dataclass
+class RoundMetrics:
+    """One line of ``metrics.jsonl``: the round's lineage summary and held-out scores.
+
+    Attributes:
+        round: 0-based round index.
+        model_hash: Hash of the global model the round committed.
+        contributors: Participant ids whose pseudo-gradients were averaged, sorted.
+        mean_inner_loss: Mean inner training loss over contributors (unitless); None if unknown.
+        bytes_up: Pseudo-gradient bytes received by the coordinator (bytes).
+        bytes_down: Model bytes sent to participants (bytes).
+        wall_s: Wall time of the round (seconds).
+        non_compute_s: Wall time not spent in inner steps (seconds).
+        federated: Held-out scores of the global model (``EvalReport.to_dict()``) on an
+            evaluated round, else None.
+        local_only: Held-out scores of each local-only model, by participant, on an evaluated
+            round with the baseline on, else None.
+    """
+
+    round: int
+    model_hash: str
+    contributors: list[str]
+    mean_inner_loss: float | None
+    bytes_up: int
+    bytes_down: int
+    wall_s: float
+    non_compute_s: float
+    federated: dict[str, Any] | None = None
+    local_only: dict[str, dict[str, Any]] | None = None
+
+    @classmethod
+    def of(cls, record: RoundRecord) -> RoundMetrics:
+        """The metrics line of a committed round's ledger record, not yet evaluated."""
+        # Every field but the scores is the ledger record's field of the same name.
+        lineage = [f.name for f in fields(cls) if f.name not in ("federated", "local_only")]
+        return cls(**{name: getattr(record, name) for name in lineage})
+
+    def to_json(self) -> str:
+        """Compact JSON line, keys sorted."""
+        return json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class SimulationResult:
+    """Everything ``lensemble simulate`` reports.
+
+    Attributes:
+        config_hash: Hash of the config that ran.
+        records: Ledger records of the run (every attempt), including rounds committed before a
+            resume.
+        metrics: One entry per committed round of this process.
+        model_hash: Hash of the final global model ("" if none was committed).
+        final: Final evaluation of the global model (``EvalReport.to_dict()``).
+        final_local_only: Final evaluation of each local-only model, by participant.
+        output_dir: Where files were written.
+        wall_s: Wall time of this process (seconds).
+        resumed_from: Model version (rounds committed before) this process resumed from; None
+            for a run from the start.
+    """
+
+    config_hash: str
+    records: list[RoundRecord]
+    metrics: list[RoundMetrics]
+    model_hash: str
+    final: dict[str, Any] | None
+    final_local_only: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output_dir: Path = Path()
+    wall_s: float = 0.0
+    resumed_from: int | None = None
+
+
+def mean_local_only_union(local_only: dict[str, dict[str, Any]] | None) -> float | None:
+    """Mean over participants of each local-only model's k-step error on the union (or None)."""
+    if not local_only:
+        return None
+    values = [float(r["union"]["k_step_error"]) for r in local_only.values()]
+    return sum(values) / len(values)
+
+
+def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]:
+    """The run's one-object summary (what ``lensemble simulate --json`` prints).
+
+    Args:
+        result: The run's result.
+        report_png: The report plot, if one was written.
+
+    Returns:
+        JSON-ready dict: hashes, the committed hash chain, round and attempt counts, the union
+        k-step error and probe R^2 of the final model and the mean local-only error, bytes moved
+        (bytes), wall time (seconds) and where the files are.
+    """
+    final = result.final or {}
+    committed = [r for r in result.records if r.state == "closed"]
+    return {
+        "config_hash": result.config_hash,
+        "model_hash": result.model_hash,
+        "hash_chain": committed_chain(result.records),
+        "rounds_committed": len(committed),
+        "resumed_from_version": result.resumed_from,
+        "aborted_attempts": sum(r.state == "aborted" for r in result.records),
+        "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
+        "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),
+        "local_only_mean_union_k_step_error": mean_local_only_union(result.final_local_only),
+        "bytes_up": sum(r.bytes_up for r in result.records),
+        "bytes_down": sum(r.bytes_down for r in result.records),
+        "wall_s": round(result.wall_s, 3),
+        "output_dir": str(result.output_dir),
+        "report_png": str(report_png) if report_png else None,
+    }

@@ -1,0 +1,88 @@
+"""The output folder of a run on one machine: checks before work, what a new run replaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lensemble.config import LensembleConfig
+from lensemble.config.load import validate_mapping
+from lensemble.errors import UsageError
+from lensemble.federation.ledger import RoundRecord
+from lensemble.simulation.output import (
+    append_metrics,
+    fresh_output,
+    keep_metrics_before,
+    prepare_output_dir,
+    read_metrics,
+)
+from lensemble.simulation.summary import RoundMetrics, SimulationResult, summary
+from tests.support.federation import build, small_config
+
+
+def _config(out: Path, rounds: int = 3) -> LensembleConfig:
+    return validate_mapping({"run": {"output_dir": str(out)}, "federation": {"rounds": rounds}})
+
+
+def _committed_run(out: Path, rounds: int) -> list[RoundRecord]:
+    coordinator, transport, _ = build(small_config(rounds=rounds), output_dir=out)
+    return coordinator.run(transport).records
+
+
+def test_prepare_says_what_happens_to_a_previous_run(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "run"
+    assert prepare_output_dir(_config(out), resume=False) is None
+    assert out.is_dir()  # created before any work
+    assert "nothing to resume" in str(prepare_output_dir(_config(out), resume=True))
+    _committed_run(out, rounds=2)
+    note = prepare_output_dir(_config(out), resume=False)
+    assert note is not None and "replacing the previous run" in note and "(2 rounds" in note
+    assert prepare_output_dir(_config(out, rounds=2), resume=True) is None
+    with pytest.raises(UsageError, match="already committed 2 rounds"):
+        prepare_output_dir(_config(out, rounds=1), resume=True)
+
+
+def test_an_unusable_folder_is_refused_before_any_work(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UsageError, match="cannot create the output folder"):
+        prepare_output_dir(_config(blocker / "run"), resume=False)
+
+
+def test_fresh_output_keeps_only_the_data_caches(tmp_path: Path) -> None:
+    _committed_run(tmp_path, rounds=1)
+    data = tmp_path / "participants" / "alpha" / "data" / "cache.bin"
+    state = tmp_path / "participants" / "alpha" / "state" / "inner.bin"
+    for path in (data, state, tmp_path / "metrics.jsonl", tmp_path / "report.png"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    fresh_output(tmp_path)
+    assert data.exists()
+    assert not state.exists() and not (tmp_path / "coordinator").exists()
+    assert not [
+        p for p in ("ledger.jsonl", "metrics.jsonl", "report.png") if (tmp_path / p).exists()
+    ]
+
+
+def test_metrics_lines_copy_the_ledger_and_a_resume_drops_the_rounds_it_redoes(
+    tmp_path: Path,
+) -> None:
+    records = _committed_run(tmp_path / "run", rounds=3)
+    for record in records:
+        append_metrics(tmp_path, RoundMetrics.of(record))
+    lines = read_metrics(tmp_path)
+    assert [m["round"] for m in lines] == [0, 1, 2]
+    assert [m["model_hash"] for m in lines] == [r.model_hash for r in records]
+    assert lines[0]["bytes_up"] == records[0].bytes_up > 0
+    assert lines[0]["federated"] is None  # not evaluated yet
+    keep_metrics_before(tmp_path, 2)
+    assert [m["round"] for m in read_metrics(tmp_path)] == [0, 1]
+    result = SimulationResult(
+        config_hash="c", records=records, metrics=[], model_hash="m", final=None
+    )
+    as_json = summary(result, None)
+    assert as_json["rounds_committed"] == 3 and as_json["hash_chain"][-1] == records[-1].model_hash
+    assert as_json["local_only_mean_union_k_step_error"] is None
+    assert json.loads(json.dumps(as_json)) == as_json
