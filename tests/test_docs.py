@@ -114,3 +114,22 @@ def test_invariants_are_defined_once_and_cited_by_anchor() -> None:
             assert anchor in defined, f"{source.relative_to(REPO)} cites a missing #{anchor}"
             cited.add(anchor)
     assert {"deterministic-aggregation", "residency", "checkpoint-integrity"} <= cited
+
+
+def test_readme_quick_start_is_what_ci_runs() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    ci = (REPO / ".ci/run").read_text(encoding="utf-8")
+    commands = re.findall(r"```bash\n(.+?)\n```", readme, re.DOTALL)
+    dev = next(c for c in commands if "tools.vendor sync" in c)
+    # CI installs with -q and runs the test command on its own line: the same steps, in order.
+    ci_steps = [
+        "pip install torch==2.13.0",
+        "pip install -c constraints.txt -e '.[dev,infra,train,worldmodel]'",
+        "python -m tools.vendor sync",
+        "ruff check . && ruff format --check . && mypy && lint-imports && pytest",
+    ]
+    assert dev == " && ".join(ci_steps)
+    assert ci_steps[-1] in ci.splitlines()
+    for step in ci_steps[:-1]:
+        assert step.replace("pip install ", "pip install -q ") in ci or step in ci
+    assert "`pytest -m unit` is the quick loop" in readme
