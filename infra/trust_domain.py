@@ -4,7 +4,8 @@ Everything a participant's data touches lives here, in the participant's pinned 
 namespace, a bucket encrypted under the participant's own KMS key, and an IAM role that only
 that participant's service account can assume (EKS Pod Identity) and that reaches only that
 bucket and key. The key and the bucket policy repeat the same boundary from the resource side,
-so a mistake in one policy does not open the data (RFC-0016 residency; anchors §4.2).
+so a mistake in one policy does not open the data (the residency invariant:
+docs/concepts.md#residency).
 """
 
 from __future__ import annotations

@@ -136,7 +136,9 @@ class ToolMissing(LensembleError):
 
 
 class ResidencyViolation(LensembleError):
-    """Data tried to leave its participant's trust domain (INV-RESIDENCY); fails closed.
+    """Data tried to leave its participant's trust domain; fails closed.
+
+    The residency invariant: docs/concepts.md#residency.
 
     Never swallowed or retried. Carries only names, shapes and ids, never tensors.
     """
@@ -146,14 +148,20 @@ class ResidencyViolation(LensembleError):
 
 
 class IntegrityError(LensembleError):
-    """A hash, checkpoint or ledger check failed (INV-CHECKPOINT-HASH); fails closed."""
+    """A hash, checkpoint or ledger check failed; fails closed.
+
+    The checkpoint-integrity invariant: docs/concepts.md#checkpoint-integrity.
+    """
 
     code = "checkpoint_integrity"
     exit_code = EXIT_FAIL_CLOSED
 
 
 class NonDeterministicAggregation(LensembleError):
-    """The outer step did not reproduce bit for bit (INV-AGG-DETERMINISM); fails closed."""
+    """The outer step did not reproduce bit for bit; fails closed.
+
+    The deterministic-aggregation invariant: docs/concepts.md#deterministic-aggregation.
+    """
 
     code = "agg_nondeterministic"
     exit_code = EXIT_FAIL_CLOSED

@@ -16,6 +16,7 @@ from lensemble import __version__
 from tests.compose.conftest import REPO
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+IMAGE_HOW_TO = (REPO / "docs/how-to/container-image.md").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def test_build_args_choose_the_torch_line(dockerfile: DockerfileParser) -> None:
     assert "--find-links /wheelhouse -c /wheelhouse/constraints.txt" in torch_layer[0]
     # torch comes first, in its own layer, before the package and its constraints.
     assert runs.index(torch_layer[0]) < next(
-        i for i, r in enumerate(runs) if "pip install -c constraints.txt ." in r
+        i for i, r in enumerate(runs) if "pip install -c constraints.txt '.[train]'" in r
     )
     # Only torch in that layer (two alternative pip commands, both for TORCH_SPEC).
     assert torch_layer[0].count("pip install") == 2
@@ -168,8 +169,8 @@ def test_dockerignore_keeps_private_and_bulky_files_out() -> None:
     assert not any(p.startswith("!") for p in patterns)
 
 
-def test_readme_names_one_tag_per_cuda_line() -> None:
-    section = README.split("## Container image", 1)[1].split("\n## ", 1)[0]
+def test_image_how_to_names_one_tag_per_cuda_line() -> None:
+    section = IMAGE_HOW_TO
     for tag in ("-cpu", "-cu126", "-cu128", "sha-"):
         assert tag in section
     for command in ("lensemble image base", "lensemble image build", "--wheelhouse", "--ca-bundle"):

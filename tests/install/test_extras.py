@@ -132,6 +132,7 @@ def test_config_and_render_commands_work_without_the_train_extra(
     assert (tmp_path / "certs" / "coordinator" / "tls.crt").is_file()
 
 
+@pytest.mark.integration  # the Pulumi mock engine, in a child interpreter
 @pytest.mark.slow
 def test_the_pulumi_program_runs_without_the_train_libraries(repo: Path) -> None:
     require("pulumi")

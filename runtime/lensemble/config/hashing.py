@@ -8,7 +8,8 @@ timeouts. Two processes of one federation must agree on it; when they do not,
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
 excluded paths removed, serialised with sorted keys, compact separators and ASCII escapes, then
-SHA-256. Upstream Lensemble (RFC-0009 §7) uses the same algorithm id for the same construction.
+SHA-256. Upstream Lensemble uses the same algorithm id for the same construction; what the hash
+is for: docs/concepts.md#determinism-and-the-hash-chain.
 """
 
 from __future__ import annotations

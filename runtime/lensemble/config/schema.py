@@ -686,7 +686,7 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
             "federation.int8_chunk: 0.",
         )
 
-    # Residency is mandatory across a real network boundary (INV-RESIDENCY).
+    # Residency is mandatory across a real network boundary (docs/concepts.md#residency).
     if fed.transport == "network" and not cfg.data.residency_enforced:
         bad(
             "data.residency_enforced",

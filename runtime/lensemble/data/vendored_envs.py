@@ -1,6 +1,6 @@
 """The one door from Lensemble's data layer to the vendored stable-worldmodel environments.
 
-stable-worldmodel (``third_party/stable_worldmodel``, RFC-0016 §2) registers gymnasium
+stable-worldmodel (``third_party/stable_worldmodel``, docs/how-to/vendoring.md) registers gymnasium
 environments under ``swm/...`` ids whose physics can be varied per instance. This module makes
 the vendored, patched tree importable and re-exposes only what the data layer uses:
 :func:`is_worldmodel_env` and :func:`make_env`. Every vendored import happens inside a function,

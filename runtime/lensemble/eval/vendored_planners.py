@@ -1,7 +1,7 @@
 """The one door from Lensemble's evaluation to stable-worldmodel's model-predictive planners.
 
 stable-worldmodel ships sampling-based MPC planners (CEM, iCEM, MPPI) that optimise an action
-sequence against a world model's cost (RFC-0005 §3, the planner factory). This module re-exposes
+sequence against a world model's cost (the planner factory). This module re-exposes
 only :func:`make_planner`; the vendored code is imported inside it, from the tree that
 :func:`lensemble.data.vendored_envs.use_vendored` puts on ``sys.path``. The planners need torch,
 gymnasium, numpy and loguru, and nothing else.

@@ -4,7 +4,8 @@ Coordinator: ``<output_dir>/coordinator/checkpoints/model-v<version>.safetensors
 global parameters, the outer momentum (``momentum::<name>``) and, in its metadata, the version,
 model hash, parent hash and config hash. It is written to a temporary file, fsynced, and renamed
 into place, so a crash never leaves a half-written checkpoint. On load the model hash is
-recomputed and compared (INV-CHECKPOINT-HASH). The last ``KEEP`` checkpoints are kept.
+recomputed and compared (docs/concepts.md#checkpoint-integrity). The last ``KEEP`` checkpoints
+are kept.
 
 Participant: ``<output_dir>/participants/<id>/state/inner-r<round>-a<attempt>.safetensors`` holds
 the learner's inner state after that training, inside the participant's own folder.

@@ -1,6 +1,6 @@
 """The coordinator: owns the global model and drives every round over any transport.
 
-Per round ``t`` (upstream RFC-0013; DiLoCo, arXiv 2311.08105, Algorithm 1):
+Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm 1):
 
 1. OPEN: publish ``theta_t`` (a safetensors payload) and its hash.
 2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`) until every

@@ -12,8 +12,8 @@ parameters after its ``H`` inner AdamW steps. It points like a gradient (uphill)
 optimizer *subtracts* it, exactly as SGD subtracts a gradient.
 
 The coordinator averages the contributors' pseudo-gradients in float32, summing in sorted
-participant-id order (INV-AGG-DETERMINISM), and divides by the number of actual contributors
-(elastic completion). The outer optimizer is SGD with (Nesterov) momentum, as
+participant-id order (docs/concepts.md#deterministic-aggregation), and divides by the number of
+actual contributors (elastic completion). The outer optimizer is SGD with (Nesterov) momentum, as
 ``torch.optim.SGD(momentum=mu, nesterov=True, dampening=0)`` defines it:
 
     v_t = mu * v_{t-1} + g          (v_0 = 0)

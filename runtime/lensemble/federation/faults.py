@@ -11,7 +11,7 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     corrupt:delta@4        delta's submission of round 4 arrives with damaged bytes
 
 Rounds are 0-based. Faults change which participants contribute; they never change how the
-coordinator reduces (INV-AGG-DETERMINISM).
+coordinator reduces (docs/concepts.md#deterministic-aggregation).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ chunk), the codes are ``clamp(round(x / s), -127, 127)`` with round-half-to-even
 wire carries one int8 per element plus one float32 scale per chunk, close to 1/4 of float32.
 ``fp16``/``bf16`` are IEEE casts (round to nearest even). All of it is deterministic.
 
-Upstream Lensemble (RFC-0003 §6) defines the same per-tensor int8 scheme; per-chunk scales and
-the half-precision formats are ours.
+Upstream Lensemble defines the same per-tensor int8 scheme; per-chunk scales and the
+half-precision formats are ours. Where the wire format fits in a round: docs/concepts.md#diloco.
 """
 
 from __future__ import annotations

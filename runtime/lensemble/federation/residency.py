@@ -1,4 +1,4 @@
-"""The residency guard (INV-RESIDENCY): the only way bytes leave a participant.
+"""The residency guard (docs/concepts.md#residency): the only way bytes leave a participant.
 
 A participant's outgoing payload is sealed by :meth:`ResidencyGuard.seal`, which refuses, before
 any byte is produced, anything that is not a pseudo-gradient of the global model's exact

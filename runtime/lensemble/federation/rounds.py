@@ -1,4 +1,4 @@
-"""The round state machine (upstream RFC-0013 §1-§2, without the ALIGNING diagnostics state).
+"""The round state machine (docs/concepts.md#the-round).
 
     OPEN -> COLLECTING -> AGGREGATING -> COMMITTING -> CLOSED
     (any state before CLOSED) -> ABORTED

@@ -1,6 +1,6 @@
 """Docker Compose renderer: a Compose file, and the config its containers read, from one config.
 
-RFC-0016 §4, layer 1: a contributor runs every participant and the coordinator on one machine
+A contributor runs every participant and the coordinator on one machine
 from the same ``LensembleConfig``. The rendered stack relies only on the process contract in
 ``docs/architecture.md``:
 
