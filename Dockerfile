@@ -48,10 +48,12 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 RUN python3 -m venv /opt/lensemble
-ENV PATH=/opt/lensemble/bin:$PATH
+# pip's trust and index for every install below: deploy/image/pip wraps the venv's pip (the
+# base's CA store plus the optional ca-bundle secret, combined on a tmpfs, so that neither is
+# written to any layer). It stays in this stage.
+COPY deploy/image/pip /usr/local/lib/lensemble-build/pip
+ENV PATH=/usr/local/lib/lensemble-build:/opt/lensemble/bin:$PATH
 
-# pip's trust: the base's CA store plus the optional ca-bundle secret, combined on a tmpfs so
-# that neither the secret nor the combined file is written to any layer.
 # torch first, in its own layer: it is by far the largest download, and it changes only with
 # TORCH_SPEC or TORCH_CUDA. From the wheelhouse when it holds a torch wheel (the pinned +cpu
 # build of constraints.txt), else from the index of the chosen line: --index-url (not
@@ -62,11 +64,6 @@ RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
     --mount=type=secret,id=ca-bundle \
     --mount=type=tmpfs,target=/run/pip-ca \
     set -eu; \
-    if [ -s /run/secrets/ca-bundle ]; then \
-      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/ca-bundle > /run/pip-ca/ca.pem; \
-      export PIP_CERT=/run/pip-ca/ca.pem; \
-    fi; \
-    if [ -n "${PIP_INDEX_URL}" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
     if ls /wheelhouse/torch-*.whl >/dev/null 2>&1; then \
       pip install --find-links /wheelhouse -c /wheelhouse/constraints.txt "${TORCH_SPEC}"; \
     else \
@@ -89,11 +86,6 @@ RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
     --mount=type=secret,id=ca-bundle \
     --mount=type=tmpfs,target=/run/pip-ca \
     set -eu; \
-    if [ -s /run/secrets/ca-bundle ]; then \
-      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/ca-bundle > /run/pip-ca/ca.pem; \
-      export PIP_CERT=/run/pip-ca/ca.pem; \
-    fi; \
-    if [ -n "${PIP_INDEX_URL}" ]; then export PIP_INDEX_URL; else unset PIP_INDEX_URL; fi; \
     if [ "${TORCH_CUDA}" != "cpu" ]; then sed -i '/^torch==/d' constraints.txt; fi; \
     pip install -c constraints.txt '.[train]' --find-links /wheelhouse; \
     pip check

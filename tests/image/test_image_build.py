@@ -96,10 +96,12 @@ def test_the_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> N
         "Dockerfile",
         "README.md",
         "constraints.txt",
+        "deploy",
         "pyproject.toml",
         "runtime",
         "wheelhouse",
     ]
+    assert [p.name for p in (staged / "deploy").rglob("*") if p.is_file()] == ["pip"]
     assert [p.name for p in (staged / "wheelhouse").iterdir()] == [
         "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
     ]
@@ -111,7 +113,13 @@ def test_the_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> N
 
 def test_the_context_digest_follows_the_content_and_ignores_bytecode(tmp_path: Path) -> None:
     tree = tmp_path / "src"
-    for name in ("Dockerfile", "pyproject.toml", "README.md", "constraints.txt"):
+    for name in (
+        "Dockerfile",
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "deploy/image/pip",
+    ):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_text(name)
     (tree / "runtime/lensemble").mkdir(parents=True)

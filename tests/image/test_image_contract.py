@@ -53,51 +53,26 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def locked(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``docker run`` of the current image, read-only, no capabilities, config/ mounted."""
+    mount = ["-v", f"{REPO / 'config'}:/cfg:ro"]
+    return docker("run", "--rm", *LOCKED, *mount, *args, check=check)
+
+
 def test_runs_locked_down_as_the_image_user() -> None:
     image = current_image()
-    assert docker("run", "--rm", *LOCKED, image, "--version").stdout.strip() == (
-        f"lensemble {__version__}"
-    )
-    ids = docker("run", "--rm", *LOCKED, "--entrypoint", "id", image).stdout.split()
+    assert locked(image, "--version").stdout.strip() == f"lensemble {__version__}"
+    ids = locked("--entrypoint", "id", image).stdout.split()
     assert ids[:2] == ["uid=10001(lensemble)", "gid=10001(lensemble)"]
-    validated = docker(
-        "run",
-        "--rm",
-        *LOCKED,
-        "-v",
-        f"{REPO / 'config'}:/cfg:ro",
-        image,
-        "config",
-        "validate",
-        "/cfg/staging.yaml",
-    )
-    assert "staging.yaml" in validated.stdout
-    bad = docker(
-        "run",
-        "--rm",
-        *LOCKED,
-        "-v",
-        f"{REPO / 'config'}:/cfg:ro",
-        image,
-        "config",
-        "validate",
-        "/cfg/missing.yaml",
-        check=False,
-    )
+    assert "staging.yaml" in locked(image, "config", "validate", "/cfg/staging.yaml").stdout
+    bad = locked(image, "config", "validate", "/cfg/missing.yaml", check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     # torch imports and trains under the locked-down settings (caches go to /tmp).
-    trained = docker(
-        "run",
-        "--rm",
-        *LOCKED,
-        "--entrypoint",
-        "python3",
-        image,
-        "-c",
+    script = (
         "import torch; m = torch.nn.Linear(2, 1); m(torch.ones(1, 2)).sum().backward(); "
-        "print(torch.__version__)",
+        "print(torch.__version__)"
     )
-    assert trained.stdout.strip().startswith("2.")
+    assert locked("--entrypoint", "python3", image, "-c", script).stdout.strip().startswith("2.")
 
 
 def test_the_healthcheck_of_the_image_turns_healthy(tmp_path: Path) -> None:

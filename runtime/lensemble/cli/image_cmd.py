@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -62,20 +64,7 @@ def base(
     built = build_base(
         tag=tag, suite=suite, mirror=mirror, snapshot=snapshot, docker=docker, echo=_progress
     )
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "tag": built.tag,
-                    "suite": built.suite,
-                    "mirror": built.mirror,
-                    "seconds": round(built.seconds, 1),
-                    "size_bytes": built.size_bytes,
-                }
-            )
-        )
-    else:
-        typer.echo(built.tag)
+    _report(as_json, built.tag, asdict(built))
 
 
 @app.command()
@@ -148,19 +137,15 @@ def build(
         echo=_progress,
         log=None if quiet else _progress,
     )
+    _report(as_json, built.tags[0], asdict(built))
+
+
+def _report(as_json: bool, text: str, summary: dict[str, Any]) -> None:
+    """The result on stdout: one JSON line (seconds rounded to 0.1), or just ``text``."""
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "tags": built.tags,
-                    "context_digest": built.context_digest,
-                    "seconds": round(built.seconds, 1),
-                    "size_bytes": built.size_bytes,
-                }
-            )
-        )
+        typer.echo(json.dumps({**summary, "seconds": round(summary["seconds"], 1)}))
     else:
-        typer.echo(built.tags[0])
+        typer.echo(text)
 
 
 def _progress(line: str) -> None:

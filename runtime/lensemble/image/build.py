@@ -1,9 +1,10 @@
 """``lensemble image build``: the one Dockerfile, built from a staged, minimal context.
 
 The context handed to the builder is a fresh folder holding exactly what the image needs
-(``Dockerfile``, ``pyproject.toml``, ``README.md``, ``constraints.txt``, ``runtime/``) plus an
-optional ``wheelhouse/`` of local wheels: nothing else of the checkout (certificates, run output,
-virtual environments) can reach the builder. Options that must not end up in the image travel
+(``Dockerfile``, ``pyproject.toml``, ``README.md``, ``constraints.txt``, the build stage's pip
+wrapper ``deploy/image/pip``, ``runtime/``) plus an optional ``wheelhouse/`` of local wheels:
+nothing else of the checkout (certificates, run output, virtual environments) can reach the
+builder. Options that must not end up in the image travel
 the BuildKit way: the wheelhouse is bind-mounted into the install steps, and an extra CA bundle
 is a build secret (``--secret id=ca-bundle``), so neither is written to any layer of the final
 image.
@@ -32,7 +33,13 @@ from lensemble.image import CONTEXT_DIGEST_LABEL, IMAGE_REPOSITORY, ImageBuildFa
 from lensemble.image.client import BuildClient, image_size
 
 #: What the Dockerfile copies, relative to the source tree (files, then folders).
-CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "README.md", "constraints.txt")
+CONTEXT_FILES = (
+    "Dockerfile",
+    "pyproject.toml",
+    "README.md",
+    "constraints.txt",
+    "deploy/image/pip",
+)
 CONTEXT_DIRS = ("runtime",)
 WHEELHOUSE = "wheelhouse"
 #: Seconds a whole image build may take (a cold build here: about 2-5 min).
