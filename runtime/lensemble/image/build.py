@@ -223,13 +223,13 @@ def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
     text = "\n".join(tail).lower()
     errors = [line for line in tail if "error" in line.lower()]
     reason = errors[-1] if errors else (tail[-1] if tail else "no output")
-    reference = base or "the Dockerfile's default base"
+    reference = base or "of the Dockerfile's default (a registry image)"
     if any(
         s in text
         for s in ("failed to resolve source metadata", "pull access denied", "failed to do request")
     ):
         return (
-            f"The builder could not fetch the base image {reference} (no registry reachable?).",
+            f"The builder could not fetch the base image {reference} (no registry reachable, or no such image).",
             "Build a base without a registry with `lensemble image base` and pass "
             "--base lensemble-base:bookworm.",
         )
