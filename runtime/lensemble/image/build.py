@@ -229,7 +229,8 @@ def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
         for s in ("failed to resolve source metadata", "pull access denied", "failed to do request")
     ):
         return (
-            f"The builder could not fetch the base image {reference} (no registry reachable, or no such image).",
+            f"The builder could not fetch the base image {reference} (no registry reachable, "
+            "or no such image).",
             "Build a base without a registry with `lensemble image base` and pass "
             "--base lensemble-base:bookworm.",
         )
