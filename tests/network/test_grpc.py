@@ -15,9 +15,8 @@ from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
 from lensemble.network.transport_errors import AccessDenied
-from tests.support.federation import QuadraticLearner, build, initial_params
+from tests.support.federation import PARTICIPANTS, QuadraticLearner, build, initial_params
 from tests.support.network import (
-    PARTICIPANTS,
     LiveCoordinator,
     ParticipantThread,
     network_mapping,

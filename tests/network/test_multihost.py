@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from lensemble.network.certs import init_certs
+from tests.support.federation import PARTICIPANTS
 from tests.support.network import (
     NETPROC,
-    PARTICIPANTS,
     REPO,
     chain,
     ledger,

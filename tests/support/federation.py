@@ -63,10 +63,15 @@ class QuadraticLearner:
         self.velocity.update({k.removeprefix("velocity."): v.clone() for k, v in state.items()})
 
 
-def small_config(**federation: Any) -> LensembleConfig:
-    """A 4-participant config (alpha, bravo, charlie, delta), quorum 3, 3 rounds of 2 steps."""
-    fed: dict[str, Any] = {
-        "participants": [{"id": pid} for pid in ("delta", "alpha", "charlie", "bravo")],
+#: The test federation's participants, deliberately not in sorted order.
+PARTICIPANTS = ("delta", "alpha", "charlie", "bravo")
+
+
+def small_federation(**federation: Any) -> dict[str, Any]:
+    """The ``federation`` section of the test configs: 4 participants (alpha, bravo, charlie,
+    delta, listed out of order), quorum 3, 3 rounds of 2 steps; ``federation`` overrides."""
+    return {
+        "participants": [{"id": pid} for pid in PARTICIPANTS],
         "rounds": 3,
         "inner_steps": 2,
         "quorum": 3,
@@ -74,8 +79,13 @@ def small_config(**federation: Any) -> LensembleConfig:
         "join_timeout_s": 60,
         "max_round_retries": 1,
         "outer_optimizer": {"lr": 0.7, "momentum": 0.9, "nesterov": True},
+        **federation,
     }
-    fed.update(federation)
+
+
+def small_config(**federation: Any) -> LensembleConfig:
+    """A 4-participant config (see :func:`small_federation`), in process."""
+    fed = small_federation(**federation)
     return validate_mapping(
         {"federation": fed, "network": {"rpc_timeout_s": 5}, "run": {"root_seed": 3}}
     )

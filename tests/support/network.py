@@ -14,26 +14,15 @@ from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import Ledger, RoundRecord, committed_chain
 from lensemble.network.certs import init_certs
 from lensemble.network.launcher import LocalFederation, free_port
+from tests.support.federation import small_federation
 
 REPO = Path(__file__).resolve().parents[2]
 NETPROC = (sys.executable, "-m", "tests.support.netproc")
-PARTICIPANTS = ("delta", "alpha", "charlie", "bravo")
 
 
 def network_mapping(tmp: Path, **federation: Any) -> dict[str, Any]:
     """A 4-participant mTLS config (as a mapping) with short timeouts, output under ``tmp``."""
-    fed: dict[str, Any] = {
-        "participants": [{"id": pid} for pid in PARTICIPANTS],
-        "rounds": 3,
-        "inner_steps": 2,
-        "quorum": 3,
-        "round_timeout_s": 30,
-        "join_timeout_s": 60,
-        "max_round_retries": 1,
-        "transport": "network",
-        "outer_optimizer": {"lr": 0.7, "momentum": 0.9, "nesterov": True},
-    }
-    fed.update(federation)
+    fed = small_federation(**{"transport": "network", **federation})
     certs = tmp / "certs"
     return {
         "run": {"name": "nettest", "root_seed": 3, "output_dir": str(tmp / "run")},
