@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,35 +199,41 @@ def build_base(
         mirror = mirror or host_debian_mirror() or DEFAULT_MIRROR
     echo(f"building Debian {suite} base from {mirror} with mmdebstrap")
     start = clock()
-    strap = subprocess.Popen(
-        mmdebstrap_command(suite, mirror, snapshot=snapshot),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    assert strap.stdout is not None  # guaranteed by stdout=PIPE
-    try:
-        imported = subprocess.run(
-            import_command(docker, tag, suite, mirror),
-            stdin=strap.stdout,
-            capture_output=True,
-            text=True,
-            timeout=BASE_TIMEOUT_S,
-            check=False,
+    # mmdebstrap's messages go to a file, not a pipe: a full, unread stderr pipe would block it
+    # while `docker import` waits for the rest of its tar stream.
+    with tempfile.TemporaryFile() as strap_log:
+        strap = subprocess.Popen(
+            mmdebstrap_command(suite, mirror, snapshot=snapshot),
+            stdout=subprocess.PIPE,
+            stderr=strap_log,
+            env=env,
         )
-    except subprocess.TimeoutExpired:
-        strap.kill()
-        strap.wait()
+        assert strap.stdout is not None  # guaranteed by stdout=PIPE
+        try:
+            imported = subprocess.run(
+                import_command(docker, tag, suite, mirror),
+                stdin=strap.stdout,
+                capture_output=True,
+                text=True,
+                timeout=BASE_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            strap.kill()
+            strap.wait()
+            raise ImageBuildFailed(
+                f"The Debian base build did not finish within {BASE_TIMEOUT_S:.0f} s.",
+                remediation=f"Check that the mirror {mirror} answers (`apt-get update`).",
+            ) from None
+        finally:
+            strap.stdout.close()
+        strap_code = strap.wait()
+        strap_log.seek(0)
+        strap_err = strap_log.read().decode(errors="replace")
+    if strap_code != 0:
         raise ImageBuildFailed(
-            f"The Debian base build did not finish within {BASE_TIMEOUT_S:.0f} s.",
-            remediation=f"Check that the mirror {mirror} answers (`apt-get update`).",
-        ) from None
-    finally:
-        strap.stdout.close()
-    strap_err = strap.stderr.read().decode(errors="replace") if strap.stderr else ""
-    if strap.wait() != 0:
-        raise ImageBuildFailed(
-            f"mmdebstrap could not build Debian {suite} from {mirror}: {_last_line(strap_err)}",
+            f"mmdebstrap could not build Debian {suite} from {mirror} "
+            f"({_first_error(strap_err)}).",
             remediation="Check the suite and the mirror (--mirror, --snapshot).",
         )
     if imported.returncode != 0:
@@ -238,6 +245,14 @@ def build_base(
     size = image_size(docker, tag)
     echo(f"imported {tag}: Debian {suite}, {size / 1e6:.0f} MB, {seconds:.0f} s")
     return BaseImage(tag=tag, suite=suite, mirror=mirror, seconds=seconds, size_bytes=size)
+
+
+def _first_error(text: str) -> str:
+    """The first ``E:`` line of mmdebstrap (its last one only says that it failed)."""
+    for line in text.splitlines():
+        if line.startswith("E: "):
+            return line.removeprefix("E: ").strip()
+    return _last_line(text)
 
 
 def _last_line(text: str) -> str:
