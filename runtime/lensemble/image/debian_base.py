@@ -232,8 +232,7 @@ def build_base(
         strap_err = strap_log.read().decode(errors="replace")
     if strap_code != 0:
         raise ImageBuildFailed(
-            f"mmdebstrap could not build Debian {suite} from {mirror} "
-            f"({_first_error(strap_err)}).",
+            f"mmdebstrap could not build Debian {suite} from {mirror} ({_first_error(strap_err)}).",
             remediation="Check the suite and the mirror (--mirror, --snapshot).",
         )
     if imported.returncode != 0:
