@@ -169,7 +169,7 @@ def render_readme(chart: Path) -> str:
             "```",
             "",
             "One organisation per release: `--mode coordinator`, or `--mode participant "
-            "--trust-domain T` (see the repository README, section Kubernetes).",
+            "--trust-domain T` (see docs/how-to/kubernetes.md in the repository).",
             "",
             "## Values",
             "",
