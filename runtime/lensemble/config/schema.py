@@ -47,6 +47,8 @@ def unpinned_tag_refused(environment: str, tag: str) -> bool:
 
 
 MiB = 1024 * 1024
+#: ``federation.aggregation`` values reserved for a later release (refused by the rules).
+RESERVED_AGGREGATIONS = ("masking", "tee")
 
 Environment = Literal["local", "staging", "sovereign-prod"]
 
@@ -682,7 +684,7 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
         )
 
     # Aggregation backends that exist only as reserved names.
-    if fed.aggregation in ("masking", "tee"):
+    if fed.aggregation in RESERVED_AGGREGATIONS:
         bad(
             "federation.aggregation",
             f"'{fed.aggregation}' is not yet supported; use 'plain' (secure aggregation is "
