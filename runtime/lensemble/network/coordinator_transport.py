@@ -80,6 +80,13 @@ class Rejection:
         return STATUS_OF_REASON.get(self.reason, grpc.StatusCode.INVALID_ARGUMENT)
 
 
+def _as_outcome(verdict: Verdict) -> Verdict | Rejection:
+    """An accepted verdict as it is; a refusal as a transport rejection (with its gRPC status)."""
+    if verdict.accepted:
+        return verdict
+    return Rejection(verdict.reason.value, verdict.message, verdict.current_round)
+
+
 @dataclass
 class _Pending:
     submission: Submission
@@ -438,9 +445,7 @@ class GrpcCoordinatorTransport:
                 closed=self._closed,
                 current_round=self.collecting_round,
             )
-        if verdict is None or verdict.accepted:
-            return verdict
-        return Rejection(verdict.reason.value, verdict.message, verdict.current_round)
+        return None if verdict is None else _as_outcome(verdict)
 
     def begin_upload(self, participant_id: str) -> bool:
         """Reserve the participant's single upload slot; False when one is already streaming.
@@ -472,16 +477,20 @@ class GrpcCoordinatorTransport:
         with self._cond:
             if self._stopping:
                 return Rejection(nerr.SHUTTING_DOWN, "the coordinator is shutting down.", -1)
-            opening = self._opening
-            key = (submission.round_index, submission.attempt)
-            if opening is None or key != (opening.round_index, opening.attempt):
-                return Rejection(
-                    Reason.CLOSED_ROUND.value,
-                    f"round {submission.round_index} attempt {submission.attempt} closed while "
-                    "the update was streaming.",
-                    self.collecting_round,
-                )
-            self._queue.put(pending)
+            # The attempt may have closed while the update was streaming: the same rule again.
+            verdict = admit_attempt(
+                submission.sender,
+                submission.round_index,
+                submission.attempt,
+                submission.payload_hash,
+                opening=self._opening,
+                closed=self._closed,
+                current_round=self.collecting_round,
+            )
+            if verdict is None:
+                self._queue.put(pending)
+        if verdict is not None:
+            return _as_outcome(verdict)
         if not pending.done.wait(timeout_s) or pending.outcome is None:
             return Rejection(
                 nerr.BUSY,
