@@ -531,6 +531,13 @@ def values_schema() -> dict[str, Any]:
         field.alias or name for name, field in LensembleConfig.model_fields.items()
     )
     schema["properties"]["config"]["allOf"] = config_rules()
+    # In a pod the contract's values are the only valid ones: make them the defaults editors show.
+    for path, value in pod_contract().items():
+        node = defs["LensembleConfig"]
+        for key in path.split("."):
+            spec = node["properties"][key]
+            node = defs[spec["$ref"].rsplit("/", 1)[-1]] if "$ref" in spec else spec
+        node["default"] = value
     return {
         "$schema": DRAFT_2020_12,
         "$id": "https://lensemble.dev/schema/lensemble-chart-values-v1.json",
