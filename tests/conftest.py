@@ -38,6 +38,8 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
     ("network/test_multihost.py", "e2e"),  # processes in network namespaces
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
+    ("network/test_parity.py", "integration"),  # both transports under the same faults
+    ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
     ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests
     ("infra/*", "integration"),  # Pulumi programs under the Pulumi mock engine, Helm

@@ -131,6 +131,62 @@ def test_late_submission_is_rejected_in_a_later_round() -> None:
     assert summary.records[1].contributors == ["alpha", "bravo", "charlie", "delta"]
 
 
+def test_an_aborted_attempts_late_updates_are_refused_in_the_retry(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Issue 15, item 1: round 1's attempt-0 updates of three participants arrive after its
+    # deadline, during attempt 1 (same round, same base model). They are refused there, as the
+    # network transport refuses them; the retry is delayed too, so the run stops below quorum.
+    config = small_config(rounds=2, max_round_retries=1)
+    faults = parse_faults("delay:alpha@1,delay:charlie@1,delay:delta@1")
+    coordinator, transport, _ = build(config, faults=faults, output_dir=tmp_path)
+    with pytest.raises(QuorumNotReached, match="round 1 reached only 1 of 3"):
+        coordinator.run(transport)
+    stale = [
+        verdict.reason
+        for sent, verdict in transport.replies
+        if (sent.round_index, sent.attempt) == (1, 0) and sent.sender != "bravo"
+    ]
+    assert stale == [Reason.CLOSED_ROUND] * 3
+    retry = coordinator.records[-1]
+    assert (retry.round, retry.attempt, retry.contributors) == (1, 1, ["bravo"])
+    # Refused for another attempt is not a reason to be excluded from this one: they timed out.
+    assert retry.excluded == {"alpha": "timeout", "charlie": "timeout", "delta": "timeout"}
+
+
+def test_a_late_update_counts_as_absence_so_the_chain_is_a_drops(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The late update is refused and forgotten before its sender trains the retry, as over the
+    # network: the chain is the one of a run where they were simply absent from that attempt.
+    config = small_config(rounds=3)
+    late, late_transport, _ = build(
+        config, faults=parse_faults("delay:alpha@1.0,delay:charlie@1.0"), output_dir=tmp_path / "a"
+    )
+    dropped, drop_transport, _ = build(
+        config, faults=parse_faults("drop:alpha@1.0,drop:charlie@1.0"), output_dir=tmp_path / "b"
+    )
+    late_records, drop_records = (
+        late.run(late_transport).records,
+        dropped.run(drop_transport).records,
+    )
+    assert [(r.round, r.attempt, r.contributors) for r in late_records] == [
+        (0, 0, ["alpha", "bravo", "charlie", "delta"]),
+        (1, 0, ["bravo", "delta"]),
+        (1, 1, ["alpha", "bravo", "charlie", "delta"]),
+        (2, 0, ["alpha", "bravo", "charlie", "delta"]),
+    ]
+    assert committed_chain(late_records) == committed_chain(drop_records)
+
+
+def test_a_resend_of_an_update_counted_in_the_closed_attempt_is_a_duplicate() -> None:
+    d = _Direct()
+    c = d.coordinator
+    assert d.submit(d.good.payload) == Reason.ACCEPTED
+    from lensemble.federation.coordinator import ClosedAttempt
+
+    c._closed, c._collection = ClosedAttempt(0, 0, dict(c._collection.hashes)), None  # type: ignore[union-attr]
+    assert d.submit(d.good.payload) == Reason.DUPLICATE
+    assert d.submit(d.good.payload, attempt=1) == Reason.CLOSED_ROUND
+    assert d.submit(d.good.payload, sender="bravo") == Reason.CLOSED_ROUND
+
+
 def test_duplicates_are_accepted_once_and_do_not_change_the_hash() -> None:
     clean_coord, clean_transport, _ = build(small_config())
     clean = clean_coord.run(clean_transport)
@@ -170,8 +226,9 @@ class _Direct:
         sender: str = "alpha",
         round_index: int = 0,
         declared: str | None = None,
+        attempt: int = 0,
     ) -> Reason:
-        sub = Submission(sender, round_index, payload, declared or bytes_hash(payload))
+        sub = Submission(sender, round_index, payload, declared or bytes_hash(payload), attempt)
         return self.coordinator.accept(sub).reason
 
 
@@ -195,6 +252,7 @@ def test_bad_submissions_are_rejected_by_reason_and_the_coordinator_keeps_going(
     zeros = {k: torch.zeros_like(v) for k, v in initial_params().items()}
     assert d.submit(d.good.payload, sender="mallory") == Reason.UNKNOWN_PARTICIPANT
     assert d.submit(d.good.payload, round_index=5) == Reason.CLOSED_ROUND
+    assert d.submit(d.good.payload, attempt=1) == Reason.CLOSED_ROUND
     assert d.submit(d.good.payload, declared="sha256:" + "0" * 64) == Reason.HASH_MISMATCH
     assert d.submit(b"\x08\x00\x00\x00\x00\x00\x00\x00{notjson") == Reason.BAD_PAYLOAD
     assert d.submit(b"\xff" * 16) == Reason.BAD_PAYLOAD
@@ -207,11 +265,12 @@ def test_bad_submissions_are_rejected_by_reason_and_the_coordinator_keeps_going(
     assert d.submit(_forged(d, zeros, base_hash="sha256:" + "1" * 64)) == Reason.STALE_BASE
     assert d.submit(_forged(d, zeros, participant="bravo")) == Reason.BAD_PAYLOAD
     assert d.submit(_forged(d, zeros, quantization="int8")) == Reason.BAD_PAYLOAD
+    assert d.submit(_forged(d, zeros, attempt="1")) == Reason.CLOSED_ROUND  # header says 0
     # A good one is still accepted afterwards; a resend is idempotent; other bytes conflict.
     assert d.submit(d.good.payload) == Reason.ACCEPTED
     assert d.submit(d.good.payload) == Reason.DUPLICATE
     assert d.submit(_forged(d, zeros)) == Reason.CONFLICTING_DUPLICATE
-    assert sum(d.coordinator.rejections.values()) == 11
+    assert sum(d.coordinator.rejections.values()) == 13
 
 
 def test_a_finished_run_resumed_ends_without_waiting_for_participants(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -299,4 +299,63 @@ readinessProbe:
 {{- if and (eq .Values.gangScheduling.scheduler "kueue") (not .Values.gangScheduling.queue) -}}
 {{- fail "gangScheduling.queue: kueue needs the LocalQueue name; set gangScheduling.queue." -}}
 {{- end -}}
+{{- include "lensemble.validateConfig" . -}}
+{{- end -}}
+
+{{/*
+The rules of LensembleConfig (config/schema.py, _check_rules) that compare two fields: a pod
+refuses such a config at start (exit 2), so the chart refuses it first. The rules that compare a
+field with constants are in values.schema.json (chart_values.config_rules).
+*/}}
+{{- define "lensemble.validateConfig" -}}
+{{- $c := .Values.config -}}
+{{- $fed := $c.federation -}}
+{{- $net := $c.network -}}
+{{- $n := len $fed.participants -}}
+{{- if or (lt (int $fed.quorum) 1) (gt (int $fed.quorum) $n) -}}
+{{- fail (printf "config.federation.quorum: %v is outside 1..%d (the number of participants); set config.federation.quorum between 1 and %d." $fed.quorum $n $n) -}}
+{{- end -}}
+{{- if not (lt (float64 $net.rpc_timeout_s) (float64 $fed.round_timeout_s)) -}}
+{{- fail (printf "config.network.rpc_timeout_s: %v s must be below config.federation.round_timeout_s (%v s) so a stuck RPC cannot outlive its round; lower it." $net.rpc_timeout_s $fed.round_timeout_s) -}}
+{{- end -}}
+{{- if lt (float64 $fed.join_timeout_s) (float64 $fed.round_timeout_s) -}}
+{{- fail (printf "config.federation.join_timeout_s: %v s must be at least config.federation.round_timeout_s (%v s); raise it." $fed.join_timeout_s $fed.round_timeout_s) -}}
+{{- end -}}
+{{- $episodes := float64 $c.data.episodes -}}
+{{- $x := mulf $episodes (float64 $c.data.holdout_fraction) -}}
+{{- $held := floor $x -}}
+{{- $rest := subf $x $held -}}
+{{- /* Python's round(): halves go to the even neighbour. */ -}}
+{{- if or (gt $rest 0.5) (and (eq $rest 0.5) (eq (mod (int $held) 2) 1)) -}}
+{{- $held = addf $held 1 -}}
+{{- end -}}
+{{- if or (lt $held 1.0) (ge $held $episodes) -}}
+{{- fail (printf "config.data.holdout_fraction: %v of %v episodes leaves no train or no held-out episode; choose a fraction that keeps at least one of each." $c.data.holdout_fraction $c.data.episodes) -}}
+{{- end -}}
+{{- if ge (int $c.data.window) (int $c.data.episode_steps) -}}
+{{- fail (printf "config.data.window: %v must be below config.data.episode_steps (%v); lower it." $c.data.window $c.data.episode_steps) -}}
+{{- end -}}
+{{- if ge (int $c.evaluation.k_steps) (int $c.data.episode_steps) -}}
+{{- fail (printf "config.evaluation.k_steps: %v must be below config.data.episode_steps (%v); lower it." $c.evaluation.k_steps $c.data.episode_steps) -}}
+{{- end -}}
+{{- if lt (len (uniq (list (int $net.port) (int $net.health_port) (int $net.metrics_port)))) 3 -}}
+{{- fail (printf "config.network.metrics_port: config.network.port (%v), health_port (%v) and metrics_port (%v) must differ; give each its own port." $net.port $net.health_port $net.metrics_port) -}}
+{{- end -}}
+{{- $ids := list -}}
+{{- $domains := list -}}
+{{- range $i, $p := $fed.participants -}}
+{{- if has $p.id $ids -}}
+{{- fail (printf "config.federation.participants[%d].id: '%s' is already used by another participant; give every participant a unique id." $i $p.id) -}}
+{{- end -}}
+{{- if and (eq $c.deployment.environment "sovereign-prod") (has $p.trust_domain $domains) -}}
+{{- fail (printf "config.federation.participants[%d].trust_domain: '%s' is shared with another participant; give every participant its own trust domain in sovereign-prod." $i $p.trust_domain) -}}
+{{- end -}}
+{{- $ids = append $ids $p.id -}}
+{{- $domains = append $domains $p.trust_domain -}}
+{{- end -}}
+{{- range $key, $_ := $c.deployment.trust_domains -}}
+{{- if not (has $key $domains) -}}
+{{- fail (printf "config.deployment.trust_domains.%s: '%s' is not the trust domain of any participant; use one of %s." $key $key (join ", " (uniq $domains))) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -12,6 +12,25 @@ from typing import Any
 from lensemble.config.schema_export import json_schema
 
 
+def range_text(spec: dict[str, Any]) -> str:
+    """The range a numeric schema enforces, in interval notation: ``in [0, 1)``, ``>= 1``.
+
+    Returns:
+        The empty string when the schema sets no bound.
+    """
+    low = ("[", spec["minimum"]) if "minimum" in spec else None
+    low = ("(", spec["exclusiveMinimum"]) if "exclusiveMinimum" in spec else low
+    high = ("]", spec["maximum"]) if "maximum" in spec else None
+    high = (")", spec["exclusiveMaximum"]) if "exclusiveMaximum" in spec else high
+    if low and high:
+        return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
+    if low:
+        return f"{'>=' if low[0] == '[' else '>'} {low[1]}"
+    if high:
+        return f"{'<=' if high[0] == ']' else '<'} {high[1]}"
+    return ""
+
+
 def _type_of(spec: dict[str, Any], defs: dict[str, Any]) -> str:
     if "$ref" in spec:
         return "section"
@@ -22,6 +41,8 @@ def _type_of(spec: dict[str, Any], defs: dict[str, Any]) -> str:
     if "anyOf" in spec:
         return " or ".join(_type_of(s, defs) for s in spec["anyOf"])
     kind = spec.get("type", "any")
+    if kind in ("number", "integer") and range_text(spec):
+        return f"{kind} {range_text(spec)}"
     if kind == "array":
         if "prefixItems" in spec:
             return "[" + ", ".join(_type_of(s, defs) for s in spec["prefixItems"]) + "]"
@@ -73,7 +94,8 @@ def render_reference() -> str:
         "# Config reference",
         "",
         "Generated from `LensembleConfig` by `lensemble config reference`; do not edit by hand.",
-        "Units are in each description (seconds, bytes, count).",
+        "Units are in each description (seconds, bytes, count); a number's type column gives",
+        "the range the schema enforces (`[` and `]` include the bound, `(` and `)` exclude it).",
         "",
     ]
     for section, spec in schema["properties"].items():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,12 +47,18 @@ def unpinned_tag_refused(environment: str, tag: str) -> bool:
 
 
 MiB = 1024 * 1024
+#: ``federation.aggregation`` values reserved for a later release (refused by the rules).
+RESERVED_AGGREGATIONS = ("masking", "tee")
 
 Environment = Literal["local", "staging", "sovereign-prod"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # Every number must be finite: no field has a use for NaN or infinity (a timeout of
+    # infinity is "never", which is what the retries and quorum are for).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False
+    )
 
 
 # --------------------------------------------------------------------------------------- run
@@ -146,7 +152,7 @@ class DataConfig(_Section):
         0.25,
         gt=0.0,
         lt=1.0,
-        description="Fraction of each participant's episodes held out for evaluation (0-1).",
+        description="Fraction of each participant's episodes held out for evaluation, in (0, 1).",
     )
     residency_enforced: bool = Field(
         True,
@@ -186,12 +192,16 @@ class ParticipantSpec(_Section):
     )
 
 
+#: An AdamW moment decay rate: torch refuses anything outside [0, 1).
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
 class InnerOptimizerConfig(_Section):
     """AdamW run by each participant for ``inner_steps`` steps per round (DiLoCo inner loop)."""
 
     name: Literal["adamw"] = Field("adamw", description="Inner optimizer (AdamW).")
     lr: float = Field(3e-4, gt=0.0, le=10.0, description="Learning rate (unitless).")
-    betas: tuple[float, float] = Field(
+    betas: tuple[AdamBeta, AdamBeta] = Field(
         (0.9, 0.999), description="AdamW moment decay rates (beta1, beta2), each in [0, 1)."
     )
     eps: float = Field(1e-8, gt=0.0, description="AdamW denominator epsilon (unitless).")
@@ -527,6 +537,7 @@ class LensembleConfig(_Section):
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
+        allow_inf_nan=False,
         title="LensembleConfig",
         json_schema_extra={"$id": "https://lensemble.dev/schema/lensemble-config-v1.json"},
     )
@@ -673,7 +684,7 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
         )
 
     # Aggregation backends that exist only as reserved names.
-    if fed.aggregation in ("masking", "tee"):
+    if fed.aggregation in RESERVED_AGGREGATIONS:
         bad(
             "federation.aggregation",
             f"'{fed.aggregation}' is not yet supported; use 'plain' (secure aggregation is "

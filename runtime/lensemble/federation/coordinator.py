@@ -6,7 +6,9 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
 2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`) until every
    configured participant has one accepted, or ``round_timeout_s`` passes. A submission is
    rejected, never crashing the coordinator, when it comes from an unknown sender, targets another
-   round, is corrupt, has another architecture, carries NaN/Inf, or conflicts with an earlier one.
+   round or another attempt of this round (:func:`admit_attempt`, the one rule every transport
+   applies), is corrupt, has another architecture, carries NaN/Inf, or conflicts with an earlier
+   one.
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
 4. AGGREGATING: float32 mean of the contributors' pseudo-gradients in sorted id order.
@@ -42,7 +44,14 @@ from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoi
 from lensemble.federation.diloco import OuterStep, canonical_mean, zeros_like
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
-from lensemble.federation.payload import bytes_hash, decode, encode, manifest, model_hash
+from lensemble.federation.payload import (
+    TensorSpec,
+    bytes_hash,
+    decode,
+    encode,
+    manifest,
+    model_hash,
+)
 from lensemble.federation.quantization import dequantize
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.transport import CoordinatorTransport, Traffic
@@ -66,6 +75,85 @@ class CoordinatorObserver(Protocol):
         ...
 
 
+def global_architecture(initial_params: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
+    """The global model's tensor specs: the initial parameters' names and shapes, in float32.
+
+    The coordinator keeps and sends the global model in float32 whatever ``model.dtype`` is
+    (each participant trains in its own dtype); every transport checks payloads against this.
+
+    Args:
+        initial_params: ``theta_0``, name -> tensor of any floating dtype.
+    """
+    return manifest({k: v.to(torch.float32) for k, v in initial_params.items()})
+
+
+@dataclass(frozen=True)
+class ClosedAttempt:
+    """The round attempt that closed last (committed or aborted) and what it counted.
+
+    Attributes:
+        round_index: Its round.
+        attempt: Its attempt.
+        accepted: Participant id -> ``sha256:<hex>`` payload hash of each update it accepted.
+    """
+
+    round_index: int
+    attempt: int
+    accepted: Mapping[str, str]
+
+
+def admit_attempt(
+    sender: str,
+    round_index: int,
+    attempt: int,
+    payload_hash: str,
+    *,
+    opening: RoundOpening | None,
+    closed: ClosedAttempt | None,
+    current_round: int,
+) -> Verdict | None:
+    """The ``(round, attempt)`` admission rule, judged from a submission's header alone.
+
+    The coordinator applies it to every submission; the network transport applies the same
+    function before buffering a payload, so no transport admits what another refuses. An update
+    trained for an attempt that is no longer open (an aborted attempt's late update included)
+    is never counted in another attempt, even of the same round with the same base model.
+
+    Args:
+        sender: The authenticated participant id.
+        round_index: Round the submission says it is for.
+        attempt: Attempt the submission says it is for.
+        payload_hash: ``sha256:<hex>`` the sender declared.
+        opening: The attempt being collected, or None between attempts.
+        closed: The attempt that closed last, or None.
+        current_round: The round the coordinator is collecting (for the verdict).
+
+    Returns:
+        None when the submission targets the open attempt (its content is judged next); an
+        accepted ``DUPLICATE`` verdict for a resend of an update already counted in the attempt
+        that just closed (its reply was lost); otherwise a ``CLOSED_ROUND`` rejection.
+    """
+    key = (round_index, attempt)
+    if opening is not None and key == (opening.round_index, opening.attempt):
+        return None
+    if (
+        closed is not None
+        and key == (closed.round_index, closed.attempt)
+        and closed.accepted.get(sender) == payload_hash
+    ):
+        return Verdict(Reason.DUPLICATE, f"already counted in round {round_index}.", current_round)
+    state = (
+        f"round {opening.round_index} attempt {opening.attempt} is open"
+        if opening is not None
+        else "no round is open"
+    )
+    return Verdict(
+        Reason.CLOSED_ROUND,
+        f"round {round_index} attempt {attempt} is not being collected; {state}.",
+        current_round,
+    )
+
+
 @dataclass
 class _Collection:
     opening: RoundOpening
@@ -78,6 +166,11 @@ class _Collection:
     @property
     def complete(self) -> bool:
         return self.expected <= set(self.deltas)
+
+    def targets(self, submission: Submission) -> bool:
+        """True when ``submission`` is for this very attempt (not a stale or future one)."""
+        key = (submission.round_index, submission.attempt)
+        return key == (self.opening.round_index, self.opening.attempt)
 
 
 @dataclass(frozen=True)
@@ -129,11 +222,12 @@ class Coordinator:
         self.outer = OuterStep(
             fed.outer_optimizer.lr, fed.outer_optimizer.momentum, fed.outer_optimizer.nesterov
         )
-        self.architecture = manifest({k: v.to(torch.float32) for k, v in initial_params.items()})
+        self.architecture = global_architecture(initial_params)
         self.observer = observer
         self.rejections: Counter[str] = Counter()
         self.records: list[RoundRecord] = []
         self._collection: _Collection | None = None
+        self._closed: ClosedAttempt | None = None
         self._payload_cache: tuple[int, bytes] | None = None
         self.checkpoints = CheckpointStore(output_dir) if output_dir else None
         self.ledger = Ledger(output_dir / config.observability.ledger_path) if output_dir else None
@@ -241,8 +335,10 @@ class Coordinator:
         verdict = self._judge(submission)
         if not verdict.accepted:
             self.rejections[verdict.reason.value] += 1
-            if self._collection and submission.sender in self._collection.expected:
-                self._collection.rejected[submission.sender] = verdict.reason.value
+            col = self._collection
+            # Only a rejection of an update for this attempt explains an exclusion from it.
+            if col and submission.sender in col.expected and col.targets(submission):
+                col.rejected[submission.sender] = verdict.reason.value
         if self.observer is not None:
             self.observer.on_verdict(submission, verdict)
         return verdict
@@ -256,12 +352,18 @@ class Coordinator:
             return self._verdict(
                 Reason.UNKNOWN_PARTICIPANT, f"'{sub.sender}' is not a participant of this run."
             )
-        if col is None or sub.round_index != col.opening.round_index:
-            return self._verdict(
-                Reason.CLOSED_ROUND,
-                f"round {sub.round_index} is not open; the coordinator is at round "
-                f"{self.collecting_round}.",
-            )
+        early = admit_attempt(
+            sub.sender,
+            sub.round_index,
+            sub.attempt,
+            sub.payload_hash,
+            opening=col.opening if col else None,
+            closed=self._closed,
+            current_round=self.collecting_round,
+        )
+        if early is not None:
+            return early
+        assert col is not None  # admit_attempt admits only into the open attempt
         digest = bytes_hash(sub.payload)
         if digest != sub.payload_hash:
             return self._verdict(
@@ -285,13 +387,14 @@ class Coordinator:
         expected_meta = {
             "kind": "pseudo-gradient",
             "round": str(col.opening.round_index),
+            "attempt": str(col.opening.attempt),
             "participant": sub.sender,
             "quantization": fed.quantization,
             "int8_chunk": str(fed.int8_chunk),
         }
         for key, value in expected_meta.items():
             if meta.get(key) != value:
-                reason = Reason.BAD_PAYLOAD if key != "round" else Reason.CLOSED_ROUND
+                reason = Reason.CLOSED_ROUND if key in ("round", "attempt") else Reason.BAD_PAYLOAD
                 return self._verdict(
                     reason, f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}."
                 )
@@ -395,6 +498,7 @@ class Coordinator:
                 break
             transport.reply(submission, self.accept(submission))
         self._collection = None
+        self._closed = ClosedAttempt(t, attempt, dict(col.hashes))
         traffic = transport.take_traffic()
         contributors = sorted(col.deltas)
         parent = self.model_hash

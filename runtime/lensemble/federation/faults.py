@@ -52,6 +52,12 @@ class Fault:
         return self.round_index == round_index and self.attempt in (None, attempt)
 
 
+def damage(payload: bytes) -> bytes:
+    """``payload`` with 8 bytes in its middle zeroed (the ``corrupt`` fault), same length."""
+    middle = len(payload) // 2
+    return payload[:middle] + bytes(8) + payload[middle + 8 :]
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """All faults of a run."""

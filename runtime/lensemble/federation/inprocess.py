@@ -4,8 +4,14 @@ When the coordinator opens a round, every participant that is not dropped trains
 (sequentially, in sorted id order) and its submission is scheduled to arrive at a virtual time:
 ``1 + 0.01 * rank`` seconds after opening, or a fault's delay. :meth:`InProcessTransport.receive`
 pops arrivals in time order and advances the virtual clock; a timeout costs no wall time. A
-submission scheduled after the deadline stays queued and reaches the coordinator in a later round,
-where it is rejected as late. Everything is a function of the config, seed and fault plan.
+submission scheduled after the deadline stays queued and reaches the coordinator in a later
+attempt, where the coordinator rejects it as late (never counts it in that attempt).
+
+Participants behave as over the network: one update in flight at a time (a participant whose
+late update is still on its way trains the next attempt only once that update was answered), and
+an update the coordinator refuses is forgotten (:meth:`Participant.forget`), so the hash chain is
+the network transport's for the same faults. Everything is a function of the config, seed and
+fault plan.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lensemble.federation.faults import FaultPlan
+from lensemble.federation.faults import FaultPlan, damage
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
@@ -30,6 +36,7 @@ class Delivery:
     round_index: int
     payload_hash: str
     size: int
+    attempt: int
 
     @classmethod
     def of(cls, submission: Submission) -> Delivery:
@@ -39,6 +46,7 @@ class Delivery:
             submission.round_index,
             submission.payload_hash,
             len(submission.payload),
+            submission.attempt,
         )
 
 
@@ -74,6 +82,9 @@ class InProcessTransport:
         self.replies: list[tuple[Delivery, Verdict]] = []
         self.sent_by: dict[str, int] = dict.fromkeys(self.participants, 0)
         self.finished = False
+        self._opening: tuple[RoundOpening, bytes] | None = None
+        #: Participant id -> its rank in the open attempt, for those waiting on an answer.
+        self._waiting: dict[str, int] = {}
 
     def now(self) -> float:
         """Virtual time (seconds)."""
@@ -84,32 +95,51 @@ class InProcessTransport:
         return set(self.participants)
 
     def open_round(self, opening: RoundOpening, model_payload: bytes) -> None:
-        """Let each participant train and schedule its submission's arrival."""
+        """Let each participant train and schedule its submission's arrival.
+
+        A participant whose earlier update is still in flight trains once it is answered
+        (:meth:`reply`), as a network participant waits for its verdict before the next round.
+        """
         t, a = opening.round_index, opening.attempt
         order = sorted(self.participants)
         if self.faults.active("reorder", t, a):
             order.reverse()
+        self._opening = (opening, model_payload)
+        self._waiting = {}
         for rank, pid in enumerate(order):
-            if self.faults.hits("drop", pid, t, a):
-                continue
-            contribution = self.participants[pid].contribute(opening, model_payload)
-            self.sent_by[pid] += 1
-            self._down += len(model_payload)
-            self._compute += contribution.compute_s
-            payload = contribution.payload
-            if self.faults.hits("corrupt", pid, t, a):
-                payload = payload[: len(payload) // 2] + bytes(8) + payload[len(payload) // 2 + 8 :]
-            arrival = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
-            delay = self.faults.hits("delay", pid, t, a)
-            if delay is not None:
-                span = opening.deadline_s - self.clock
-                arrival = self.clock + (delay.seconds if delay.seconds is not None else span + 1)
-            submission = Submission(pid, t, payload, contribution.payload_hash)
-            copies = 2 if self.faults.hits("duplicate", pid, t, a) else 1
-            for copy in range(copies):
-                # A resend lands right behind the original, inside the same round.
-                resend = arrival + copy * ARRIVAL_STEP_S / 10
-                heapq.heappush(self._queue, (resend, next(self._seq), submission))
+            if self._in_flight(pid):
+                self._waiting[pid] = rank
+            else:
+                self._contribute(pid, rank)
+
+    def _in_flight(self, pid: str) -> bool:
+        return any(submission.sender == pid for _, _, submission in self._queue)
+
+    def _contribute(self, pid: str, rank: int) -> None:
+        """Train ``pid`` on the open attempt now and schedule its update's arrival."""
+        assert self._opening is not None
+        opening, model_payload = self._opening
+        t, a = opening.round_index, opening.attempt
+        if self.faults.hits("drop", pid, t, a):
+            return
+        contribution = self.participants[pid].contribute(opening, model_payload)
+        self.sent_by[pid] += 1
+        self._down += len(model_payload)
+        self._compute += contribution.compute_s
+        payload = contribution.payload
+        if self.faults.hits("corrupt", pid, t, a):
+            payload = damage(payload)
+        arrival = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
+        delay = self.faults.hits("delay", pid, t, a)
+        if delay is not None:
+            span = opening.deadline_s - self.clock
+            arrival = self.clock + (delay.seconds if delay.seconds is not None else span + 1)
+        submission = Submission(pid, t, payload, contribution.payload_hash, a)
+        copies = 2 if self.faults.hits("duplicate", pid, t, a) else 1
+        for copy in range(copies):
+            # A resend lands right behind the original, inside the same round.
+            resend = arrival + copy * ARRIVAL_STEP_S / 10
+            heapq.heappush(self._queue, (resend, next(self._seq), submission))
 
     def receive(self, until_s: float) -> Submission | None:
         """Next arrival at or before ``until_s``; otherwise jump the clock to ``until_s``."""
@@ -123,11 +153,24 @@ class InProcessTransport:
         return None
 
     def reply(self, submission: Submission, verdict: Verdict) -> None:
-        """Record the verdict (in-process participants need no answer)."""
+        """Record the verdict and act on it as a network participant does.
+
+        A refused update is forgotten (the participant trains on as if absent from that
+        attempt); a participant waiting for this answer then trains the open attempt.
+        """
         self.replies.append((Delivery.of(submission), verdict))
+        pid = submission.sender
+        if pid not in self.participants:
+            return
+        if not verdict.accepted:
+            self.participants[pid].forget(submission.round_index, submission.attempt)
+        if pid in self._waiting and not self._in_flight(pid):
+            self._contribute(pid, self._waiting.pop(pid))
 
     def round_closed(self, record: RoundRecord) -> None:
-        """Nothing to announce in-process."""
+        """The attempt is over: participants still waiting sit it out."""
+        self._opening = None
+        self._waiting = {}
 
     def take_traffic(self) -> Traffic:
         """Bytes moved and compute time (sequential, so summed) since the last call."""

@@ -41,12 +41,15 @@ class Submission:
         round_index: Round the sender says it contributes to.
         payload: Safetensors bytes sealed by the participant's residency guard.
         payload_hash: ``sha256:<hex>`` of ``payload`` as the sender declared it.
+        attempt: Attempt of that round the update was trained for (the coordinator admits
+            only the open ``(round_index, attempt)``, see ``coordinator.admit_attempt``).
     """
 
     sender: str
     round_index: int
     payload: bytes
     payload_hash: str
+    attempt: int
 
 
 class Reason(StrEnum):

@@ -10,9 +10,11 @@ What the transport decides on its own, before the coordinator sees anything (so 
 broken participant costs at most ``network.max_message_bytes`` of memory and never stalls a
 round): the caller's identity (``PERMISSION_DENIED``), the coordinator session
 (``FAILED_PRECONDITION``, reason ``stale_session``), the round and attempt
-(``FAILED_PRECONDITION``, reason ``closed_round``), the declared and received sizes
-(``RESOURCE_EXHAUSTED`` / ``INVALID_ARGUMENT``). Everything else (hash, safetensors header,
-architecture, NaN/Inf, duplicates) is the coordinator's :meth:`Coordinator.accept`. Every
+(``FAILED_PRECONDITION``, reason ``closed_round``: the coordinator's own rule,
+:func:`~lensemble.federation.coordinator.admit_attempt`, applied early), the declared and
+received sizes (``RESOURCE_EXHAUSTED`` / ``INVALID_ARGUMENT``). Everything else (hash,
+safetensors header, architecture, NaN/Inf, duplicates) is the coordinator's
+:meth:`Coordinator.accept`. Every
 rejection is counted in the ``lensemble_rejected_submissions_total`` metric by reason.
 """
 
@@ -32,6 +34,7 @@ import grpc
 from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import differing_paths, hashed_view
+from lensemble.federation.coordinator import ClosedAttempt, admit_attempt
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.transport import Traffic
@@ -75,6 +78,13 @@ class Rejection:
     def status(self) -> grpc.StatusCode:
         """The gRPC status code for :attr:`reason`."""
         return STATUS_OF_REASON.get(self.reason, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def _as_outcome(verdict: Verdict) -> Verdict | Rejection:
+    """An accepted verdict as it is; a refusal as a transport rejection (with its gRPC status)."""
+    if verdict.accepted:
+        return verdict
+    return Rejection(verdict.reason.value, verdict.message, verdict.current_round)
 
 
 @dataclass
@@ -129,7 +139,7 @@ class GrpcCoordinatorTransport:
         self._payload = b""
         self._next_round = next_round
         self._accepted: dict[str, str] = {}
-        self._closed_accepted: tuple[tuple[int, int], dict[str, str]] = ((-1, -1), {})
+        self._closed: ClosedAttempt | None = None
         self._final = False
         self._stopping = False
         self._uploading: set[str] = set()
@@ -226,7 +236,7 @@ class GrpcCoordinatorTransport:
     def round_closed(self, record: RoundRecord) -> None:
         """Stop collecting: refuse whatever is still queued for the closed attempt."""
         with self._cond:
-            self._closed_accepted = ((record.round, record.attempt), dict(self._accepted))
+            self._closed = ClosedAttempt(record.round, record.attempt, dict(self._accepted))
             self._opening, self._payload = None, b""
             if record.state == "closed":
                 self._next_round = record.round + 1
@@ -425,29 +435,17 @@ class GrpcCoordinatorTransport:
             A rejection; an accepted ``DUPLICATE`` verdict for a resend of an update already
             counted in the attempt that just closed; or None to read the payload.
         """
-        key = (header.round_index, header.attempt)
         with self._cond:
-            opening = self._opening
-            if opening is not None and (opening.round_index, opening.attempt) == key:
-                return None
-            closed_key, accepted = self._closed_accepted
-            if closed_key == key and accepted.get(header.participant_id) == header.payload_hash:
-                return Verdict(
-                    Reason.DUPLICATE,
-                    f"already counted in round {header.round_index}.",
-                    self.collecting_round,
-                )
-            current = self.collecting_round
-        state = (
-            f"round {opening.round_index} attempt {opening.attempt} is open"
-            if opening is not None
-            else "no round is open"
-        )
-        return Rejection(
-            Reason.CLOSED_ROUND.value,
-            f"round {header.round_index} attempt {header.attempt} is not being collected; {state}.",
-            current,
-        )
+            verdict = admit_attempt(
+                header.participant_id,
+                header.round_index,
+                header.attempt,
+                header.payload_hash,
+                opening=self._opening,
+                closed=self._closed,
+                current_round=self.collecting_round,
+            )
+        return None if verdict is None else _as_outcome(verdict)
 
     def begin_upload(self, participant_id: str) -> bool:
         """Reserve the participant's single upload slot; False when one is already streaming.
@@ -479,14 +477,20 @@ class GrpcCoordinatorTransport:
         with self._cond:
             if self._stopping:
                 return Rejection(nerr.SHUTTING_DOWN, "the coordinator is shutting down.", -1)
-            opening = self._opening
-            if opening is None or opening.round_index != submission.round_index:
-                return Rejection(
-                    Reason.CLOSED_ROUND.value,
-                    f"round {submission.round_index} closed while the update was streaming.",
-                    self.collecting_round,
-                )
-            self._queue.put(pending)
+            # The attempt may have closed while the update was streaming: the same rule again.
+            verdict = admit_attempt(
+                submission.sender,
+                submission.round_index,
+                submission.attempt,
+                submission.payload_hash,
+                opening=self._opening,
+                closed=self._closed,
+                current_round=self.collecting_round,
+            )
+            if verdict is None:
+                self._queue.put(pending)
+        if verdict is not None:
+            return _as_outcome(verdict)
         if not pending.done.wait(timeout_s) or pending.outcome is None:
             return Rejection(
                 nerr.BUSY,

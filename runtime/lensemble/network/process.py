@@ -30,11 +30,10 @@ from typing import Any, TypeVar
 import torch
 
 from lensemble.config import LensembleConfig, config_hash
-from lensemble.federation.coordinator import Coordinator, RunSummary
+from lensemble.federation.coordinator import Coordinator, RunSummary, global_architecture
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
-from lensemble.federation.payload import manifest
 from lensemble.federation.rounds import RoundState
 from lensemble.learner import Learner
 from lensemble.network import logs
@@ -374,7 +373,7 @@ def run_participant(
             config,
             participant_id,
             learner_factory(),
-            manifest({k: v.to(torch.float32) for k, v in initial_params.items()}),
+            global_architecture(initial_params),
             Path(config.run.output_dir),
         )
         client = CoordinatorClient(config, participant_id, token=token, metrics=harness.metrics)

@@ -218,7 +218,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         finally:
             transport.end_upload(header.participant_id)
         submission = Submission(
-            header.participant_id, header.round_index, payload, header.payload_hash
+            header.participant_id,
+            header.round_index,
+            payload,
+            header.payload_hash,
+            header.attempt,
         )
         outcome = transport.submit(submission, header.compute_s, self.rpc_timeout_s)
         if isinstance(outcome, Rejection):

@@ -20,15 +20,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from lensemble.config.physics import KNOWN_PHYSICS
 from lensemble.config.schema import (
+    CUDA_TAG,
     DNS1123_LABEL,
     K8S_MEMORY,
+    RESERVED_AGGREGATIONS,
     UNPINNED_TAG,
     UNPINNED_TAG_ALLOWED_IN,
     LensembleConfig,
     Toleration,
 )
 from lensemble.config.schema_export import DRAFT_2020_12
+from lensemble.render.container import POD_TLS_DIR, pod_contract, tls_paths
 from lensemble.render.names import CONFIDENTIAL_LABEL, MAX_OBJECT_NAME
 
 #: Helm carries every number as a float64: integers above this lose precision.
@@ -429,6 +433,82 @@ _RULES: list[dict[str, Any]] = [
 ]
 
 
+def _at(path: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema requiring the value at dotted ``path`` and applying ``schema`` to it."""
+    node = schema
+    for key in reversed(path.split(".")):
+        node = {"properties": {key: node}, "required": [key]}
+    return node
+
+
+def _when(condition: dict[str, Any], *then: dict[str, Any]) -> dict[str, Any]:
+    return {"if": condition, "then": {"allOf": list(then)}}
+
+
+def config_rules() -> list[dict[str, Any]]:
+    """What a pod refuses or mis-serves, as JSON Schema over ``config`` (``allOf``).
+
+    The container contract (:func:`~lensemble.render.container.pod_contract` and the TLS paths
+    a pod mounts), and the rules of :func:`lensemble.config.schema._check_rules` that compare a
+    field with constants. The rules that compare two fields are the chart's
+    ``lensemble.validate`` template.
+    """
+    tls = {field: {"const": path} for field, path in tls_paths(POD_TLS_DIR).items()}
+    sovereign = _at("deployment.environment", {"const": "sovereign-prod"})
+    region = {"properties": {"region": {"type": "string"}}, "required": ["region"]}
+    rules = [
+        *(_at(path, {"const": value}) for path, value in pod_contract().items()),
+        _when(
+            _at("network.tls.enabled", {"const": True}),
+            _at("network.tls", {"properties": tls, "required": sorted(tls)}),
+        ),
+        # The network transport (every pod) refuses to run without the residency guard.
+        _at("data.residency_enforced", {"const": True}),
+        _when(
+            _at("network.auth", {"not": {"const": "insecure"}}),
+            _at("network.tls.enabled", {"const": True}),
+        ),
+        _when(
+            _at("network.auth", {"const": "mtls"}), _at("network.tls.client_auth", {"const": True})
+        ),
+        _at("federation.aggregation", {"not": {"enum": list(RESERVED_AGGREGATIONS)}}),
+        _when(
+            _at("federation.quantization", {"not": {"const": "int8"}}),
+            _at("federation.int8_chunk", {"const": 0}),
+        ),
+        _when(
+            {
+                "anyOf": [
+                    _at(f"deployment.resources.{role}.gpu", {"minimum": 1})
+                    for role in ("coordinator", "participant")
+                ]
+            },
+            _at("deployment.image.tag", {"pattern": CUDA_TAG.pattern}),
+        ),
+        _when(
+            sovereign,
+            _at("network.auth", {"const": "mtls"}),
+            _at("deployment.confidential_compute", {"const": True}),
+            _at("deployment.namespace.strategy", {"const": "per-trust-domain"}),
+            _at("federation.participants", {"items": region}),
+        ),
+    ]
+    for env_id, params in KNOWN_PHYSICS.items():
+        env_params = {
+            "properties": {p.name: {"exclusiveMinimum": p.minimum} for p in params},
+            "additionalProperties": False,
+        }
+        rules.append(
+            _when(
+                _at("data.env_id", {"const": env_id}),
+                _at(
+                    "federation.participants", {"items": {"properties": {"env_params": env_params}}}
+                ),
+            )
+        )
+    return rules
+
+
 def values_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of the chart values, for ``values.schema.json``.
 
@@ -450,6 +530,14 @@ def values_schema() -> dict[str, Any]:
     schema["properties"]["config"]["required"] = sorted(
         field.alias or name for name, field in LensembleConfig.model_fields.items()
     )
+    schema["properties"]["config"]["allOf"] = config_rules()
+    # In a pod the contract's values are the only valid ones: make them the defaults editors show.
+    for path, value in pod_contract().items():
+        node = defs["LensembleConfig"]
+        for key in path.split("."):
+            spec = node["properties"][key]
+            node = defs[spec["$ref"].rsplit("/", 1)[-1]] if "$ref" in spec else spec
+        node["default"] = value
     return {
         "$schema": DRAFT_2020_12,
         "$id": "https://lensemble.dev/schema/lensemble-chart-values-v1.json",

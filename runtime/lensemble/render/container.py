@@ -17,12 +17,38 @@ if TYPE_CHECKING:  # the CLI reads the paths at start-up; the config models load
 CONFIG_PATH = "/etc/lensemble/config.yaml"
 #: Where TLS material is mounted (read-only).
 TLS_DIR = "/etc/lensemble/tls"
+#: TLS folder on Kubernetes: one Secret per identity, each in its own sub-folder.
+POD_TLS_DIR = f"{TLS_DIR}/{{identity}}"
 #: Writable state: ``run.output_dir`` of every container.
 STATE_DIR = "/var/lib/lensemble"
 #: Scratch space (tmpfs or emptyDir); the root filesystem is read-only.
 SCRATCH_DIR = "/tmp"  # noqa: S108 - the contract's private scratch mount
 #: Address a containerised process listens on: every interface of its own network namespace.
 LISTEN_ALL = "0.0.0.0"  # noqa: S104
+
+
+def pod_contract() -> dict[str, str]:
+    """Field path -> the value every containerised process's config carries.
+
+    A container config with another value is refused or silently broken: a loopback
+    ``network.listen_host`` never passes a probe, another ``run.output_dir`` writes to the
+    read-only root filesystem. :func:`container_config` writes these; the chart's values schema
+    requires them.
+    """
+    return {
+        "run.output_dir": STATE_DIR,
+        "federation.transport": "network",
+        "network.listen_host": LISTEN_ALL,
+    }
+
+
+def tls_paths(tls_dir: str) -> dict[str, str]:
+    """``network.tls`` field -> the file a container finds under ``tls_dir`` (TLS on)."""
+    return {
+        "ca_file": f"{tls_dir}/ca.crt",
+        "cert_file": f"{tls_dir}/tls.crt",
+        "key_file": f"{tls_dir}/tls.key",
+    }
 
 
 def container_config(
@@ -54,16 +80,14 @@ def container_config(
     from lensemble.errors import IntegrityError
 
     data = config.model_dump(mode="json")
-    data["run"]["output_dir"] = STATE_DIR
-    data["federation"]["transport"] = "network"
+    for path, value in pod_contract().items():
+        section, field = path.split(".")
+        data[section][field] = value
     data["observability"]["log_format"] = "json"
     network = data["network"]
     network["host"] = coordinator_host
-    network["listen_host"] = LISTEN_ALL
     if network["tls"]["enabled"]:
-        network["tls"]["ca_file"] = f"{tls_dir}/ca.crt"
-        network["tls"]["cert_file"] = f"{tls_dir}/tls.crt"
-        network["tls"]["key_file"] = f"{tls_dir}/tls.key"
+        network["tls"].update(tls_paths(tls_dir))
     out = validate_mapping(data, source="<container config>")
     if config_hash(out) != config_hash(config):
         raise IntegrityError(

@@ -16,7 +16,7 @@ from typing import Any
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
-from lensemble.render.container import TLS_DIR, container_config
+from lensemble.render.container import POD_TLS_DIR, container_config
 from lensemble.render.names import (
     COORDINATOR,
     coordinator_name,
@@ -94,7 +94,7 @@ def pod_config(config: LensembleConfig) -> LensembleConfig:
             ]
         )
     _check_float64_safe(config.model_dump(mode="json"), "")
-    return container_config(config, coordinator_host=host, tls_dir=f"{TLS_DIR}/{{identity}}")
+    return container_config(config, coordinator_host=host, tls_dir=POD_TLS_DIR)
 
 
 def _check_float64_safe(node: Any, path: str) -> None:

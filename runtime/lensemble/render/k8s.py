@@ -154,7 +154,10 @@ _SCHEMA_LINE = re.compile(r"at '(?P<pointer>/[^']*)': (?P<why>.*)")
 def _helm_values_problems(message: str, source: str) -> list[ConfigProblem]:
     """One problem per ``- at '/a/b': why`` line of a Helm schema error."""
     problems = []
-    for match in _SCHEMA_LINE.finditer(message):
+    matches = list(_SCHEMA_LINE.finditer(message))
+    # "'allOf' failed" and the like only say that a nested line below failed: keep those.
+    specific = [m for m in matches if not re.fullmatch(r"'\w+' failed", m["why"].strip())]
+    for match in specific or matches:
         parts = [p.replace("~1", "/").replace("~0", "~") for p in match["pointer"][1:].split("/")]
         path = ""
         for part in parts:
@@ -209,6 +212,7 @@ def render_chart(
     except helm_python.HelmError as exc:
         # Template `fail` messages start with the offending value's path.
         detail = str(exc).split("error calling fail: ")[-1].strip()
+        detail = re.sub(r"^.*?execution error at \([^)]*\): ", "", detail)
         raise UsageError(f"{source}: {detail}") from None
     docs: list[Manifest] = []
     for name in sorted(rendered):

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
-from lensemble.federation.coordinator import Coordinator, CoordinatorObserver
+from lensemble.federation.coordinator import (
+    Coordinator,
+    CoordinatorObserver,
+    global_architecture,
+)
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.participant import Participant
-from lensemble.federation.payload import manifest
 from lensemble.simulation.evaluation import Evaluation
 from lensemble.simulation.output import append_metrics, fresh_output, keep_metrics_before
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
@@ -63,7 +66,7 @@ def run_in_process(
     ids = config.participant_ids
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
     theta0 = initial_global_parameters(config)
-    arch = manifest(theta0)
+    arch = global_architecture(theta0)
     participants = {
         pid: Participant(config, pid, WorldModelLearner(config, pid, datasets[pid]), arch, out)
         for pid in ids

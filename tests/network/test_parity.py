@@ -1,0 +1,114 @@
+"""Parity: the in-process and gRPC transports run the same fault schedule to the same ledger.
+
+Every (round, attempt) admission rule lives in the coordinator
+(``lensemble.federation.coordinator.admit_attempt``), so no transport may count an update that
+another refuses. Each schedule runs once in process and once over gRPC with mTLS (participants
+in threads, faults applied by ``tests.support.faulty_network``); the committed hash chains, every
+attempt's contributors and exclusion reasons, and how the run ended must be equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lensemble.config import LensembleConfig
+from lensemble.config.load import validate_mapping
+from lensemble.errors import LensembleError
+from lensemble.federation.faults import parse_faults
+from lensemble.federation.ledger import RoundRecord
+from lensemble.network.transport_errors import ShutdownRequested
+from tests.support.faulty_network import FaultyParticipantThread
+from tests.support.federation import build
+from tests.support.network import LiveCoordinator, network_mapping, write_config
+
+pytestmark = pytest.mark.slow
+
+#: (fault schedule, federation overrides); rounds are 0-based, quorum is 3 of 4.
+SCHEDULES = [
+    pytest.param(
+        # Issue 15: round 1's attempt-0 updates arrive late, during attempt 1.
+        "delay:alpha@1,delay:charlie@1,delay:delta@1",
+        {"rounds": 2, "max_round_retries": 1},
+        id="stale-attempt-updates-every-attempt",
+    ),
+    pytest.param(
+        "delay:alpha@1.0,delay:charlie@1.0",
+        {"rounds": 2},
+        id="late-updates-of-an-aborted-attempt",
+    ),
+    pytest.param(
+        "drop:bravo@0,corrupt:charlie@1,duplicate:delta@1,reorder@1,delay:alpha@2=1",
+        {"rounds": 3},
+        id="drop-corrupt-duplicate-reorder-in-time-delay",
+    ),
+    pytest.param(
+        "delay:delta@0,drop:alpha@1.0,drop:bravo@1.0,duplicate:charlie@1.1",
+        {"rounds": 2},
+        id="late-into-the-next-round-then-abort-and-retry",
+    ),
+]
+
+
+def _outcome(records: list[RoundRecord], error: BaseException | None) -> dict[str, Any]:
+    return {
+        "attempts": [
+            (r.round, r.attempt, r.state, r.contributors, r.excluded, r.parent_hash, r.model_hash)
+            for r in records
+        ],
+        "error": type(error).__name__ if error is not None else None,
+    }
+
+
+def _in_process(config: LensembleConfig, faults: str, out: Path) -> dict[str, Any]:
+    coordinator, transport, _ = build(config, faults=parse_faults(faults), output_dir=out)
+    error: LensembleError | None = None
+    try:
+        coordinator.run(transport)
+    except LensembleError as exc:
+        error = exc
+    return _outcome(coordinator.records, error)
+
+
+def _network(config: LensembleConfig, faults: str, out: Path) -> dict[str, Any]:
+    plan = parse_faults(faults)
+    with LiveCoordinator(config, output_dir=out) as live:
+
+        def attempt_closed(round_index: int, attempt: int) -> bool:
+            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
+            return (round_index, attempt) in done or not live.thread.is_alive()
+
+        threads = [
+            FaultyParticipantThread(config, pid, out, plan, attempt_closed)
+            for pid in config.participant_ids
+        ]
+        live.thread.join(180)
+        assert not live.thread.is_alive(), "the coordinator did not finish"
+        for t in threads:
+            if live.error is None:
+                t.thread.join(30)
+            t.close()
+        errors = [
+            t.error for t in threads if not isinstance(t.error, (ShutdownRequested, type(None)))
+        ]
+        assert errors == [], errors
+        return _outcome(live.coordinator.records, live.error)
+
+
+@pytest.mark.parametrize(("faults", "federation"), SCHEDULES)
+def test_both_transports_commit_the_same_ledger_under_faults(
+    tmp_path: Path, faults: str, federation: dict[str, Any]
+) -> None:
+    mapping = network_mapping(tmp_path, round_timeout_s=3, **federation)
+    mapping["network"]["rpc_timeout_s"] = 2
+    _, network_config = write_config(tmp_path, mapping)
+    in_process_mapping = dict(
+        mapping, federation={**mapping["federation"], "transport": "in_process"}
+    )
+    in_process = _in_process(validate_mapping(in_process_mapping), faults, tmp_path / "in-process")
+    network = _network(network_config, faults, tmp_path / "network")
+    assert network == in_process
+    # Each schedule does exclude someone (the comparison is not between two clean runs).
+    assert any(excluded for _, _, _, _, excluded, _, _ in in_process["attempts"])

@@ -1,0 +1,112 @@
+"""The in-process fault plans (``lensemble.federation.faults``) played over the gRPC transport.
+
+Each participant runs the production :class:`ParticipantLoop` against a live gRPC coordinator,
+with the faults of a plan applied where a real network would cause them:
+
+- ``drop``: the participant sits the attempt out (never trains or sends).
+- ``delay`` past the deadline: the update is sent once the coordinator closed that attempt;
+  ``delay=SECONDS`` within the deadline arrives in time, as in process.
+- ``corrupt``: the bytes are damaged in transit (``faults.damage``); the declared hash is the
+  original's.
+- ``duplicate``: the same bytes are sent twice.
+- ``reorder``: arrival order is the network's own; the committed hash never depends on it.
+
+So both transports can be driven through the same schedule and their ledgers compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lensemble.config import LensembleConfig
+from lensemble.federation.faults import FaultPlan, damage
+from lensemble.federation.messages import RoundOpening
+from lensemble.federation.participant import Contribution, Participant
+from lensemble.federation.payload import manifest
+from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from tests.support.federation import QuadraticLearner, initial_params
+
+#: How often a delayed participant looks whether its attempt has closed (seconds).
+POLL_S = 0.02
+
+
+class FaultyLoop(ParticipantLoop):
+    """A participant loop that applies a fault plan to its own rounds.
+
+    Args:
+        plan: The faults.
+        attempt_closed: ``(round, attempt) -> bool``: the coordinator closed that attempt (or
+            stopped).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        plan: FaultPlan,
+        attempt_closed: Callable[[int, int], bool],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.plan = plan
+        self.attempt_closed = attempt_closed
+
+    def _take_part(self, announcement: Any) -> None:
+        key = (announcement.round_index, announcement.attempt)
+        if self.plan.hits("drop", self.client.id, *key):
+            self.after = key
+            return
+        super()._take_part(announcement)
+
+    def _submit(self, opening: RoundOpening, contribution: Contribution) -> None:
+        pid, key = self.client.id, (opening.round_index, opening.attempt)
+        if self.plan.hits("corrupt", pid, *key):
+            contribution = dataclasses.replace(contribution, payload=damage(contribution.payload))
+        delay = self.plan.hits("delay", pid, *key)
+        timeout = self.config.federation.round_timeout_s
+        if delay is not None and (delay.seconds is None or delay.seconds > timeout):
+            while not self.attempt_closed(*key):
+                self._check_stop()
+                self.stop.wait(POLL_S)
+        super()._submit(opening, contribution)
+        if self.plan.hits("duplicate", pid, *key):
+            super()._submit(opening, contribution)
+
+
+class FaultyParticipantThread:
+    """A quadratic-learner participant running :class:`FaultyLoop` in a thread."""
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        pid: str,
+        output_dir: Path,
+        plan: FaultPlan,
+        attempt_closed: Callable[[int, int], bool],
+    ) -> None:
+        theta0 = initial_params(config.run.root_seed)
+        participant = Participant(
+            config, pid, QuadraticLearner(pid, config.run.root_seed), manifest(theta0), output_dir
+        )
+        self.client = CoordinatorClient(config, pid)
+        self.loop = FaultyLoop(
+            config, participant, self.client, plan=plan, attempt_closed=attempt_closed
+        )
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"participant-{pid}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def close(self) -> None:
+        """Stop the loop and close the channel."""
+        self.loop.stop.set()
+        self.thread.join(10)
+        self.client.close()
