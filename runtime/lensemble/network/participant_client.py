@@ -391,6 +391,7 @@ class ParticipantLoop:
             ConfigError: The coordinator refused the config, naming the differing fields.
             AccessDenied: The coordinator refused this participant's credentials.
             CoordinatorUnreachable: No answer within ``federation.join_timeout_s``.
+            CertificateRejected: The TLS handshake failed on a certificate (not retried).
         """
         while True:
             self._check_stop()
@@ -455,6 +456,7 @@ class ParticipantLoop:
             ConfigError: Join refused (config mismatch).
             AccessDenied: Credentials refused.
             CoordinatorUnreachable: The coordinator stayed away beyond ``join_timeout_s``.
+            CertificateRejected: The TLS handshake failed on a certificate (not retried).
             ResidencyViolation: The learner tried to release something other than a
                 pseudo-gradient (fails closed).
         """

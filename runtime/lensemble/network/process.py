@@ -367,6 +367,7 @@ def run_participant(
             certificate expired.
         AccessDenied: The coordinator refused this participant's credentials.
         CoordinatorUnreachable: No coordinator within ``federation.join_timeout_s``.
+        CertificateRejected: The TLS handshake failed on a certificate (not retried).
         ResidencyViolation: The learner tried to release data (fails closed).
     """
     ports = ports or PortOptions()
