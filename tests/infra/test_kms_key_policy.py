@@ -13,12 +13,12 @@ import fnmatch
 import pytest
 
 from tests.infra.conftest import CLOUD_STACKS
-
-#: Stacks that hold trust domains (the sovereign-prod parent holds only the coordinator side).
-DOMAIN_STACKS = [s for s in CLOUD_STACKS if s != "sovereign-prod"]
 from tests.infra.expected import TRUST_DOMAIN_TYPE, as_list, statements
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
+
+#: Stacks that hold trust domains (the sovereign-prod parent holds only the coordinator side).
+DOMAIN_STACKS = [s for s in CLOUD_STACKS if s != "sovereign-prod"]
 
 KEY = "aws:kms/key:Key"
 BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
