@@ -62,9 +62,12 @@ def test_an_identity_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
     root, elsewhere = tmp_path / "certs", tmp_path / "elsewhere"
     elsewhere.mkdir()
     _plant(root / "coordinator", elsewhere)
+    _plant(root / "bravo", elsewhere)
     with pytest.raises(UsageError, match="coordinator is a symbolic link or not a folder"):
         init_certs(root, CONFIG)
     assert not list(elsewhere.iterdir())
+    # Nothing was written before the refusal: no CA, no other identity's keys.
+    assert sorted(p.name for p in root.iterdir()) == ["bravo", "coordinator"]
 
 
 def test_folders_are_private_and_no_temporary_file_is_left(tmp_path: Path) -> None:
@@ -92,4 +95,5 @@ def test_a_failed_write_leaves_no_temporary_file_and_no_partial_key(
     monkeypatch.setattr(certs.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
         init_certs(root, CONFIG)
-    assert [p.name for p in root.iterdir()] == []
+    files = [p for p in root.rglob("*") if not p.is_dir()]
+    assert files == [], "a temporary or partial file was left behind"

@@ -304,7 +304,12 @@ def init_certs(
             f"(network.tls.expiry_warning_days is {margin});",
             remediation="issue them for longer or lower network.tls.expiry_warning_days.",
         )
+    server_names = coordinator_names(config, hosts)
+    issued = [(COORDINATOR_IDENTITY, COORDINATOR_IDENTITY, server_names, True)]
+    issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
     _private_dir(root, own=False)
+    for folder, *_ in issued:  # every folder checked before anything is written
+        _private_dir(root / folder, own=True)
     loaded = _load_ca(root)
     replaced = None
     if loaded is not None:
@@ -316,15 +321,11 @@ def init_certs(
     if loaded is None:
         _write(root / "ca.key", _key_pem(ca_key), secret=True)
         _write(root / "ca.crt", ca_pem)
-    server_names = coordinator_names(config, hosts)
-    issued = [(COORDINATOR_IDENTITY, COORDINATOR_IDENTITY, server_names, True)]
-    issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
     for folder, common_name, sans, server in issued:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         cert_pem, key_pem = _issue(
             ca_key, ca_cert, common_name=common_name, sans=sans, usage=usage, days=days
         )
-        _private_dir(root / folder, own=True)
         _write(root / folder / "tls.key", key_pem, secret=True)
         _write(root / folder / "tls.crt", cert_pem)
         _write(root / folder / "ca.crt", ca_pem)
