@@ -35,13 +35,11 @@ def _escaped(char: str) -> str:
     named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char)
     if named is not None:
         return named
-    return (
-        f"\\x{code:02x}"
-        if code < 0x100
-        else f"\\u{code:04x}"
-        if code < 0x10000
-        else f"\\U{code:08x}"
-    )
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
