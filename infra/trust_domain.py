@@ -40,23 +40,36 @@ KEY_USE_ACTIONS = (
     "kms:GenerateDataKey*",
     "kms:DescribeKey",
 )
-#: KMS actions of the account's administrators: manage the key, never use it.
+#: KMS actions of the account's administrators: manage the key, never use it. Listed one by one
+#: (no ``kms:Create*`` or ``kms:Put*``): a wildcard would also grant ``kms:CreateGrant``, with
+#: which an administrator could let any principal use the key. ``kms:PutKeyPolicy`` stays: the
+#: stack updates the key policy with it, and KMS refuses a policy that locks its caller out.
 KEY_ADMIN_ACTIONS = (
-    "kms:Create*",
-    "kms:Describe*",
-    "kms:Enable*",
-    "kms:List*",
-    "kms:Put*",
-    "kms:Update*",
-    "kms:Revoke*",
-    "kms:Disable*",
-    "kms:Get*",
-    "kms:Delete*",
+    "kms:CreateAlias",
+    "kms:UpdateAlias",
+    "kms:DeleteAlias",
+    "kms:DescribeKey",
+    "kms:GetKeyPolicy",
+    "kms:GetKeyRotationStatus",
+    "kms:ListAliases",
+    "kms:ListGrants",
+    "kms:ListKeyPolicies",
+    "kms:ListKeyRotations",
+    "kms:ListResourceTags",
+    "kms:PutKeyPolicy",
+    "kms:UpdateKeyDescription",
+    "kms:EnableKey",
+    "kms:DisableKey",
+    "kms:EnableKeyRotation",
+    "kms:DisableKeyRotation",
+    "kms:RevokeGrant",
     "kms:TagResource",
     "kms:UntagResource",
     "kms:ScheduleKeyDeletion",
     "kms:CancelKeyDeletion",
 )
+#: KMS actions nobody may perform on a participant's key: grants hand key use to others.
+KEY_DENIED_ACTIONS = ("kms:CreateGrant",)
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,13 @@ def key_policy(account_id: str, role_arn: str, region: str, partition: Partition
                     "Resource": "*",
                 },
                 {
+                    "Sid": "NobodyGrantsKeyUse",
+                    "Effect": "Deny",
+                    "Principal": {"AWS": "*"},
+                    "Action": list(KEY_DENIED_ACTIONS),
+                    "Resource": "*",
+                },
+                {
                     "Sid": "ParticipantUsesKeyThroughS3",
                     "Effect": "Allow",
                     "Principal": {"AWS": role_arn},
@@ -193,16 +213,20 @@ def key_policy(account_id: str, role_arn: str, region: str, partition: Partition
     )
 
 
-def bucket_policy(bucket_arn: str, role_arn: str, partition: Partition) -> str:
-    """Bucket policy: TLS only, data access for the participant's role only, no replication.
+def bucket_policy(bucket_arn: str, role_arn: str, key_arn: str, partition: Partition) -> str:
+    """Bucket policy: TLS only, participant-only data access, objects under its own key only.
 
-    Management actions (policy, tags, lifecycle) stay with the account's administrators so the
-    stack can still update the bucket; reading or writing data is denied to everyone else.
+    No replication either. Management actions (policy, tags, lifecycle) stay with the account's
+    administrators so the stack can still update the bucket; reading or writing data is denied
+    to everyone else. A ``PutObject`` must name SSE-KMS and the key's ARN (``--sse aws:kms
+    --sse-kms-key-id ARN``): an upload under another key, or one relying on a default
+    encryption someone might change, is refused.
 
     Returns:
         The policy document (JSON).
     """
-    resources = [bucket_arn, partition.bucket_objects(bucket_arn)]
+    objects = partition.bucket_objects(bucket_arn)
+    resources = [bucket_arn, objects]
     statements: list[dict[str, Any]] = [
         {
             "Sid": "DenyInsecureTransport",
@@ -219,6 +243,24 @@ def bucket_policy(bucket_arn: str, role_arn: str, partition: Partition) -> str:
             "Action": list(DATA_ACTIONS),
             "Resource": resources,
             "Condition": {"ArnNotEquals": {"aws:PrincipalArn": role_arn}},
+        },
+        {
+            "Sid": "DenyObjectsWithoutSseKms",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:PutObject",
+            "Resource": [objects],
+            "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}},
+        },
+        {
+            "Sid": "DenyObjectsUnderAnotherKey",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:PutObject",
+            "Resource": [objects],
+            "Condition": {
+                "StringNotEquals": {"s3:x-amz-server-side-encryption-aws-kms-key-id": key_arn}
+            },
         },
         {
             "Sid": "DenyReplication",
@@ -349,8 +391,8 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
         aws.s3.BucketPolicy(
             f"{name}-data",
             bucket=bucket.id,
-            policy=pulumi.Output.all(bucket.arn, role.arn).apply(
-                lambda parts: bucket_policy(parts[0], parts[1], partition)
+            policy=pulumi.Output.all(bucket.arn, role.arn, key.arn).apply(
+                lambda parts: bucket_policy(parts[0], parts[1], parts[2], partition)
             ),
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(depends_on=[public_access])

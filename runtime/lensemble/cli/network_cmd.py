@@ -261,13 +261,22 @@ def certs_init(
     """Create a development CA, the coordinator's certificate and one per participant.
 
     Layout: OUTDIR/ca.crt, ca.key, and OUTDIR/<identity>/tls.crt, tls.key, ca.crt for identity
-    'coordinator' and every participant id. An existing CA in OUTDIR is reused.
+    'coordinator' and every participant id. An existing CA in OUTDIR is reused unless it has
+    expired or expires within network.tls.expiry_warning_days: then a new CA replaces it.
     """
     from lensemble.network.certs import init_certs
 
     cfg = _config(config, set_)
     issued = init_certs(outdir, cfg, hosts or [])
-    ca = "reused the CA in" if issued.ca_reused else "created a development CA in"
+    if issued.ca_reused:
+        ca = "reused the CA"
+    elif issued.ca_replaced:
+        ca = f"renewed the development CA ({issued.ca_replaced})"
+    else:
+        ca = "created a development CA"
+    if issued.ca_expires is not None:
+        ca += f", valid until {issued.ca_expires:%Y-%m-%d},"
+    ca += " in"
     sys.stdout.write(
         f"{ca} {outdir}; issued {', '.join(issued.identities)}; coordinator names: "
         f"{', '.join(issued.server_names)}\n"

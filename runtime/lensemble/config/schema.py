@@ -29,6 +29,10 @@ from lensemble.config.physics import KNOWN_PHYSICS, generated_env_params
 from lensemble.errors import ConfigError, ConfigProblem
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: Names of roles and of what every deployment creates beside the participants: a participant
+#: with one of these ids would share a certificate folder, a token line or a Kubernetes name
+#: with them (``certs init`` would overwrite the coordinator's key pair).
+RESERVED_PARTICIPANT_IDS = ("all", "coordinator", "participant", "participants")
 K8S_CPU = r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$"
 K8S_MEMORY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$"
 CUDA_TAG = re.compile(r"(^|[-_.])cu[0-9]{3}([-_.]|$)")
@@ -170,7 +174,10 @@ class ParticipantSpec(_Section):
         pattern=DNS1123_LABEL,
         max_length=30,
         description="Participant id, a DNS-1123 label of at most 30 characters; it names "
-        "services, volumes and certificates.",
+        "services, volumes and certificates. Role names ("
+        + ", ".join(RESERVED_PARTICIPANT_IDS)
+        + ") are reserved.",
+        json_schema_extra={"not": {"enum": list(RESERVED_PARTICIPANT_IDS)}},
     )
     trust_domain: str = Field(
         "",
@@ -305,6 +312,13 @@ class TLSConfig(_Section):
         False,
         description="Mutual TLS: the coordinator requires a client certificate whose SAN or CN "
         "equals the participant id.",
+    )
+    expiry_warning_days: int = Field(
+        30,
+        ge=0,
+        le=3650,
+        description="Days before a certificate's expiry from which processes warn at start and "
+        "`lensemble certs init` renews it (days); an expired certificate is always refused.",
     )
 
 
@@ -650,6 +664,12 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
     # Participants: unique ids, sensible physics.
     seen: dict[str, int] = {}
     for i, p in enumerate(fed.participants):
+        if p.id in RESERVED_PARTICIPANT_IDS:
+            bad(
+                f"federation.participants[{i}].id",
+                f"'{p.id}' is a reserved role name ({', '.join(RESERVED_PARTICIPANT_IDS)}) "
+                "and would share certificates and names with that role; choose another id.",
+            )
         if p.id in seen:
             bad(
                 f"federation.participants[{i}].id",

@@ -7,10 +7,19 @@ Layout (``docs/architecture.md``, "Certificates")::
     DIR/<participant-id>/tls.crt, tls.key, ca.crt  client certificate, CN and DNS SAN = the id
 
 Each identity folder is what one process mounts at ``/etc/lensemble/tls``. Keys are ECDSA P-256,
-written with mode 0600. An existing CA in ``DIR`` is reused, so certificates issued earlier stay
-valid; identity folders are (re)issued on every call. Everything uses the ``cryptography``
-library; these certificates are for development and tests, production brings its own PKI
-(cert-manager or an organisation CA) in the same layout.
+written with mode 0600. An existing CA in ``DIR`` is reused while it stays valid for more than
+``network.tls.expiry_warning_days``, so certificates issued earlier stay valid; an expired or
+expiring CA is replaced. Identity folders are (re)issued on every call, never valid beyond their
+CA. Everything uses the ``cryptography`` library; these certificates are for development and
+tests, production brings its own PKI (cert-manager or an organisation CA) in the same layout.
+
+Writing is hostile-folder safe: folders are created 0700 (an identity folder that is a symbolic
+link is refused), each file is written to a fresh exclusively created temporary file (random
+name, ``O_EXCL | O_NOFOLLOW``, so a planted symbolic link is never followed), flushed to disk
+and renamed over the target (a rename replaces a link, it never writes through it).
+
+:func:`check_validity` is the start-up check of every process: an expired (or not yet valid)
+certificate or CA is refused, one about to expire is reported.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import secrets
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +40,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, UsageError
-from lensemble.network.identity import COORDINATOR_IDENTITY
+from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 
 VALID_DAYS = 365
+#: Default of ``network.tls.expiry_warning_days`` for callers without a config (days).
+RENEW_WITHIN_DAYS = 30
 _PEM = serialization.Encoding.PEM
 
 
@@ -44,12 +57,17 @@ class IssuedCertificates:
         ca_reused: True when an existing CA in ``root`` signed the new certificates.
         server_names: SANs of the coordinator's certificate.
         identities: Identity folders written (``coordinator`` and every participant id).
+        ca_replaced: Why an existing CA was replaced (expired or expiring, one phrase), else
+            None.
+        ca_expires: When the CA that signed everything expires (UTC).
     """
 
     root: Path
     ca_reused: bool
     server_names: list[str]
     identities: list[str]
+    ca_replaced: str | None = None
+    ca_expires: dt.datetime | None = None
 
 
 def coordinator_names(config: LensembleConfig, extra_hosts: Iterable[str] = ()) -> list[str]:
@@ -84,17 +102,76 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
+def _private_dir(path: Path, *, own: bool) -> None:
+    """Create ``path`` with mode 0700; an identity folder (``own``) must be a real folder.
+
+    Raises:
+        UsageError: ``path`` is a symbolic link or not a folder.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the certificate folder {path} ({exc.strerror});",
+            remediation="choose a folder you can write.",
+        ) from None
+    info = os.lstat(path)
+    if own and (stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode)):
+        raise UsageError(
+            f"{path} is a symbolic link or not a folder, refusing to write keys through it;",
+            remediation="remove it; certs init creates its identity folders itself.",
+        )
+    if own and info.st_mode & 0o077:
+        os.chmod(path, 0o700, follow_symlinks=False)
+
+
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` through a fresh temporary file, durably and atomically.
+
+    The temporary name is random and created exclusively without following links, so nothing
+    planted in the folder (a symbolic link, a file) ever receives the bytes; the rename then
+    replaces whatever ``path`` was, a link included, without writing through it.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if not secret:
+                os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
-def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int):  # type: ignore[no-untyped-def]
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _builder(  # type: ignore[no-untyped-def]
+    subject: str,
+    issuer: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    days: int,
+    not_after: dt.datetime | None = None,
+):
     now = dt.datetime.now(dt.UTC)
+    end = now + dt.timedelta(days=days)
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -102,7 +179,7 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_after(end if not_after is None else min(end, not_after))
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
     )
 
@@ -163,7 +240,7 @@ def _issue(
 ) -> tuple[bytes, bytes]:
     key = _new_key()
     cert = (
-        _builder(common_name, ca_cert.subject, key.public_key(), days)
+        _builder(common_name, ca_cert.subject, key.public_key(), days, ca_cert.not_valid_after_utc)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
@@ -176,32 +253,74 @@ def _issue(
     return cert.public_bytes(_PEM), _key_pem(key)
 
 
+def _stale_reason(cert: x509.Certificate, renew_within_days: int, now: dt.datetime) -> str | None:
+    """Why ``cert`` should be replaced now (one phrase), or None while it stays usable."""
+    end = cert.not_valid_after_utc
+    if end <= now:
+        return f"it expired on {end:%Y-%m-%d}"
+    if cert.not_valid_before_utc > now:
+        return f"it is not valid before {cert.not_valid_before_utc:%Y-%m-%d}"
+    if end <= now + dt.timedelta(days=renew_within_days):
+        return f"it expires on {end:%Y-%m-%d}, within {renew_within_days} days"
+    return None
+
+
 def init_certs(
-    root: Path, config: LensembleConfig, hosts: Iterable[str] = (), *, days: int = VALID_DAYS
+    root: Path,
+    config: LensembleConfig,
+    hosts: Iterable[str] = (),
+    *,
+    days: int = VALID_DAYS,
+    renew_within_days: int | None = None,
 ) -> IssuedCertificates:
     """Create (or reuse) a development CA and issue every identity's certificate.
 
+    An existing CA is reused while it is valid for more than ``renew_within_days``; otherwise a
+    new CA replaces it (certificates issued by the old one stop verifying, as they would have
+    anyway). Leaf certificates never outlive their CA.
+
     Args:
-        root: Output folder (created).
-        config: The run's config: ``network.host``, ``run.name`` and the participant ids.
+        root: Output folder (created 0700).
+        config: The run's config: ``network.host``, ``run.name``, the participant ids and
+            ``network.tls.expiry_warning_days``.
         hosts: Extra host names or IP addresses for the coordinator's certificate.
         days: Validity of new certificates (days).
+        renew_within_days: Replace a CA expiring within this many days (default: the config's
+            ``network.tls.expiry_warning_days``).
 
     Returns:
         What was written.
 
     Raises:
-        UsageError: An existing ``ca.crt``/``ca.key`` in ``root`` cannot be used.
+        UsageError: An existing ``ca.crt``/``ca.key`` in ``root`` cannot be used, or an identity
+            folder is a symbolic link.
     """
+    margin = (
+        config.network.tls.expiry_warning_days if renew_within_days is None else renew_within_days
+    )
+    if days <= margin:
+        raise UsageError(
+            f"certificates valid for {days} days would already be due for renewal "
+            f"(network.tls.expiry_warning_days is {margin});",
+            remediation="issue them for longer or lower network.tls.expiry_warning_days.",
+        )
+    server_names = coordinator_names(config, hosts)
+    issued = [(COORDINATOR_IDENTITY, COORDINATOR_IDENTITY, server_names, True)]
+    issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
+    _private_dir(root, own=False)
+    for folder, *_ in issued:  # every folder checked before anything is written
+        _private_dir(root / folder, own=True)
     loaded = _load_ca(root)
+    replaced = None
+    if loaded is not None:
+        replaced = _stale_reason(loaded[1], margin, dt.datetime.now(dt.UTC))
+        if replaced is not None:
+            loaded = None
     ca_key, ca_cert = loaded if loaded is not None else _new_ca(config.run.name, days)
     ca_pem = ca_cert.public_bytes(_PEM)
     if loaded is None:
         _write(root / "ca.key", _key_pem(ca_key), secret=True)
         _write(root / "ca.crt", ca_pem)
-    server_names = coordinator_names(config, hosts)
-    issued = [(COORDINATOR_IDENTITY, COORDINATOR_IDENTITY, server_names, True)]
-    issued += [(pid, pid, [pid], False) for pid in config.participant_ids]
     for folder, common_name, sans, server in issued:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         cert_pem, key_pem = _issue(
@@ -215,6 +334,8 @@ def init_certs(
         ca_reused=loaded is not None,
         server_names=server_names,
         identities=[i[0] for i in issued],
+        ca_replaced=replaced,
+        ca_expires=ca_cert.not_valid_after_utc,
     )
 
 
@@ -257,3 +378,80 @@ def check_own_certificate(path: Path, identity: str) -> None:
             f"network.tls.cert_file: {path} is issued to {', '.join(sorted(names))}, not to "
             f"participant '{identity}'; mount that participant's own certificate."
         )
+
+
+def check_validity(
+    path: Path, field: str, *, warn_within_days: int, now: dt.datetime | None = None
+) -> list[str]:
+    """Refuse expired certificates in a PEM file; report those about to expire.
+
+    Every certificate in the file is checked (a chain, or a CA bundle).
+
+    Args:
+        path: The PEM file (``network.tls.cert_file`` or ``ca_file``, resolved).
+        field: The config field it comes from, for messages (``cert_file``, ``ca_file``).
+        warn_within_days: ``network.tls.expiry_warning_days``.
+        now: The current time (UTC); for tests.
+
+    Returns:
+        One warning sentence per certificate expiring within ``warn_within_days``.
+
+    Raises:
+        ConfigError: The file is unreadable, holds no certificate, or one of its certificates
+            has expired or is not valid yet (one sentence naming the field, file, date and fix).
+    """
+    now = now or dt.datetime.now(dt.UTC)
+    try:
+        certs = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"network.tls.{field}: {path} is not a readable PEM certificate ({exc}); run "
+            "`lensemble certs init DIR --config FILE` for a development set."
+        ) from None
+    fix = "renew it (`lensemble certs init DIR --config FILE` renews a development set)"
+    warnings = []
+    for cert in certs:
+        names = ", ".join(sorted(certificate_identities(cert.public_bytes(_PEM))))
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        if end <= now:
+            days = (now - end).days
+            raise ConfigError(
+                f"network.tls.{field}: the certificate of {names} in {path} expired on "
+                f"{end:%Y-%m-%d %H:%M} UTC ({days} days ago); {fix}."
+            )
+        if start > now:
+            raise ConfigError(
+                f"network.tls.{field}: the certificate of {names} in {path} is not valid before "
+                f"{start:%Y-%m-%d %H:%M} UTC; check this machine's clock or reissue it."
+            )
+        if end <= now + dt.timedelta(days=warn_within_days):
+            warnings.append(
+                f"network.tls.{field}: the certificate of {names} in {path} expires on "
+                f"{end:%Y-%m-%d %H:%M} UTC, in {(end - now).days} days; {fix} before then."
+            )
+    return warnings
+
+
+def check_tls_files(config: LensembleConfig, identity: str) -> list[str]:
+    """Start-up check of this process's own certificate and its CA bundle.
+
+    Args:
+        config: The run's config (``network.tls``).
+        identity: ``coordinator`` or the participant id (fills ``{identity}``).
+
+    Returns:
+        Warnings for certificates expiring within ``network.tls.expiry_warning_days``; empty
+        when TLS is off.
+
+    Raises:
+        ConfigError: A certificate or CA has expired, is not yet valid or cannot be read.
+    """
+    tls = config.network.tls
+    if not tls.enabled:
+        return []
+    warnings = []
+    for field, template in (("cert_file", tls.cert_file), ("ca_file", tls.ca_file)):
+        path = identity_path(template, identity)
+        if path is not None:
+            warnings += check_validity(Path(path), field, warn_within_days=tls.expiry_warning_days)
+    return warnings

@@ -41,6 +41,7 @@ from lensemble.federation.transport import Traffic
 from lensemble.network import transport_errors as nerr
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
+from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.transport_errors import ShutdownRequested
 
 _log = logging.getLogger("lensemble.network.coordinator")
@@ -321,14 +322,15 @@ class GrpcCoordinatorTransport:
         if hash_ != self.config_hash:
             differing = self._differing(view_json)
             self.metrics.refused_calls.labels(rpc="Join", reason="config_mismatch").inc()
+            logged = shown_all(differing)
             event(
                 _log,
                 "join_refused",
-                f"refused {participant_id}: config hash {hash_[:28]}... differs from "
-                f"{self.config_hash[:28]}... in {', '.join(differing) or 'unknown fields'}.",
+                f"refused {participant_id}: config hash {shown(hash_[:28])}... differs from "
+                f"{self.config_hash[:28]}... in {', '.join(logged) or 'unknown fields'}.",
                 logging.WARNING,
                 participant=participant_id,
-                differing=differing,
+                differing=logged,
             )
             return JoinOutcome(
                 False,
@@ -362,7 +364,7 @@ class GrpcCoordinatorTransport:
             _log.warning(
                 "%s runs Lensemble %s, the coordinator %s; the config hashes match, continuing.",
                 participant_id,
-                version,
+                shown(version),
                 __version__,
             )
         event(
@@ -380,9 +382,11 @@ class GrpcCoordinatorTransport:
         """Field paths where the participant's hashed config view differs from ours."""
         try:
             theirs = json.loads(view_json)
-        except ValueError:
+            if not isinstance(theirs, dict):
+                return []
+            return differing_paths(theirs, hashed_view(self.config))
+        except (ValueError, RecursionError):  # RecursionError: nested beyond Python's depth
             return []
-        return differing_paths(theirs, hashed_view(self.config)) if isinstance(theirs, dict) else []
 
     def leave(self, participant_id: str, reason: str) -> None:
         """Record that a participant left."""
@@ -390,7 +394,7 @@ class GrpcCoordinatorTransport:
             self._left.add(participant_id)
             self._cond.notify_all()
         self.metrics.participants_joined.set(len(self._joined - self._left))
-        event(_log, "left", f"{participant_id} left ({reason}).", participant=participant_id)
+        event(_log, "left", f"{participant_id} left ({shown(reason)}).", participant=participant_id)
 
     def next_announcement(
         self, after: tuple[int, int], until_s: float

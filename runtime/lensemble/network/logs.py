@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from lensemble.config import LensembleConfig
+from lensemble.network.peer_text import one_line
 
 ROOT_LOGGER = "lensemble"
 
@@ -46,10 +47,15 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``time level [identity] message``."""
+    """``time level [identity] message``, the message always on one line."""
 
     def __init__(self, identity: str) -> None:
         super().__init__(f"%(asctime)s %(levelname)s [{identity}] %(message)s", "%H:%M:%S")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line, with control characters of the message escaped (no forged lines)."""
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
 
 
 def configure(config: LensembleConfig, role: str, participant_id: str | None = None) -> None:

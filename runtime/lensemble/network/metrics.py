@@ -23,17 +23,19 @@ a metric a role does not use stays at zero. Names (all prefixed ``lensemble_``):
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
-from socketserver import TCPServer, ThreadingMixIn
+from socketserver import TCPServer
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, make_wsgi_app
 
 from lensemble.errors import UsageError
 from lensemble.federation.rounds import RoundState
 
+_log = logging.getLogger("lensemble.network.metrics")
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -108,13 +110,34 @@ class Metrics:
             self.rejected.labels(reason=reason).inc()
 
 
+#: Seconds a metrics client may take to send each part of its request before it is dropped.
+READ_TIMEOUT_S = 5.0
+#: Most metrics connections served at once; more are closed at once (a scraper retries).
+MAX_CONNECTIONS = 16
+
+
 class _QuietHandler(WSGIRequestHandler):
+    # A read timeout on every connection: a client that stops sending loses its slot.
+    timeout = READ_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not worth a log line."""
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+class _BoundedServer(WSGIServer):
+    """A WSGI server with one daemon thread per connection, at most ``max_connections``.
+
+    The standard ``ThreadingMixIn`` starts a thread for every connection and never bounds
+    them: 500 half-sent requests were 500 threads. Here a connection beyond the cap is closed
+    without a thread, and each connection's reads time out (``handler.timeout``).
+    """
+
+    # A burst of scrapers (or of attackers) waits in the kernel, not in threads.
+    request_queue_size = 128
+
+    def __init__(self, *args: Any, max_connections: int = MAX_CONNECTIONS, **kw: Any) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(*args, **kw)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the bind address with socket.getfqdn: a reverse DNS
@@ -123,6 +146,25 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
         self.setup_environ()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection in a daemon thread when a slot is free, else close it."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(
+            target=self._serve, args=(request, client_address), name="metrics-conn", daemon=True
+        )
+        thread.start()
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception as exc:  # a client that disconnected or stalled: not worth a warning
+            _log.debug("metrics connection from %s ended: %s", client_address, exc)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
 
 
 def _only_path(path: str, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
@@ -138,22 +180,36 @@ def _only_path(path: str, app: Callable[..., Iterable[bytes]]) -> Callable[..., 
 class MetricsServer:
     """HTTP server exposing one registry at one path, in a daemon thread.
 
+    At most ``max_connections`` clients are served at once, each in its own thread; a client
+    that sends nothing for ``read_timeout_s`` is disconnected.
+
     Args:
         registry: What to expose.
         host: Bind address.
         port: TCP port; 0 picks a free one (see :attr:`port`).
         path: URL path (``observability.metrics_path``).
+        read_timeout_s: Longest wait for each read from a client (seconds).
+        max_connections: Most connections served at once; more are closed at once.
 
     Raises:
         UsageError: The port cannot be bound.
     """
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, path: str) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        path: str,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         app = _only_path(path, make_wsgi_app(registry))
+        handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout_s})
         try:
-            self._server = make_server(
-                host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
-            )
+            self._server = _BoundedServer((host, port), handler, max_connections=max_connections)
+            self._server.set_app(app)
         except OSError as exc:
             raise UsageError(
                 f"cannot serve metrics on {host}:{port} ({exc.strerror});",

@@ -42,6 +42,7 @@ from lensemble.network import transport_errors as nerr
 from lensemble.network.backoff import Backoff
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
+from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
@@ -98,7 +99,8 @@ class CallError:
     current_round: int
 
     def __str__(self) -> str:
-        return f"{self.reason}: {self.message}"
+        # The coordinator's words: escaped and capped before they reach a log line.
+        return f"{shown(self.reason)}: {shown(self.message)}"
 
 
 def classify(exc: grpc.RpcError) -> CallError:
@@ -341,7 +343,20 @@ class ParticipantLoop:
         self.backoff.reset()
 
     def _failed(self, what: str, error: CallError) -> None:
-        """Wait before retrying a transient failure; give up after ``join_timeout_s``."""
+        """Wait before retrying a transient failure; give up after ``join_timeout_s``.
+
+        Raises:
+            CertificateRejected: The failure is a TLS certificate problem: no retry can fix it.
+            CoordinatorUnreachable: Still failing after ``federation.join_timeout_s``.
+        """
+        cause = nerr.certificate_failure(error.message)
+        if cause is not None:
+            raise nerr.CertificateRejected(
+                f"the TLS handshake with the coordinator at {self.client.target} failed: "
+                f"{cause} ({shown(error.message)});",
+                remediation="renew or replace the certificate (`lensemble certs init` renews a "
+                "development set; docs/troubleshooting.md).",
+            )
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
@@ -376,6 +391,7 @@ class ParticipantLoop:
             ConfigError: The coordinator refused the config, naming the differing fields.
             AccessDenied: The coordinator refused this participant's credentials.
             CoordinatorUnreachable: No answer within ``federation.join_timeout_s``.
+            CertificateRejected: The TLS handshake failed on a certificate (not retried).
         """
         while True:
             self._check_stop()
@@ -386,19 +402,20 @@ class ParticipantLoop:
                 error = classify(exc)
                 if error.kind == Failure.DENIED:
                     raise AccessDenied(
-                        f"the coordinator refused participant '{self.client.id}': {error.message}",
+                        f"the coordinator refused participant '{self.client.id}': "
+                        f"{shown(error.message)}",
                         remediation="use this participant's own certificate or token.",
                     ) from None
                 self._failed("joining the coordinator", error)
         if not reply.accepted:
             problems = [
                 ConfigProblem(path, "differs from the coordinator's config; use the same value.")
-                for path in reply.differing_fields
+                for path in shown_all(reply.differing_fields)
             ]
             raise ConfigError(
-                problems or reply.message,
-                remediation=f"the coordinator's config hash is {reply.config_hash}; run every "
-                "process with the same config (`lensemble config diff A B`).",
+                problems or shown(reply.message),
+                remediation=f"the coordinator's config hash is {shown(reply.config_hash)}; run "
+                "every process with the same config (`lensemble config diff A B`).",
             )
         self._succeeded()
         self._line_up(reply)
@@ -439,6 +456,7 @@ class ParticipantLoop:
             ConfigError: Join refused (config mismatch).
             AccessDenied: Credentials refused.
             CoordinatorUnreachable: The coordinator stayed away beyond ``join_timeout_s``.
+            CertificateRejected: The TLS handshake failed on a certificate (not retried).
             ResidencyViolation: The learner tried to release something other than a
                 pseudo-gradient (fails closed).
         """
@@ -465,7 +483,7 @@ class ParticipantLoop:
             self.join()
         elif error.kind == Failure.DENIED:
             raise AccessDenied(
-                f"the coordinator refused participant '{self.client.id}': {error.message}",
+                f"the coordinator refused participant '{self.client.id}': {shown(error.message)}",
                 remediation="use this participant's own certificate or token.",
             )
         elif error.kind == Failure.TRANSIENT:
@@ -552,7 +570,7 @@ class ParticipantLoop:
                     event(
                         _log,
                         "round_lost",
-                        f"the update of {where} came too late: {error.message}",
+                        f"the update of {where} came too late: {shown(error.message)}",
                         round=opening.round_index,
                         reason=error.reason,
                     )
@@ -575,11 +593,11 @@ class ParticipantLoop:
             if not reply.accepted:
                 self._forget(opening)
             self.rounds_contributed.append((opening.round_index, opening.attempt))
-            note = "" if reply.reason == "accepted" else f" ({reply.message})"
+            note = "" if reply.reason == "accepted" else f" ({shown(reply.message)})"
             event(
                 _log,
                 "submitted",
-                f"update of {where}: {reply.reason}{note}",
+                f"update of {where}: {shown(reply.reason)}{note}",
                 round=opening.round_index,
                 attempt=opening.attempt,
                 reason=reply.reason,

@@ -37,13 +37,14 @@ from lensemble.federation.participant import Participant
 from lensemble.federation.rounds import RoundState
 from lensemble.learner import Learner
 from lensemble.network import logs
-from lensemble.network.certs import check_own_certificate
+from lensemble.network.certs import check_own_certificate, check_tls_files
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
 from lensemble.network.health import HealthServer
-from lensemble.network.identity import identity_path
+from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics, MetricsServer
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from lensemble.network.peer_text import shown
 from lensemble.network.ready_announce import StdoutGuard, ready_line
 from lensemble.network.security import (
     Authenticator,
@@ -215,7 +216,7 @@ class CoordinatorEvents:
             self._log,
             "verdict",
             f"round {submission.round_index}: {submission.sender} {verdict.reason.value}"
-            + ("" if verdict.accepted else f" ({verdict.message})"),
+            + ("" if verdict.accepted else f" ({shown(verdict.message)})"),
             logging.INFO if verdict.accepted else logging.WARNING,
             round=submission.round_index,
             participant=submission.sender,
@@ -249,6 +250,12 @@ class CoordinatorEvents:
         )
 
 
+def _check_certificates(config: LensembleConfig, identity: str) -> None:
+    """Refuse an expired own certificate or CA at start; warn when one expires soon."""
+    for warning in check_tls_files(config, identity):
+        event(_log, "certificate_expiring", warning, logging.WARNING)
+
+
 def run_coordinator(
     config: LensembleConfig,
     initial_params: Mapping[str, torch.Tensor],
@@ -270,13 +277,15 @@ def run_coordinator(
     Raises:
         ShutdownRequested: SIGTERM/SIGINT (the last checkpoint stands).
         QuorumNotReached: Too few participants joined, or a round stayed below quorum.
-        ConfigError: TLS files or tokens are missing, or the checkpoint has another config.
+        ConfigError: TLS files or tokens are missing, a certificate expired, or the checkpoint
+            has another config.
     """
     ports = ports or PortOptions()
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = None
     try:
         warn_if_insecure(config)
+        _check_certificates(config, COORDINATOR_IDENTITY)
         fed, net = config.federation, config.network
         coordinator = Coordinator(
             config,
@@ -353,9 +362,11 @@ def run_participant(
 
     Raises:
         ShutdownRequested: SIGTERM/SIGINT.
-        ConfigError: Config mismatch with the coordinator, or TLS/token files missing.
+        ConfigError: Config mismatch with the coordinator, TLS/token files missing, or a
+            certificate expired.
         AccessDenied: The coordinator refused this participant's credentials.
         CoordinatorUnreachable: No coordinator within ``federation.join_timeout_s``.
+        CertificateRejected: The TLS handshake failed on a certificate (not retried).
         ResidencyViolation: The learner tried to release data (fails closed).
     """
     ports = ports or PortOptions()
@@ -363,6 +374,7 @@ def run_participant(
     client = None
     try:
         warn_if_insecure(config)
+        _check_certificates(config, participant_id)
         tls = config.network.tls
         if tls.enabled and tls.client_auth and tls.cert_file:
             check_own_certificate(

@@ -21,6 +21,7 @@ from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.network import transport_errors as nerr
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
 from lensemble.network.health import NO_REUSEPORT, bind_port
+from lensemble.network.peer_text import JOIN_LIMITS, oversized_field
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import Authenticator
@@ -103,6 +104,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     # -------------------------------------------------------------------------------- RPCs
     def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinReply:
         """Register a participant, or refuse it naming the differing config fields."""
+        fields = {name: getattr(request, name) for name in JOIN_LIMITS}
+        too_long = oversized_field(fields, JOIN_LIMITS)
+        if too_long is not None:
+            rejection = Rejection(nerr.OVERSIZED, too_long, self.transport.collecting_round)
+            self._abort(context, rejection, rpc="Join")
         self._authorize(context, request.participant_id, "Join")
         outcome = self.transport.join(
             request.participant_id,

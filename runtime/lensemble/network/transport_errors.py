@@ -19,6 +19,8 @@ BAD_CREDENTIALS = "bad_credentials"
 STALE_SESSION = "stale_session"
 SHUTTING_DOWN = "shutting_down"
 BUSY = "busy"
+#: A request field longer than its bound (``lensemble.network.peer_text.JOIN_LIMITS``).
+OVERSIZED = "oversized_field"
 
 
 class CoordinatorUnreachable(LensembleError):
@@ -36,3 +38,58 @@ class AccessDenied(LensembleError):
 
 class ShutdownRequested(Interrupted):
     """The process received SIGTERM or SIGINT and stops gracefully."""
+
+
+class CertificateRejected(LensembleError):
+    """A TLS handshake failed on a certificate: permanent until someone replaces it; fails closed.
+
+    Retrying cannot help (the same certificates fail the same way), so the participant stops at
+    once with the cause instead of waiting ``join_timeout_s`` for a coordinator that does run.
+    """
+
+    code = "certificate_rejected"
+    exit_code = EXIT_FAIL_CLOSED
+
+
+_EXPIRED = "a certificate of the TLS handshake has expired (the coordinator's, or its CA)"
+_NOT_OUR_CA = "the coordinator's certificate is not signed by network.tls.ca_file"
+_WRONG_NAME = "the coordinator's certificate does not name network.host"
+_REFUSED = "the coordinator refused this participant's certificate"
+
+#: (text in a failed handshake's status details, lower case) -> the cause, in one phrase. The
+#: TLS library reports these only as text; first match wins, specific before generic.
+_CERTIFICATE_FAILURES: tuple[tuple[str, str], ...] = (
+    ("alert_certificate_expired", f"{_REFUSED}: it has expired"),
+    ("certificate has expired", _EXPIRED),
+    ("certificate_expired", _EXPIRED),
+    ("certificate is not yet valid", "a certificate is not valid yet (check the clocks)"),
+    ("not in peer certificate", _WRONG_NAME),
+    ("hostname mismatch", _WRONG_NAME),
+    ("alert_unknown_ca", "the coordinator does not trust the CA of this participant"),
+    ("unable to get local issuer", _NOT_OUR_CA),
+    ("self signed certificate", _NOT_OUR_CA),
+    ("self-signed certificate", _NOT_OUR_CA),
+    ("bad_signature", _NOT_OUR_CA),  # an issuer of the same name but another key
+    ("alert_bad_certificate", _REFUSED),
+    ("alert_certificate_required", f"{_REFUSED}: it sent none (network.tls.client_auth)"),
+    ("alert_certificate_unknown", _REFUSED),
+    ("alert_certificate_revoked", f"{_REFUSED}: it is revoked"),
+    ("certificate_verify_failed", f"{_NOT_OUR_CA} or is otherwise invalid"),
+)
+
+
+def certificate_failure(details: str) -> str | None:
+    """The cause of a TLS certificate failure in a gRPC status's details, else None.
+
+    Args:
+        details: The failed call's status details (gRPC and the TLS library's text).
+
+    Returns:
+        One phrase naming what failed (no trailing period), or None when the details show no
+        certificate problem (a refused connection, a timeout: transient failures).
+    """
+    text = details.lower()
+    for marker, cause in _CERTIFICATE_FAILURES:
+        if marker in text:
+            return cause
+    return None

@@ -7,20 +7,21 @@ run it on everything they render. Each rule returns one sentence per offending o
 Rules: hardened containers (non-root, read-only root filesystem, no privilege escalation, all
 capabilities dropped, seccomp RuntimeDefault, resources set); no privileged, hostPath, host
 network/PID/IPC or host ports; no API token mounted; a default-deny NetworkPolicy in every
-namespace with lensemble pods; no NetworkPolicy rule open to every address; each participant data
-volume mounted only by its own trust domain's pods and never by the coordinator; no Secret
-objects and no key material in ConfigMaps; Pod Security Admission ``restricted`` on every
-namespace created; no ``latest`` image outside local.
+namespace with lensemble pods; no NetworkPolicy open to every address (no rule without peers,
+no ipBlocks that together cover all of IPv4 or IPv6, no empty namespaceSelector); each
+participant data volume mounted only by its own trust domain's pods and never by the
+coordinator; no Secret objects and no key material in ConfigMaps; Pod Security Admission
+``restricted`` on every namespace created; no ``latest`` image outside local.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from lensemble.config.schema import UNPINNED_TAG, LensembleConfig, unpinned_tag_refused
 from lensemble.errors import IntegrityError
-from lensemble.render.chart_values import OPEN_CIDRS
 from lensemble.render.names import COMPONENT_LABEL, TRUST_DOMAIN_LABEL
 
 Manifest = dict[str, Any]
@@ -136,20 +137,61 @@ def _default_deny(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator
         yield f"namespace {ns} runs lensemble pods but has no default-deny NetworkPolicy."
 
 
+def _network(cidr: object) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(str(cidr), strict=False)
+    except ValueError:
+        return None
+
+
+def covers_every_address(cidrs: Iterable[str]) -> bool:
+    """True when the CIDRs together cover all of IPv4 or all of IPv6.
+
+    ``except`` lists are left out on purpose: everyone but a few ranges is still everyone.
+    Unparsable entries are ignored here (:func:`_no_open_rules` reports them).
+    """
+    networks = [n for n in (_network(c) for c in cidrs) if n is not None]
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    return list(ipaddress.collapse_addresses(v4)) == [ipaddress.IPv4Network("0.0.0.0/0")] or list(
+        ipaddress.collapse_addresses(v6)
+    ) == [ipaddress.IPv6Network("::/0")]
+
+
 def _no_open_rules(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
     for doc in docs:
         if doc.get("kind") != "NetworkPolicy":
             continue
         spec = doc.get("spec") or {}
         for direction, peers_key in (("egress", "to"), ("ingress", "from")):
+            cidrs: list[str] = []
             for rule in spec.get(direction) or []:
                 peers = rule.get(peers_key)
                 if not peers:
                     yield f"{_name(doc)} has an {direction} rule open to every address."
                     continue
                 for peer in peers:
-                    if (peer.get("ipBlock") or {}).get("cidr") in OPEN_CIDRS:
-                        yield f"{_name(doc)} allows {direction} with {peer['ipBlock']['cidr']}."
+                    selector = peer.get("namespaceSelector")
+                    if selector is not None and not (
+                        (selector or {}).get("matchLabels")
+                        or (selector or {}).get("matchExpressions")
+                    ):
+                        yield (
+                            f"{_name(doc)} allows {direction} with an empty namespaceSelector "
+                            "(every namespace); name the namespace in matchLabels."
+                        )
+                    block = peer.get("ipBlock")
+                    if block is None:
+                        continue
+                    cidr = str((block or {}).get("cidr", ""))
+                    if _network(cidr) is None:
+                        yield f"{_name(doc)} allows {direction} with {cidr!r}, which is not a CIDR."
+                    cidrs.append(cidr)
+            if covers_every_address(cidrs):
+                yield (
+                    f"{_name(doc)} allows {direction} with ipBlocks that together cover every "
+                    f"address ({', '.join(cidrs)})."
+                )
 
 
 def _claims(spec: dict[str, Any]) -> list[str]:
