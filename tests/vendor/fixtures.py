@@ -6,6 +6,7 @@ simple index on 127.0.0.1, so the vendoring workflow runs end to end without the
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -84,7 +85,12 @@ def sdist_bytes(
     """A ``.tar.gz`` with one top-level ``<name>-<version>/`` folder, as build backends make."""
     buf = io.BytesIO()
     top = f"{name.replace('-', '_')}-{version}"
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    # gzip stamps the current time into its header unless told otherwise; a fixed mtime keeps
+    # the bytes (and so the sha256 a test compares) the same from one call to the next.
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         entries = [(f"{top}/{rel}", data) for rel, data in sorted(files.items())]
         if extra_member:
             entries.append((extra_member, b"x"))
