@@ -44,6 +44,7 @@ def test_every_alert_fires_on_its_scenario() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.integration  # one promtool run per alert: about 10 s on 2 cores
 @pytest.mark.parametrize("alert", [a["alert"] for a in _alerts()])
 def test_an_alert_that_never_fires_fails_its_scenario(alert: str, tmp_path: Path) -> None:
     data = yaml.safe_load(RULES.read_text())
