@@ -31,7 +31,10 @@ from tests.support.tools import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-ROUNDS = 6
+ROUNDS = 8
+#: Rounds long enough (75 inner steps) for several scrapes (every 5 s) during the run, and a
+#: round timeout that a loaded 2-core machine does not reach.
+ROUND_SETS = ["--set", "federation.inner_steps=75", "--set", "federation.round_timeout_s=120"]
 #: A sample scraped this close to a commit (seconds) may show either count.
 AMBIGUOUS_S = 0.5
 PARTICIPANTS = ["alpine", "coastal", "delta", "highland"]
@@ -131,7 +134,7 @@ def commit_times(project: str) -> list[tuple[float, int]]:
 
 
 def test_prometheus_sees_the_committed_rounds_and_every_participant(tmp_path: Path) -> None:
-    rounds = ["--set", f"federation.rounds={ROUNDS}", "--set", "federation.round_timeout_s=120"]
+    rounds = ["--set", f"federation.rounds={ROUNDS}", *ROUND_SETS]
     seen: dict[str, Any] = {}
     with stack(tmp_path, *rounds) as up:
         try:

@@ -96,7 +96,8 @@ def prometheus_service(networks: list[str], image: str = PROMETHEUS_IMAGE) -> di
         "pull_policy": "never",
         "profiles": [MONITORING_PROFILE],
         "read_only": True,
-        "tmpfs": ["/prometheus"],
+        # World-writable: the image runs as its own prometheus user, whose UID Debian picks.
+        "tmpfs": ["/prometheus:mode=1777"],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         "init": True,
