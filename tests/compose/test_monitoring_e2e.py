@@ -148,7 +148,8 @@ def test_prometheus_sees_the_committed_rounds_and_every_participant(tmp_path: Pa
                 seen["coordinator_up"] = prom.query('up{role="coordinator"}', at)
                 seen["rules"] = prom.get("/api/v1/rules")
 
-            code = up.run({"following": on_ready})
+            # Started as soon as the stack's networks exist, so it sees the whole run.
+            code = up.run({"containers in": on_ready})
             assert code == 0, "\n".join(up.lines[-40:])
             ledger = up.ledger
             commits = commit_times(up.project)
