@@ -88,6 +88,7 @@ def assert_monitoring(service: dict[str, Any], ids: set[str]) -> None:
     assert service["profiles"] == ["monitoring"]
     assert networks_of(service) == {"monitoring"} | {f"net-{p}" for p in ids}
     assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    assert int(str(service["user"]).split(":")[0]) != 0
     assert all(v["type"] == "bind" and v["read_only"] is True for v in service["volumes"])
     assert all(str(port).startswith("127.0.0.1:") for port in service["ports"])
 

@@ -22,6 +22,8 @@ MONITORING_NETWORK = "monitoring"
 #: Built by ``deploy/monitoring/Dockerfile`` on the Lensemble image's Debian base.
 PROMETHEUS_IMAGE = "lensemble-prometheus:bookworm"
 PROMETHEUS_PORT = 9090
+#: The image's prometheus user (``PROMETHEUS_UID`` of deploy/monitoring/Dockerfile).
+PROMETHEUS_UID = 990
 #: File names next to the Compose file, and where the container reads them.
 PROMETHEUS_CONFIG_NAME = "prometheus.yml"
 ALERTS_NAME = "alerts.yaml"
@@ -96,8 +98,9 @@ def prometheus_service(networks: list[str], image: str = PROMETHEUS_IMAGE) -> di
         "pull_policy": "never",
         "profiles": [MONITORING_PROFILE],
         "read_only": True,
-        # World-writable: the image runs as its own prometheus user, whose UID Debian picks.
-        "tmpfs": ["/prometheus:mode=1777"],
+        "user": f"{PROMETHEUS_UID}:{PROMETHEUS_UID}",
+        # Owned by that user: a tmpfs does not take the image folder's owner.
+        "tmpfs": [f"/prometheus:uid={PROMETHEUS_UID},gid={PROMETHEUS_UID}"],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         "init": True,
