@@ -111,14 +111,27 @@ def _compose(root: Path) -> dict[str, str]:
             command=COMMAND,
             source="config/local.yaml --set " + " --set ".join(overrides),
         )
-        return {
-            "compose.yaml": files.compose.read_text(encoding="utf-8"),
-            "lensemble.yaml": files.config.read_text(encoding="utf-8"),
-        }
+        written = [files.compose, files.config, files.prometheus, files.alerts]
+        return {path.name: path.read_text(encoding="utf-8") for path in written if path}
 
 
 def _compose_file(name: str) -> Callable[[Path], str]:
     return lambda root: _compose(root)[name]
+
+
+# ---------------------------------------------------------------------------- monitoring
+def _alert_rules(root: Path) -> str:
+    from lensemble.render.prometheus import alert_rules_text
+
+    return alert_rules_text()
+
+
+def _dashboard(root: Path) -> str:
+    if str(root) not in sys.path:  # tools/ is a checkout package, not installed
+        sys.path.insert(0, str(root))
+    from tools.dashboard import dashboard_text
+
+    return dashboard_text()
 
 
 # ----------------------------------------------------------------------------- gRPC stubs
@@ -156,6 +169,8 @@ REGISTRY: tuple[Generated, ...] = (
     Generated("docs/config-reference.md", _config_reference),
     Generated("charts/lensemble/values.schema.json", _values_schema),
     Generated("charts/lensemble/README.md", _chart_readme),
+    Generated("charts/lensemble/files/alerts.yaml", _alert_rules),
+    Generated("charts/lensemble/files/grafana-dashboard.json", _dashboard),
     *(
         Generated(f"deploy/kustomize/base/{env}/{name}", _base_file(env, name), ("helm",))
         for env in ENVIRONMENTS
@@ -164,6 +179,8 @@ REGISTRY: tuple[Generated, ...] = (
     Generated("deploy/kind/kind-cluster.yaml", _kind_cluster),
     Generated("deploy/compose/compose.yaml", _compose_file("compose.yaml")),
     Generated("deploy/compose/lensemble.yaml", _compose_file("lensemble.yaml")),
+    Generated("deploy/compose/prometheus.yml", _compose_file("prometheus.yml")),
+    Generated("deploy/compose/alerts.yaml", _compose_file("alerts.yaml")),
     *(
         Generated(f"{PROTO}/{name}", _stub(name))
         for name in ("lensemble_pb2.py", "lensemble_pb2.pyi", "lensemble_pb2_grpc.py")

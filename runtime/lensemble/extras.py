@@ -23,6 +23,7 @@ EXTRA_OF_IMPORT: dict[str, tuple[str, str]] = {
     "grpc_health": ("grpcio-health-checking", "train"),
     "google": ("protobuf", "train"),  # google.protobuf
     "prometheus_client": ("prometheus-client", "train"),
+    "pythonjsonlogger": ("python-json-logger", "train"),
     "pulumi": ("pulumi", "infra"),
     "pulumi_aws": ("pulumi-aws", "infra"),
     "pulumi_kubernetes": ("pulumi-kubernetes", "infra"),

@@ -546,7 +546,7 @@ def test_docker_engine_commands(tmp_path: Path) -> None:
         [*prefix, "up", "--no-start"],
         [*prefix, "up", "-d"],
         [*prefix, "ps", "-a", "-q", "coordinator"],
-        [*prefix, "down", "--remove-orphans", "--volumes"],
+        [*prefix, "--profile", "monitoring", "down", "--remove-orphans", "--volumes"],
     ]
     # Our deadline, not docker-compose 1.x's 60 s HTTP timeout, bounds a slow create.
     assert [kw["env"]["COMPOSE_HTTP_TIMEOUT"] for kw in run.kwargs[:2]] == ["120", "30"]

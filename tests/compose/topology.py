@@ -34,9 +34,9 @@ def assert_topology(compose: dict[str, Any], cfg: LensembleConfig) -> None:
     """Every property the issue asks of the Compose topology, for both profiles."""
     ids = set(cfg.participant_ids)
     n = len(ids)
-    services = compose["services"]
+    services = dict(compose["services"])
     assert set(compose.get("volumes", {})) == {"coordinator-state"} | {f"data-{p}" for p in ids}
-    assert set(compose.get("networks", {})) == {f"net-{p}" for p in ids}
+    assert set(compose.get("networks", {})) == {f"net-{p}" for p in ids} | {"monitoring"}
     # Every service belongs to a profile: nothing starts without choosing cpu or gpu.
     assert all(s.get("profiles") for s in services.values())
     for profile in PROFILES:
@@ -68,8 +68,10 @@ def assert_topology(compose: dict[str, Any], cfg: LensembleConfig) -> None:
             assert s["depends_on"] == {"coordinator": {"condition": "service_healthy"}}, name
         gpu_services = [k for k, s in participants.items() if _gpu_devices(s)]
         assert gpu_services == (sorted(participants) if profile == "gpu" else []), profile
-    for net in compose["networks"].values():
-        assert net["internal"] is True
+    for name, net in compose["networks"].items():
+        # Only Prometheus's own network has a route out (its published port, on loopback).
+        assert bool(net.get("internal")) is (name != "monitoring"), name
+    assert_monitoring(services.pop("prometheus"), ids)
     coordinator = services["coordinator"]
     test = coordinator["healthcheck"]["test"]
     assert test[:3] == ["CMD", "lensemble", "health"]
@@ -79,6 +81,16 @@ def assert_topology(compose: dict[str, Any], cfg: LensembleConfig) -> None:
     }
     for name, s in services.items():
         assert_hardened(name, s, cfg)
+
+
+def assert_monitoring(service: dict[str, Any], ids: set[str]) -> None:
+    """Prometheus: only in the monitoring profile, read-only, scraping every participant."""
+    assert service["profiles"] == ["monitoring"]
+    assert networks_of(service) == {"monitoring"} | {f"net-{p}" for p in ids}
+    assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
+    assert int(str(service["user"]).split(":")[0]) != 0
+    assert all(v["type"] == "bind" and v["read_only"] is True for v in service["volumes"])
+    assert all(str(port).startswith("127.0.0.1:") for port in service["ports"])
 
 
 def _gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:

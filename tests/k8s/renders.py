@@ -65,7 +65,8 @@ CASES: dict[str, Case] = {
         )
         for td in PROD_DOMAINS[:2]
     },
-    # Optional features on: cert-manager, ServiceMonitors, a confidential RuntimeClass.
+    # Optional features on: cert-manager, ServiceMonitors, alert rules, the dashboard, a
+    # confidential RuntimeClass.
     "helm-staging-features": Case(
         "staging",
         overrides=(
@@ -78,6 +79,8 @@ CASES: dict[str, Case] = {
                 {"certManager": {"enabled": True, "issuerRef": {"name": "lensemble-ca"}}},
             ),
             ("serviceMonitor", {"enabled": True, "labels": {"release": "prometheus"}}),
+            ("prometheusRule", {"enabled": True, "labels": {"release": "prometheus"}}),
+            ("grafanaDashboard", {"enabled": True}),
         ),
     ),
     # Several GPUs per participant with Kueue: one workload per participant pod.

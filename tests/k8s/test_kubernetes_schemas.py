@@ -20,6 +20,7 @@ from tests.support.tools import require
 CUSTOM_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 
 

@@ -6,6 +6,7 @@ Checked on the Helm output and on every overlay's output (the overlay must not b
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from lensemble.render.container import CONFIG_PATH, STATE_DIR, TLS_DIR
 from lensemble.render.helm_values import participants_by_trust_domain, pod_config
 from lensemble.render.k8s_policy import workloads
 from lensemble.render.names import participant_namespace
+from lensemble.render.prometheus import alert_rules_text
 from tests.k8s.renders import CASES, ENVS, config_of, render
 
 Docs = list[dict[str, Any]]
@@ -283,6 +285,18 @@ def test_optional_features_render_from_knobs() -> None:
     monitors = _of(docs, "ServiceMonitor")
     assert len(monitors) == len(cfg.trust_domains) + 1
     assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
+    roles = {m["spec"]["endpoints"][0]["relabelings"][0]["replacement"] for m in monitors}
+    assert roles == {"coordinator", "participant"}  # the label the alert rules select on
+    (rule,) = _of(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load(alert_rules_text())
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    dashboards = [
+        c for c in _of(docs, "ConfigMap") if "grafana_dashboard" in c["metadata"]["labels"]
+    ]
+    (dashboard,) = dashboards
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = dashboard["data"].values()
+    assert json.loads(text)["uid"] == "lensemble-federation"
     (deployment,) = _of(docs, "Deployment")
     _, spec = _pod(deployment)
     assert spec["runtimeClassName"] == "kata-cc-snp"

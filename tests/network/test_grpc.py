@@ -56,6 +56,21 @@ def test_mtls_run_commits_the_in_process_hash_chain(tmp_path: Path) -> None:
     assert live.result.records[0].bytes_down == 4 * len(theta0_payload)
     assert live.metrics.accepted._value.get() == 12
     assert live.metrics.bytes_out._value.get() == sum(r.bytes_down for r in live.result.records)
+    # The design's round metrics follow the ledger.
+    registry = live.metrics.registry
+    assert registry.get_sample_value("lensemble_model_version") == 3
+    assert registry.get_sample_value("lensemble_rounds_total", {"state": "closed"}) == 3
+    assert registry.get_sample_value("lensemble_serialize_seconds_count") == 3
+    assert registry.get_sample_value("lensemble_submission_deadline_margin_seconds_count") == 12
+    for pid in PARTICIPANTS:
+        labels = {"participant": pid}
+        assert registry.get_sample_value("lensemble_participant_missed_rounds", labels) == 0
+        assert registry.get_sample_value(
+            "lensemble_participant_last_seen_timestamp_seconds", labels
+        )
+    last = live.result.records[-1]
+    down = {"direction": "down", "quantization": last.quantization}
+    assert registry.get_sample_value("lensemble_round_payload_bytes", down) == last.bytes_down
 
 
 def test_token_auth_run_commits_the_same_chain_and_refuses_a_wrong_token(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ KNOWN_TOOLS = (
     "pypi",
     "pulumi",
     "worldmodel",
+    "promtool",
 )
 
 
@@ -92,6 +93,10 @@ def probe(tool: str) -> str | None:
             return f"the package index is unreachable ({exc})"
     if tool == "pulumi":
         return None if importlib.util.find_spec("pulumi") else "the [infra] extra is not installed"
+    if tool == "promtool":
+        if shutil.which("promtool") is None:
+            return "promtool is not on PATH (Debian: apt-get install prometheus)"
+        return None if _run_ok("promtool", "--version") else "promtool --version fails"
     if tool == "worldmodel":
         found = importlib.util.find_spec("stable_worldmodel")
         return None if found else "the [worldmodel] extra is not installed"

@@ -389,8 +389,10 @@ class ObservabilityConfig(_Section):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Minimum level written to stderr."
     )
-    log_format: Literal["json", "text"] = Field(
-        "text", description="stderr log format; containers use json."
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="stderr log format: auto is text on a terminal and JSON lines otherwise; "
+        "containers use json.",
     )
     metrics_path: str = Field(
         "/metrics", pattern=r"^/", description="HTTP path of the Prometheus endpoint."

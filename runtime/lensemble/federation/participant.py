@@ -41,12 +41,16 @@ class Contribution:
         payload_hash: ``sha256:<hex>`` of ``payload``.
         mean_loss: Mean inner loss (unitless).
         compute_s: Time in the inner steps (seconds).
+        serialize_s: Time quantizing and sealing the pseudo-gradient (seconds).
+        deserialize_s: Time decoding and verifying the global model (seconds).
     """
 
     payload: bytes
     payload_hash: str
     mean_loss: float
     compute_s: float
+    serialize_s: float = 0.0
+    deserialize_s: float = 0.0
 
 
 def verify_model_payload(
@@ -168,9 +172,11 @@ class Participant:
             PayloadError: The pseudo-gradient is not finite.
         """
         fed = self.config.federation
+        decode_start = time.perf_counter()
         global_params, _ = verify_model_payload(
             model_payload, opening.model_hash, self.architecture
         )
+        deserialize_s = time.perf_counter() - decode_start
         here = (opening.round_index, opening.attempt)
         if self._trained is not None and self._trained >= here:
             # The coordinator restarted and reopened a round this participant already trained:
@@ -179,6 +185,7 @@ class Participant:
         start = time.perf_counter()
         local = self.learner.train_round(global_params, opening.round_index, fed.inner_steps)
         compute_s = time.perf_counter() - start
+        encode_start = time.perf_counter()
         delta = pseudo_gradient(global_params, local.params)
         wire = quantize(delta, fed.quantization, fed.int8_chunk)
         metadata = {
@@ -193,7 +200,15 @@ class Participant:
             "compute_s": f"{compute_s:.6f}",
         }
         payload = self.guard.seal(wire, metadata)
+        serialize_s = time.perf_counter() - encode_start
         self._trained = here
         if self.states is not None:
             self.states.save(opening.round_index, opening.attempt, self.learner.inner_state())
-        return Contribution(payload, bytes_hash(payload), float(local.mean_loss), compute_s)
+        return Contribution(
+            payload,
+            bytes_hash(payload),
+            float(local.mean_loss),
+            compute_s,
+            serialize_s=serialize_s,
+            deserialize_s=deserialize_s,
+        )

@@ -93,6 +93,7 @@ class _Pending:
     submission: Submission
     compute_s: float
     done: threading.Event = field(default_factory=threading.Event)
+    received_at: float = 0.0
     outcome: Verdict | Rejection | None = None
 
 
@@ -146,6 +147,9 @@ class GrpcCoordinatorTransport:
         self._uploading: set[str] = set()
         self._down = self._up = 0
         self._compute = 0.0
+        self._decode_s = 0.0
+        self.metrics.federation(sorted(self.expected), config.federation.quorum)
+        self.metrics.model_version.set(next_round)
 
     # ------------------------------------------------------------ CoordinatorTransport
     def now(self) -> float:
@@ -189,8 +193,7 @@ class GrpcCoordinatorTransport:
             self._opening, self._payload = opening, model_payload
             self._accepted = {}
             self._cond.notify_all()
-        self.metrics.round_index.set(opening.round_index)
-        self.metrics.round_attempt.set(opening.attempt)
+        self.metrics.round_opened(opening.round_index, opening.attempt)
         event(
             _log,
             "round_opened",
@@ -222,6 +225,9 @@ class GrpcCoordinatorTransport:
                 self._pending[id(pending.submission)] = pending
                 self._up += len(pending.submission.payload)
                 self._compute = max(self._compute, pending.compute_s)
+                deadline = self._opening.deadline_s if self._opening else until_s
+            self.metrics.submission_arrived(pending.submission.sender, deadline - self.now())
+            pending.received_at = time.perf_counter()
             return pending.submission
 
     def reply(self, submission: Submission, verdict: Verdict) -> None:
@@ -230,6 +236,8 @@ class GrpcCoordinatorTransport:
             pending = self._pending.pop(id(submission), None)
             if verdict.reason == Reason.ACCEPTED:
                 self._accepted[submission.sender] = submission.payload_hash
+            if pending is not None:  # the coordinator decoded and checked it meanwhile
+                self._decode_s += time.perf_counter() - pending.received_at
         if pending is not None:
             pending.outcome = verdict
             pending.done.set()
@@ -242,12 +250,10 @@ class GrpcCoordinatorTransport:
             if record.state == "closed":
                 self._next_round = record.round + 1
             leftovers = self._drain()
+            decode_s, self._decode_s = self._decode_s, 0.0
         for pending in leftovers:
             self._refuse_pending(pending, Reason.CLOSED_ROUND.value, "the round closed first.")
-        self.metrics.rounds.labels(state=record.state).inc()
-        self.metrics.round_contributors.set(len(record.contributors))
-        self.metrics.round_duration.observe(record.wall_s)
-        self.metrics.round_non_compute.observe(record.non_compute_s)
+        self.metrics.round_closed(record, sorted(self.expected), deserialize_s=decode_s)
 
     def take_traffic(self) -> Traffic:
         """Model bytes streamed, update bytes received, and the slowest contributor's compute."""
@@ -349,6 +355,7 @@ class GrpcCoordinatorTransport:
             self._left.discard(participant_id)
             opening = self._opening
             self._cond.notify_all()
+            self.metrics.seen(participant_id)
             outcome = JoinOutcome(
                 True,
                 f"welcome, {participant_id}.",
@@ -359,7 +366,7 @@ class GrpcCoordinatorTransport:
                 opening is not None and participant_id in self._accepted,
                 self._final,
             )
-        self.metrics.participants_joined.set(len(self._joined - self._left))
+        self.metrics.set_joined(len(self._joined - self._left))
         if version != __version__:
             _log.warning(
                 "%s runs Lensemble %s, the coordinator %s; the config hashes match, continuing.",
@@ -393,7 +400,8 @@ class GrpcCoordinatorTransport:
         with self._cond:
             self._left.add(participant_id)
             self._cond.notify_all()
-        self.metrics.participants_joined.set(len(self._joined - self._left))
+        self.metrics.seen(participant_id)
+        self.metrics.set_joined(len(self._joined - self._left))
         event(_log, "left", f"{participant_id} left ({shown(reason)}).", participant=participant_id)
 
     def next_announcement(

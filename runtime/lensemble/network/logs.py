@@ -1,18 +1,25 @@
 """Process logs on stderr, as JSON lines or text (``observability.log_format``).
 
+One setup for every process role (coordinator, participant): :func:`configure`.
+``auto`` (the default) writes readable text when stderr is a terminal and JSON lines when it is
+not (a container, a pipe, a file); ``json`` and ``text`` force one. JSON lines are rendered by
+``python-json-logger`` and carry ``ts``, ``level``, ``logger``, ``message``, ``role``, ``run_id``
+(``run.name``), ``participant`` in a participant's process, and for structured events
+(``round_opened``, ``verdict``, ``round_closed``, ...) ``event`` and its fields (``round``,
+``attempt``, ``participant``, ...), so launchers and tests follow a run by reading JSON lines.
+
 Stdout carries exactly one line, the ready line (:mod:`lensemble.network.ready_announce`);
-everything else goes to stderr. Structured events (``round_opened``, ``verdict``,
-``round_closed``, ...) carry their fields, so launchers and tests follow a run by reading JSON
-lines.
+everything else goes to stderr.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import IO, Any
+
+from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
 from lensemble.config import LensembleConfig
 from lensemble.network.peer_text import one_line
@@ -20,30 +27,35 @@ from lensemble.network.peer_text import one_line
 ROOT_LOGGER = "lensemble"
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, role, event and its fields."""
+class JsonFormatter(_LibraryJsonFormatter):
+    """One JSON object per line: ts, level, logger, message, the static fields, event fields.
+
+    Args:
+        static: Fields every line carries (``role``, ``run_id``, ``participant``).
+    """
 
     def __init__(self, static: dict[str, Any]) -> None:
-        super().__init__()
-        self.static = static
+        super().__init__(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            static_fields=static,
+            json_default=str,
+            json_indent=None,
+        )
 
-    def format(self, record: logging.LogRecord) -> str:
-        """Render ``record`` as one compact JSON line."""
-        line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            **self.static,
-        }
-        event = getattr(record, "event", None)
-        if event:
-            line["event"] = event
-            line.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, separators=(",", ":"))
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        """Lead with the UTC time in milliseconds; lift an event's fields to the top level."""
+        log_data["ts"] = (
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z"
+        )
+        super().add_fields(log_data, record, message_dict)
+        fields = log_data.pop("fields", None)
+        if isinstance(fields, dict) and log_data.get("event"):
+            for key, value in fields.items():
+                log_data.setdefault(key, value)
 
 
 class TextFormatter(logging.Formatter):
@@ -58,15 +70,31 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+def wants_json(log_format: str, stream: IO[str]) -> bool:
+    """True when ``log_format`` is ``json``, or ``auto`` and ``stream`` is not a terminal."""
+    if log_format == "auto":
+        isatty = getattr(stream, "isatty", None)
+        return not (callable(isatty) and isatty())
+    return log_format == "json"
+
+
 def configure(config: LensembleConfig, role: str, participant_id: str | None = None) -> None:
-    """Send the ``lensemble`` loggers to stderr in the configured format and level."""
-    identity = participant_id or role
-    handler = logging.StreamHandler(sys.stderr)
-    if config.observability.log_format == "json":
-        static = {"role": role, **({"participant_id": participant_id} if participant_id else {})}
+    """Send the ``lensemble`` loggers to stderr in the configured format and level.
+
+    Args:
+        config: Gives ``observability.log_format``/``log_level`` and ``run.name`` (the run id).
+        role: ``coordinator`` or ``participant``.
+        participant_id: The participant of this process, if it is one.
+    """
+    stream = sys.stderr
+    handler = logging.StreamHandler(stream)
+    if wants_json(config.observability.log_format, stream):
+        static: dict[str, Any] = {"role": role, "run_id": config.run.name}
+        if participant_id:
+            static["participant"] = participant_id
         handler.setFormatter(JsonFormatter(static))
     else:
-        handler.setFormatter(TextFormatter(identity))
+        handler.setFormatter(TextFormatter(participant_id or role))
     root = logging.getLogger(ROOT_LOGGER)
     root.handlers[:] = [handler]
     root.setLevel(config.observability.log_level)

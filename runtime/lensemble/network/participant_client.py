@@ -536,7 +536,13 @@ class ParticipantLoop:
             except PayloadError as exc:
                 _log.error("skipping %s: %s", where, exc)
                 return None
-            self.metrics.compute.observe(contribution.compute_s)
+            self.metrics.contributed(
+                compute_s=contribution.compute_s,
+                serialize_s=contribution.serialize_s,
+                deserialize_s=contribution.deserialize_s,
+                inner_steps=self.config.federation.inner_steps,
+                mean_loss=contribution.mean_loss,
+            )
             event(
                 _log,
                 "trained",

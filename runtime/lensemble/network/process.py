@@ -206,7 +206,9 @@ class CoordinatorEvents:
         self._log = logging.getLogger("lensemble.network.rounds")
 
     def on_state(self, round_index: int, attempt: int, state: RoundState) -> None:
-        """Track the round state machine."""
+        """Track the round state machine (and time the attempt from its opening)."""
+        if state == RoundState.OPEN:
+            self.metrics.attempt_starting()
         self.metrics.round_state.state(state.value)
 
     def on_verdict(self, submission: Submission, verdict: Verdict) -> None:

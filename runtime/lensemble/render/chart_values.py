@@ -273,6 +273,28 @@ class ServiceMonitorValues(_Knobs):
     )
 
 
+class PrometheusRuleValues(_Knobs):
+    """A Prometheus Operator PrometheusRule with Lensemble's alert rules (docs/operations.md)."""
+
+    enabled: bool = Field(False, description="Render the PrometheusRule (needs the CRD).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels, e.g. the Prometheus rule selector."
+    )
+
+
+class GrafanaDashboardValues(_Knobs):
+    """The Grafana dashboard as a ConfigMap that Grafana's dashboard sidecar loads."""
+
+    enabled: bool = Field(False, description="Render the dashboard ConfigMap.")
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"grafana_dashboard": "1"},
+        description="Labels the sidecar selects ConfigMaps by (its default: grafana_dashboard).",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations, e.g. the sidecar's target folder."
+    )
+
+
 class PodSecurityValues(_Knobs):
     """Pod-level security context; containers are always hardened (restricted profile)."""
 
@@ -430,6 +452,8 @@ class ChartValues(_Knobs):
     namespaces: NamespacesValues = Field(default_factory=NamespacesValues)
     network_policy: NetworkPolicyValues = Field(default_factory=NetworkPolicyValues)
     service_monitor: ServiceMonitorValues = Field(default_factory=ServiceMonitorValues)
+    prometheus_rule: PrometheusRuleValues = Field(default_factory=PrometheusRuleValues)
+    grafana_dashboard: GrafanaDashboardValues = Field(default_factory=GrafanaDashboardValues)
     pod_security: PodSecurityValues = Field(default_factory=PodSecurityValues)
     tls: TLSValues = Field(default_factory=TLSValues)
     coordinator: CoordinatorValues = Field(default_factory=CoordinatorValues)

@@ -24,7 +24,10 @@ from the same ``LensembleConfig``. The rendered stack relies only on the process
   ``/etc/lensemble/tls``; the CA key is never mounted;
 - containers run as the image's non-root user (UID 10001) with a read-only root filesystem, a
   tmpfs ``/tmp``, no capabilities, restart on failure (bounded) and the CPU and memory limits of
-  ``deployment.resources``.
+  ``deployment.resources``;
+- the ``monitoring`` profile adds Prometheus (:mod:`lensemble.render.prometheus`): it joins
+  every participant's network to scrape the metrics ports, loads the alert rules, and publishes
+  its HTTP API on the host's loopback. Start it together with ``cpu`` or ``gpu``.
 
 Everything here is validated with Debian's ``docker-compose`` 1.29 as well as Compose v2, so it
 uses no newer syntax: in particular the project name is not in the file (1.29 rejects the
@@ -54,6 +57,15 @@ from lensemble.render.container import (
     container_config,
 )
 from lensemble.render.names import COORDINATOR as COORDINATOR_IDENTITY
+from lensemble.render.prometheus import (
+    ALERTS_NAME,
+    MONITORING_NETWORK,
+    PROMETHEUS,
+    PROMETHEUS_CONFIG_NAME,
+    alert_rules_text,
+    prometheus_config,
+    prometheus_service,
+)
 
 #: The coordinator's service name: its identity, so its certificate folder has the same name.
 COORDINATOR = COORDINATOR_IDENTITY
@@ -98,15 +110,19 @@ _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 @dataclass(frozen=True)
 class ComposeFiles:
-    """The two files one render writes.
+    """The files one render writes.
 
     Attributes:
         compose: The Compose file.
         config: The container config next to it, bind-mounted into every container.
+        prometheus: Prometheus's config (the ``monitoring`` profile), next to it.
+        alerts: The alert rules Prometheus loads, next to it.
     """
 
     compose: Path
     config: Path
+    prometheus: Path | None = None
+    alerts: Path | None = None
 
 
 # ------------------------------------------------------------------------------- the config
@@ -417,8 +433,12 @@ def render_compose(
                 gpus=participant_gpus if profile == "gpu" else 0,
                 **shared,
             )
+    services[PROMETHEUS] = prometheus_service(
+        [participant_network(pid) for pid in config.participant_ids]
+    )
+    services[PROMETHEUS]["labels"] = {LABEL_RUN: config.run.name, LABEL_ROLE: PROMETHEUS}
     run_label = {LABEL_RUN: config.run.name}
-    networks = {
+    networks: dict[str, Any] = {
         participant_network(pid): {
             # No route out: a participant talks to the coordinator and nothing else.
             "internal": True,
@@ -430,6 +450,8 @@ def render_compose(
         }
         for pid in config.participant_ids
     }
+    # Prometheus's own network: the only one with a route to the host (its published port).
+    networks[MONITORING_NETWORK] = {"labels": {**run_label, LABEL_ROLE: PROMETHEUS}}
     volumes: dict[str, Any] = {
         COORDINATOR_VOLUME: {"labels": {**run_label, LABEL_ROLE: COORDINATOR}}
     }
@@ -521,7 +543,26 @@ def write_compose(
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(compose_text(compose, header), encoding="utf-8")
     config_path.write_text(container_config_text(config, config_header), encoding="utf-8")
-    return ComposeFiles(compose=output, config=config_path)
+    prometheus_path = output.parent / PROMETHEUS_CONFIG_NAME
+    prometheus_path.write_text(prometheus_config_text(config, config_header[:1]), encoding="utf-8")
+    alerts_path = output.parent / ALERTS_NAME
+    alerts_path.write_text(alert_rules_text(), encoding="utf-8")
+    return ComposeFiles(
+        compose=output, config=config_path, prometheus=prometheus_path, alerts=alerts_path
+    )
+
+
+def prometheus_config_text(config: LensembleConfig, header: Sequence[str] = ()) -> str:
+    """``prometheus.yml`` of the ``monitoring`` profile: it scrapes every service of the stack."""
+    hosts = {
+        pid: [participant_service(pid, profile) for profile in PROFILES]
+        for pid in config.participant_ids
+    }
+    mapping = prometheus_config(config, COORDINATOR, hosts)
+    lines = [*header, "Prometheus of the Compose `monitoring` profile. Do not edit."]
+    return _comment(lines) + yaml.dump(
+        mapping, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=100
+    )
 
 
 def compose_header(
@@ -551,5 +592,7 @@ def compose_header(
     lines += [
         f"  docker compose -p {project} --profile cpu up -d",
         f"  docker compose -p {project} --profile cpu down",
+        "Add `--profile monitoring` for Prometheus with the alert rules (its image:",
+        "deploy/monitoring/Dockerfile; `docker compose port prometheus 9090` gives its address).",
     ]
     return lines

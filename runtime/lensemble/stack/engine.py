@@ -317,8 +317,18 @@ class DockerComposeEngine:
             return None
 
     def down(self, *, volumes: bool) -> None:
-        """Remove the stack's containers and networks; its volumes too when ``volumes``."""
-        args = self._compose_args("down", "--remove-orphans", *(["--volumes"] if volumes else []))
+        """Remove the stack's containers and networks; its volumes too when ``volumes``.
+
+        The ``monitoring`` profile is named too: a Prometheus started beside the stack shares
+        its networks, which could not be removed while it runs.
+        """
+        args = self._compose_args(
+            "--profile",
+            "monitoring",
+            "down",
+            "--remove-orphans",
+            *(["--volumes"] if volumes else []),
+        )
         self._call(
             args, what=f"tear down the Compose project '{self.project}'", timeout=COMPOSE_TIMEOUT_S
         )
