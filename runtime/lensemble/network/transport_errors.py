@@ -19,6 +19,10 @@ BAD_CREDENTIALS = "bad_credentials"
 STALE_SESSION = "stale_session"
 SHUTTING_DOWN = "shutting_down"
 BUSY = "busy"
+#: The participant already holds ``network.max_calls_per_participant`` calls (or an upload).
+TOO_MANY_CALLS = "too_many_calls"
+#: The call ran past its server-side deadline and was cancelled.
+CALL_DEADLINE = "call_deadline"
 
 
 class CoordinatorUnreachable(LensembleError):
