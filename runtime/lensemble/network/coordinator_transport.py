@@ -195,8 +195,8 @@ class GrpcCoordinatorTransport:
             self._opening, self._payload = opening, model_payload
             self._accepted = {}
             self._judged = set()
-            self._absence = {}
             self._missed = {p for p in self.expected if not self._live(p)}
+            self._absence = {p: self._why_absent(p) for p in self._missed}
             self._cond.notify_all()
         self.metrics.round_index.set(opening.round_index)
         self.metrics.round_attempt.set(opening.attempt)
@@ -287,6 +287,12 @@ class GrpcCoordinatorTransport:
             participant, 0.0
         )
 
+    def _why_absent(self, participant: str) -> str:
+        """Ledger reason of a participant not present at an opening (caller holds the lock)."""
+        if participant in self._left:
+            return "left"
+        return "disconnected" if participant in self._joined else "not_joined"
+
     def _nobody_to_wait_for(self) -> bool:
         """True when the open attempt may close now: every live participant judged, quorum met."""
         with self._cond:
@@ -295,7 +301,7 @@ class GrpcCoordinatorTransport:
             for participant in self.expected - self._missed - self._judged:
                 if not self._live(participant):
                     self._missed.add(participant)
-                    self._absence.setdefault(participant, "disconnected")
+                    self._absence.setdefault(participant, self._why_absent(participant))
             waiting = self.expected - self._missed - self._judged
             done = not waiting and len(self._accepted) >= self.quorum
         if done:
@@ -366,8 +372,10 @@ class GrpcCoordinatorTransport:
     def absence_reasons(self) -> dict[str, str]:
         """Why participants missing from the open (or just closed) attempt are missing.
 
-        ``disconnected`` (its presence stream broke) or a transport refusal reason such as
-        ``too_large``; participants not listed simply did not submit in time.
+        ``disconnected`` (its presence stream broke, or it was gone at the opening),
+        ``not_joined``, ``left``, ``joined_late`` (it joined while the attempt was open and
+        contributes from the next), or a transport refusal such as ``too_large``. Participants
+        not listed were present and simply did not submit in time.
         """
         with self._cond:
             return dict(self._absence)
@@ -459,6 +467,7 @@ class GrpcCoordinatorTransport:
             self._grace_until[participant_id] = self.now() + self.grace_s
             if self._opening is not None and participant_id not in self._judged:
                 self._missed.add(participant_id)
+                self._absence.setdefault(participant_id, "joined_late")
             opening = self._opening
             self._cond.notify_all()
             outcome = JoinOutcome(
@@ -504,6 +513,7 @@ class GrpcCoordinatorTransport:
             self._left.add(participant_id)
             if self._opening is not None and participant_id not in self._judged:
                 self._missed.add(participant_id)
+                self._absence.setdefault(participant_id, "joined_late")
                 self._absence.setdefault(participant_id, "left")
             self._cond.notify_all()
         self.metrics.participants_joined.set(len(self._joined - self._left))
