@@ -384,7 +384,8 @@ class NetworkConfig(_Section):
         3600.0,
         gt=0.0,
         description="The coordinator recycles every connection after this age (seconds); calls "
-        "in flight get rpc_timeout_s more, and clients reconnect transparently.",
+        "in flight get a presence window (half this age, at most 60 s) plus two rpc_timeout_s "
+        "to finish, and clients reconnect on their own.",
     )
 
 
