@@ -17,7 +17,6 @@ runs against another checkout's code with ``PYTHONPATH=<checkout>/runtime:<check
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
 import tempfile
@@ -77,8 +76,10 @@ def coordinator() -> None:
                         data = chunk[: min(len(chunk), total - sent)]
                         first = sent == 0
                         sent += len(data)
-                        yield pb.UpdateChunk(header=header, data=data) if first else pb.UpdateChunk(
-                            data=data
+                        yield (
+                            pb.UpdateChunk(header=header, data=data)
+                            if first
+                            else pb.UpdateChunk(data=data)
                         )
 
                 metadata = (("lensemble-participant", "alpha"),)
@@ -123,7 +124,6 @@ def assembler(mib: int) -> None:
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
     ratio = float(out.stdout.decode().strip())
     print(f"assembler, {mib} MiB payload: peak RSS growth {ratio:.2f} x the payload")
-    del resource
 
 
 def main() -> None:
