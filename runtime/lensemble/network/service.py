@@ -141,8 +141,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         # must name the same participant.
         caller = claimed_participant(context)
         if claimed != caller:
+            unknown = claimed not in self.auth.participants
             rejection = Rejection(
-                nerr.BAD_CREDENTIALS,
+                Reason.UNKNOWN_PARTICIPANT.value if unknown else nerr.BAD_CREDENTIALS,
                 f"the call is authenticated as participant {caller!r} but its request names "
                 f"{claimed[:64]!r}.",
                 self.transport.collecting_round,
