@@ -45,7 +45,14 @@ def coordinator() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        mapping = network_mapping(tmp, rounds=1, round_timeout_s=600, join_timeout_s=600)
+        mapping = network_mapping(
+            tmp,
+            rounds=1,
+            round_timeout_s=600,
+            join_timeout_s=600,
+            participants=[{"id": "alpha"}],
+            quorum=1,
+        )
         mapping["network"]["rpc_timeout_s"] = 120
         path, config = write_config(tmp, mapping)
         with federation(tmp, path) as fed:

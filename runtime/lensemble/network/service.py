@@ -52,8 +52,8 @@ def call_policy(config: LensembleConfig) -> CallPolicy:
 
     Unary calls and the start of an upload get ``rpc_timeout_s``; a watch one more than its
     window; a presence stream one more than its window; an upload is extended once its header
-    declares the size (see :meth:`CoordinatorService.SubmitUpdate`); a model download gets
-    ``rpc_timeout_s`` per chunk of the largest model this run can serve.
+    declares the size (see :meth:`CoordinatorService.SubmitUpdate`), and a model download once
+    the model's size is known, both to ``rpc_timeout_s`` per chunk plus one.
     """
     net = config.network
     return CallPolicy(
@@ -222,6 +222,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 self.transport.collecting_round,
             )
             self._abort(context, rejection, rpc="FetchModel")
+        # One deadline per chunk, as the participant allows itself (a large model over a
+        # slow link takes many).
+        extend_deadline(
+            context, self.rpc_timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
+        )
         for index, view in enumerate(chunks(payload, self.chunk_bytes)):
             if not context.is_active():
                 return
