@@ -43,10 +43,6 @@ SPARE_THREADS = 8
 SINGLE_CALLS = frozenset({"SubmitUpdate", "Join", "Presence"})
 
 
-class _Refused(Exception):
-    """The call was ended with a status (``context.abort`` raised)."""
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """The guard's limits.
@@ -163,11 +159,6 @@ class Allowances:
             if self._calls[participant] <= 0:
                 del self._calls[participant]
             self._single.discard((participant, method))
-
-    def held(self, participant: str) -> int:
-        """Calls ``participant`` holds now."""
-        with self._lock:
-            return self._calls[participant]
 
 
 def claimed_participant(context: Any) -> str:
