@@ -227,16 +227,20 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
     _, config = write_config(tmp_path, mapping)
     honest: list[ParticipantThread] = []
     with LiveCoordinator(config) as live:
-        honest = [ParticipantThread(config, pid) for pid in ("bravo", "charlie", "delta")]
+        honest = [ParticipantThread(config, pid) for pid in ("bravo", "charlie")]
+        # delta is present but submits only after the fuzz: a round closes as soon as every
+        # present participant was judged, and the fuzz gets alpha judged (rejected) at once.
+        late = CoordinatorClient(config, "delta")
         client = CoordinatorClient(config, "alpha")
         present = threading.Event()
         try:
-            assert client.join().accepted
-            # Present like a real participant: the round waits for alpha's update.
-            threading.Thread(target=client.hold_presence, args=(present,), daemon=True).start()
+            # Present like real participants: the round waits for their updates.
+            for joining in (client, late):
+                assert joining.join().accepted
+                threading.Thread(target=joining.hold_presence, args=(present,), daemon=True).start()
             announcement = client.watch((-1, 1 << 30))
             assert announcement is not None and announcement.round_index == 0
-            _wait(lambda: live.metrics.accepted._value.get() == 3)  # the honest three are in
+            _wait(lambda: live.metrics.accepted._value.get() == 2)  # bravo and charlie are in
             payload = client.fetch(announcement)
             opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 600)
             alpha = Participant(
@@ -271,6 +275,11 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             assert live.thread.is_alive() and live.coordinator.version == 0
             reply = client.submit(opening, contribution)
             assert reply.accepted and reply.reason == "accepted"
+            delta = Participant(
+                config, "delta", QuadraticLearner("delta", 3), manifest(initial_params(3))
+            )
+            reply = late.submit(opening, delta.contribute(opening, late.fetch(announcement)))
+            assert reply.accepted and reply.reason == "accepted"
             live.thread.join(30)
             assert live.error is None and live.result is not None
             # After the commit: a resend of the counted bytes is an idempotent duplicate, other
@@ -289,6 +298,7 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
         finally:
             present.set()
             client.close()
+            late.close()
             for h in honest:
                 h.close()
     # The committed hash equals an in-process run of the same config and seed.

@@ -77,8 +77,9 @@ class Deadlines:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Any]] = []
-        self._armed: dict[int, float] = {}
+        # The heap holds (when, handle) only: a disarmed call's context is released at once.
+        self._heap: list[tuple[float, int]] = []
+        self._armed: dict[int, tuple[float, Any]] = {}
         self._ids = itertools.count()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="rpc-deadlines", daemon=True)
@@ -94,8 +95,8 @@ class Deadlines:
         """Move the deadline of ``handle`` to ``seconds`` from now."""
         when = time.monotonic() + seconds
         with self._cond:
-            self._armed[handle] = when
-            heapq.heappush(self._heap, (when, handle, context))
+            self._armed[handle] = (when, context)
+            heapq.heappush(self._heap, (when, handle))
             self._cond.notify()
 
     def disarm(self, handle: int) -> None:
@@ -117,10 +118,11 @@ class Deadlines:
                     return
                 now = time.monotonic()
                 while self._heap and self._heap[0][0] <= now:
-                    when, handle, context = heapq.heappop(self._heap)
-                    if self._armed.get(handle) == when:  # not disarmed, not extended
+                    when, handle = heapq.heappop(self._heap)
+                    armed = self._armed.get(handle)
+                    if armed is not None and armed[0] == when:  # not disarmed, not extended
                         del self._armed[handle]
-                        due.append(context)
+                        due.append(armed[1])
                 timeout = self._heap[0][0] - now if self._heap else None
                 if not due:
                     self._cond.wait(timeout)
