@@ -182,24 +182,14 @@ class CallGuard(grpc.ServerInterceptor):  # type: ignore[misc]
         policy: Limits and deadlines.
         refuse: Ends a call: ``refuse(context, reason, message, status, method)`` aborts it
             with the reason in the trailing metadata (and counts it); it raises.
-        on_end: Called with ``(participant, method, broken)`` when a call ends; ``broken`` is
-            True when it ended before its handler returned (the peer went away, or the
-            deadline cancelled it).
     """
 
-    def __init__(
-        self,
-        authenticator: Authenticator,
-        policy: CallPolicy,
-        refuse: Refuse,
-        on_end: Callable[[str, str, bool], None] | None = None,
-    ) -> None:
+    def __init__(self, authenticator: Authenticator, policy: CallPolicy, refuse: Refuse) -> None:
         self.auth = authenticator
         self.policy = policy
         self.allowances = Allowances(policy.per_participant)
         self.deadlines = Deadlines()
         self._refuse = refuse
-        self._on_end = on_end or (lambda participant, method, broken: None)
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         """Wrap the method's handler (runs on gRPC's polling thread: cheap checks only)."""
@@ -225,7 +215,7 @@ class CallGuard(grpc.ServerInterceptor):  # type: ignore[misc]
         unary_request = not handler.request_streaming
         behaviour = _behaviour(handler)
 
-        def admit(request_iterator: Iterator[Any], context: Any) -> tuple[Any, Callable[[], None]]:
+        def admit(request_iterator: Iterator[Any], context: Any) -> Any:
             refusal = self.auth.check(claimed, context.auth_context(), metadata)
             if refusal is not None:
                 self._refuse(
@@ -241,51 +231,40 @@ class CallGuard(grpc.ServerInterceptor):  # type: ignore[misc]
                     context, nerr.TOO_MANY_CALLS, why, grpc.StatusCode.RESOURCE_EXHAUSTED, method
                 )
             handle = self.deadlines.arm(context, self.policy.deadline_of(method))
-            state = {"ended": False, "returned": False}
-            lock = threading.Lock()
+            ended = threading.Event()
 
             def end() -> None:
-                with lock:
-                    if state["ended"]:
-                        return
-                    state["ended"] = True
+                if ended.is_set():
+                    return
+                ended.set()
                 self.deadlines.disarm(handle)
                 self.allowances.give_back(claimed, method)
-                self._on_end(claimed, method, not state["returned"])
-
-            def returned() -> None:
-                state["returned"] = True
 
             if not context.add_callback(end):
                 end()
             context.lensemble_deadline = (self.deadlines, handle)
-            argument: Any = request_iterator
-            if unary_request:
-                argument = next(request_iterator, None)
-                if argument is None:
-                    self._refuse(
-                        context,
-                        "bad_request",
-                        f"the {method} call carried no request message.",
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        method,
-                    )
-            return argument, returned
+            if not unary_request:
+                return request_iterator
+            request = next(request_iterator, None)
+            if request is None:
+                self._refuse(
+                    context,
+                    "bad_request",
+                    f"the {method} call carried no request message.",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    method,
+                )
+            return request
 
         if handler.response_streaming:
 
             def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
-                argument, returned = admit(request_iterator, context)
-                yield from behaviour(argument, context)
-                returned()
+                yield from behaviour(admit(request_iterator, context), context)
 
             return streaming
 
         def unary(request_iterator: Iterator[Any], context: Any) -> Any:
-            argument, returned = admit(request_iterator, context)
-            reply = behaviour(argument, context)
-            returned()
-            return reply
+            return behaviour(admit(request_iterator, context), context)
 
         return unary
 

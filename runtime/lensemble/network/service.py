@@ -360,21 +360,33 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Hold the participant's presence for one window (see ``Presence`` in the proto).
 
         The transport counts the participant present while a stream is open; a stream that
-        breaks (the guard's ``on_end`` with ``broken``) marks it absent at once.
+        ends before its window is over (the participant's side went away) marks it absent at
+        once.
         """
         self._authorize(context, request.participant_id, "Presence")
         self._check_session(context, request.session, "Presence")
         transport = self.transport
         pid = request.participant_id
-        transport.presence_opened(pid)
         gone = threading.Event()
-        context.add_callback(gone.set)
+        window_over = threading.Event()
+
+        def closed() -> None:
+            # Runs once when the call ends, however it ends: before the window was over means
+            # the participant's side went away.
+            gone.set()
+            transport.presence_closed(pid, broken=not window_over.is_set())
+
+        transport.presence_opened(pid)
+        if not context.add_callback(closed):
+            closed()
+            return
         end = transport.now() + self.presence_window_s
         beat_s = max(0.5, transport.config.network.keepalive_s)
-        while not gone.is_set() and not transport.stopping:
+        while not gone.is_set():
             yield pb.PresenceBeat(collecting_round=transport.collecting_round)
             remaining = end - transport.now()
-            if remaining <= 0:
+            if remaining <= 0 or transport.stopping:
+                window_over.set()
                 return
             gone.wait(min(beat_s, remaining))
 
@@ -443,11 +455,7 @@ def start_coordinator_server(
     ) -> None:
         service.refuse(context, reason, message, status, method)
 
-    def on_end(participant: str, method: str, broken: bool) -> None:
-        if method == "Presence":
-            transport.presence_closed(participant, broken)
-
-    guard = CallGuard(authenticator, policy, refuse, on_end)
+    guard = CallGuard(authenticator, policy, refuse)
     size = pool_size(len(transport.expected), policy.per_participant)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="rpc"),
