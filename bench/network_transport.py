@@ -43,7 +43,7 @@ from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.ledger import Ledger
 from lensemble.federation.messages import Reason, RoundOpening, Verdict
 from lensemble.federation.participant import Contribution, Participant
-from lensemble.federation.payload import bytes_hash, manifest
+from lensemble.federation.payload import TensorSpec, bytes_hash, manifest
 from lensemble.learner import LocalRound
 from lensemble.network.certs import init_certs
 from lensemble.network.launcher import LocalFederation, free_port
@@ -173,6 +173,8 @@ def serve(config_path: Path, payload_bytes: int) -> None:
         server_credentials(config),
         host="127.0.0.1",
         port=config.network.port,
+        # Updates as large as the served payload (random bytes standing for float32 values).
+        architecture={"payload": TensorSpec("payload", (payload_bytes // 4 + 1,), torch.float32)},
     )
     payload = os.urandom(payload_bytes)
     opening = RoundOpening(0, 0, 0, bytes_hash(payload), time.monotonic() + 3600)

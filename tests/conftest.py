@@ -37,6 +37,9 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("network/test_processes.py", "e2e"),  # coordinator and participants as processes
     ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
     ("network/test_multihost.py", "e2e"),  # processes in network namespaces
+    ("adversarial/test_network_idle_streams.py", "e2e"),  # a hostile client vs processes
+    ("adversarial/test_network_dead_participant.py", "e2e"),  # SIGKILL during a run
+    ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
     ("network/test_parity.py", "integration"),  # both transports under the same faults
     ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport

@@ -256,11 +256,14 @@ def test_a_crashed_participant_restarts_and_a_cut_network_rejoins(tmp_path: Path
     assert all(len(set(r["contributors"])) == len(r["contributors"]) >= 3 for r in closed)
     # The crashed participant rejoined and contributes again after its restart.
     assert "alpine" in closed[-1]["contributors"]
-    # Cut off, coastal missed at least one round (by timeout); reconnected, it contributed again.
+    # Cut off, coastal missed at least one round; reconnected, it contributed again.
     missed = [r["round"] for r in closed if "coastal" in r["excluded"]]
     assert missed and min(missed) >= 3, ledger
     assert any("coastal" in r["contributors"] for r in closed if r["round"] > max(missed))
-    assert all(reason == "timeout" for r in closed for reason in r["excluded"].values())
+    # A crash breaks the connection (absent at once); a cut link is noticed by keepalive or
+    # the round's deadline.
+    reasons = {reason for r in closed for reason in r["excluded"].values()}
+    assert reasons <= {"timeout", "disconnected"}, ledger
     # The same chain as the simulation with the same exclusions.
     assert [r["model_hash"] for r in closed] == simulated_chain(
         tmp_path / "sim", *rounds, faults=drops(ledger)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +28,9 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
+from lensemble.network.call_guard import PARTICIPANT_KEY
 from lensemble.network.participant_client import CoordinatorClient, coordinator_target
+from lensemble.network.payload_limits import wire_bytes
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
@@ -42,7 +45,8 @@ from tests.support.network import (
 )
 
 STREAMS = 10_000
-MAX_BYTES = 64 * 1024
+#: The coordinator's update cap: the test model's wire size plus header room.
+MAX_BYTES = wire_bytes(manifest(initial_params(3)))
 Stream = list[pb.UpdateChunk]
 Expectation = tuple[grpc.StatusCode, str]
 
@@ -196,7 +200,7 @@ async def _fuzz(config: LensembleConfig, mutator: Mutator, rng: random.Random) -
         for i in range(STREAMS):
             kind = KINDS[i % len(KINDS)] if i < len(KINDS) else rng.choice(KINDS)
             stream, (code, reason) = mutator.make(kind, rng)
-            call = stub.SubmitUpdate(timeout=10)
+            call = stub.SubmitUpdate(timeout=10, metadata=((PARTICIPANT_KEY, "alpha"),))
             try:
                 for chunk in stream:
                     await call.write(chunk)
@@ -219,18 +223,24 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
         round_timeout_s=600,
         join_timeout_s=600,
     )
-    mapping["network"]["max_message_bytes"] = MAX_BYTES
     mapping["network"]["chunk_bytes"] = 4096
     _, config = write_config(tmp_path, mapping)
     honest: list[ParticipantThread] = []
     with LiveCoordinator(config) as live:
-        honest = [ParticipantThread(config, pid) for pid in ("bravo", "charlie", "delta")]
+        honest = [ParticipantThread(config, pid) for pid in ("bravo", "charlie")]
+        # delta is present but submits only after the fuzz: a round closes as soon as every
+        # present participant was judged, and the fuzz gets alpha judged (rejected) at once.
+        late = CoordinatorClient(config, "delta")
         client = CoordinatorClient(config, "alpha")
+        present = threading.Event()
         try:
-            assert client.join().accepted
+            # Present like real participants: the round waits for their updates.
+            for joining in (client, late):
+                assert joining.join().accepted
+                threading.Thread(target=joining.hold_presence, args=(present,), daemon=True).start()
             announcement = client.watch((-1, 1 << 30))
             assert announcement is not None and announcement.round_index == 0
-            _wait(lambda: live.metrics.accepted._value.get() == 3)  # the honest three are in
+            _wait(lambda: live.metrics.accepted._value.get() == 2)  # bravo and charlie are in
             payload = client.fetch(announcement)
             opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 600)
             alpha = Participant(
@@ -265,6 +275,11 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             assert live.thread.is_alive() and live.coordinator.version == 0
             reply = client.submit(opening, contribution)
             assert reply.accepted and reply.reason == "accepted"
+            delta = Participant(
+                config, "delta", QuadraticLearner("delta", 3), manifest(initial_params(3))
+            )
+            reply = late.submit(opening, delta.contribute(opening, late.fetch(announcement)))
+            assert reply.accepted and reply.reason == "accepted"
             live.thread.join(30)
             assert live.error is None and live.result is not None
             # After the commit: a resend of the counted bytes is an idempotent duplicate, other
@@ -273,7 +288,7 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             assert again.accepted and again.reason == "duplicate"
             stream, _ = mutator.make("nan_inf", rng)
             try:
-                client.stub.SubmitUpdate(iter(stream), timeout=10)
+                client.stub.SubmitUpdate(iter(stream), timeout=10, metadata=client.metadata)
             except grpc.RpcError as exc:
                 trailing = dict(exc.trailing_metadata() or ())
                 assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -281,7 +296,9 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             else:
                 raise AssertionError("an update for a closed round was accepted")
         finally:
+            present.set()
             client.close()
+            late.close()
             for h in honest:
                 h.close()
     # The committed hash equals an in-process run of the same config and seed.

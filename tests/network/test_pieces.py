@@ -213,7 +213,7 @@ def test_chunks_cover_the_payload_exactly() -> None:
 
 
 def test_max_message_bytes_is_enforced_before_and_while_buffering() -> None:
-    with pytest.raises(TooLarge, match="declares 2049 bytes, above network.max_message_bytes"):
+    with pytest.raises(TooLarge, match="declares 2049 bytes, above the 2048-byte cap"):
         Assembler(2049, 2048, "the update")
     assembler = Assembler(100, 2048, "the update")
     assembler.add(b"x" * 60)

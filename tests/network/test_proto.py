@@ -15,4 +15,5 @@ def test_service_has_the_contracted_rpcs() -> None:
         "FetchModel": (False, True),
         "SubmitUpdate": (True, False),
         "Leave": (False, False),
+        "Presence": (False, True),
     }

@@ -105,6 +105,7 @@ class LiveCoordinator:
             server_credentials(config),
             host="127.0.0.1",
             port=config.network.port,
+            architecture=self.coordinator.architecture,
         )
         self.result: Any = None
         self.error: BaseException | None = None
@@ -149,7 +150,7 @@ class ParticipantThread:
         participant = Participant(
             config, pid, QuadraticLearner(pid, config.run.root_seed), manifest(theta0), output_dir
         )
-        self.client = CoordinatorClient(config, pid, token=token)
+        self.client = CoordinatorClient(config, pid, token=token, architecture=manifest(theta0))
         self.loop = ParticipantLoop(config, participant, self.client)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"participant-{pid}", daemon=True)

@@ -186,8 +186,13 @@ def _run_network(
     """Coordinator and participants as processes on loopback (simulation.local_processes)."""
     from rich.console import Console
 
+    from lensemble.federation.payload import manifest
+    from lensemble.model.inner_loop import initial_global_parameters
+    from lensemble.network.payload_limits import payload_limits
     from lensemble.simulation.local_processes import run_local_processes
 
+    # A message cap below the model's wire size is refused here (exit 2), before any process.
+    payload_limits(cfg, manifest(initial_global_parameters(cfg)))
     err = Console(stderr=True)
     fed = cfg.federation
     err.print(

@@ -356,11 +356,13 @@ class NetworkConfig(_Section):
         description="Path to the bearer token (participant) or to the 'id token' lines of every "
         "participant (coordinator); '{identity}' as for TLS paths. Tokens never go in the config.",
     )
-    max_message_bytes: int = Field(
-        512 * MiB,
+    max_message_bytes: int | None = Field(
+        None,
         ge=1024,
-        description="Largest payload (bytes) accepted in one FetchModel or SubmitUpdate stream; "
-        "enforced before buffering.",
+        description="Upper bound (bytes) on one FetchModel or SubmitUpdate payload, enforced "
+        "before buffering. Unset: derived from the global model's wire size for "
+        "federation.quantization plus header room; a value may only lower that cap, and one "
+        "below the model's wire size is refused at start.",
     )
     chunk_bytes: int = Field(
         1 * MiB,
@@ -379,6 +381,35 @@ class NetworkConfig(_Section):
     )
     metrics_port: int = Field(
         9090, ge=1, le=65535, description="Prometheus /metrics HTTP port (TCP)."
+    )
+    max_calls_per_participant: int = Field(
+        4,
+        ge=3,
+        le=64,
+        description="Concurrent RPCs one authenticated participant may hold on the coordinator "
+        "(count; at most one of them an update upload); the coordinator reserves this many "
+        "handler threads per participant, so no participant can starve another.",
+    )
+    keepalive_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="HTTP/2 keepalive ping interval (seconds) of both sides; a peer that does "
+        "not answer a ping within keepalive_s is disconnected (the coordinator then counts a "
+        "participant absent at once).",
+    )
+    max_connection_idle_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="The coordinator closes a connection that carried no call for this long "
+        "(seconds).",
+    )
+    max_connection_age_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="The coordinator recycles every connection after this age (seconds); calls "
+        "in flight get a presence window (half this age, at most 60 s) plus two rpc_timeout_s "
+        "to finish, and clients reconnect on their own.",
     )
 
 

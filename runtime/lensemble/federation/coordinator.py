@@ -497,6 +497,11 @@ class Coordinator:
             if submission is None:
                 break
             transport.reply(submission, self.accept(submission))
+        # A transport may know why an absent participant is absent (its connection broke, it
+        # sent an oversized stream): the ledger names that instead of "timeout".
+        absence = getattr(transport, "absence_reasons", None)
+        for pid, why in (absence() if absence is not None else {}).items():
+            col.rejected.setdefault(pid, why)
         self._collection = None
         self._closed = ClosedAttempt(t, attempt, dict(col.hashes))
         traffic = transport.take_traffic()

@@ -6,6 +6,14 @@ transport. gRPC handler threads (:class:`CoordinatorService`) never touch the co
 authenticate the caller, stream payloads in and out, and hand each complete submission to the
 coordinator's thread through a queue, then wait (with a deadline) for its verdict.
 
+Liveness: every joined participant holds a ``Presence`` stream open. A participant whose stream
+breaks (its process died, its connection or keepalive failed) is absent at once; one whose
+stream ended normally has ``rpc_timeout_s`` to open the next. :meth:`receive` ends the
+collection of an attempt as soon as every participant still present has been judged and quorum
+is reached: nobody waits ``round_timeout_s`` for a dead participant. A participant absent at any
+moment of an attempt is not waited for in it, even when it rejoins meanwhile (it contributes
+from the next opening).
+
 What the transport decides on its own, before the coordinator sees anything (so a hostile or
 broken participant costs at most ``network.max_message_bytes`` of memory and never stalls a
 round): the caller's identity (``PERMISSION_DENIED``), the coordinator session
@@ -64,6 +72,7 @@ STATUS_OF_REASON: dict[str, grpc.StatusCode] = {
     Reason.TOO_LARGE.value: grpc.StatusCode.RESOURCE_EXHAUSTED,
     nerr.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     nerr.BUSY: grpc.StatusCode.UNAVAILABLE,
+    nerr.TOO_MANY_CALLS: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -150,6 +159,14 @@ class GrpcCoordinatorTransport:
         self._decode_s = 0.0
         self.metrics.federation(sorted(self.expected), config.federation.quorum)
         self.metrics.model_version.set(next_round)
+        # Liveness (see the module docstring).
+        self._present: dict[str, int] = {}
+        self._grace_until: dict[str, float] = {}
+        self._missed: set[str] = set()
+        self._judged: set[str] = set()
+        self._absence: dict[str, str] = {}
+        self.grace_s = config.network.rpc_timeout_s
+        self.quorum = config.federation.quorum
 
     # ------------------------------------------------------------ CoordinatorTransport
     def now(self) -> float:
@@ -192,6 +209,9 @@ class GrpcCoordinatorTransport:
             self._check_stop()
             self._opening, self._payload = opening, model_payload
             self._accepted = {}
+            self._judged = set()
+            self._missed = {p for p in self.expected if not self._live(p)}
+            self._absence = {p: self._why_absent(p) for p in self._missed}
             self._cond.notify_all()
         self.metrics.round_opened(opening.round_index, opening.attempt)
         event(
@@ -217,6 +237,8 @@ class GrpcCoordinatorTransport:
             remaining = until_s - self.now()
             if remaining <= 0:
                 return None
+            if self._queue.empty() and self._nobody_to_wait_for():
+                return None
             try:
                 pending = self._queue.get(timeout=min(POLL_S, remaining))
             except queue.Empty:
@@ -238,6 +260,9 @@ class GrpcCoordinatorTransport:
                 self._accepted[submission.sender] = submission.payload_hash
             if pending is not None:  # the coordinator decoded and checked it meanwhile
                 self._decode_s += time.perf_counter() - pending.received_at
+            if submission.sender in self.expected:
+                self._judged.add(submission.sender)
+            self._cond.notify_all()
         if pending is not None:
             pending.outcome = verdict
             pending.done.set()
@@ -269,6 +294,108 @@ class GrpcCoordinatorTransport:
             self._final = True
             self._cond.notify_all()
         event(_log, "run_over", "all rounds committed; participants may leave.")
+
+    # -------------------------------------------------------------------------- liveness
+    def _live(self, participant: str) -> bool:
+        """Present now (caller holds the lock): joined, not left, a presence stream or grace."""
+        if participant not in self._joined or participant in self._left:
+            return False
+        return self._present.get(participant, 0) > 0 or self.now() < self._grace_until.get(
+            participant, 0.0
+        )
+
+    def _why_absent(self, participant: str) -> str:
+        """Ledger reason of a participant not present at an opening (caller holds the lock)."""
+        if participant in self._left:
+            return "left"
+        return "disconnected" if participant in self._joined else "not_joined"
+
+    def _nobody_to_wait_for(self) -> bool:
+        """True when the open attempt may close now: every live participant judged, quorum met."""
+        with self._cond:
+            if self._opening is None:
+                return False
+            for participant in self.expected - self._missed - self._judged:
+                if not self._live(participant):
+                    self._missed.add(participant)
+                    self._absence.setdefault(participant, self._why_absent(participant))
+            waiting = self.expected - self._missed - self._judged
+            done = not waiting and len(self._accepted) >= self.quorum
+        if done:
+            event(
+                _log,
+                "collection_complete",
+                f"every present participant of round {self._opening_round()} was judged; "
+                "closing without waiting for the absent.",
+                absent=sorted(self._missed - self._judged),
+            )
+        return done
+
+    def _opening_round(self) -> int:
+        opening = self._opening
+        return opening.round_index if opening is not None else self._next_round
+
+    def presence_opened(self, participant: str) -> None:
+        """A presence stream of ``participant`` opened."""
+        with self._cond:
+            self._present[participant] = self._present.get(participant, 0) + 1
+            self._cond.notify_all()
+
+    def presence_closed(self, participant: str, broken: bool) -> None:
+        """A presence stream ended; ``broken``: it did not end at its window (peer gone).
+
+        A broken stream makes the participant absent at once (unless another stream of it is
+        open); a stream that ended at its window gives ``rpc_timeout_s`` to open the next.
+        """
+        with self._cond:
+            left = self._present.get(participant, 0) - 1
+            if left > 0:
+                self._present[participant] = left
+                return
+            self._present.pop(participant, None)
+            if not broken:
+                self._grace_until[participant] = self.now() + self.grace_s
+                return
+            self._grace_until.pop(participant, None)
+            if participant in self._left:
+                return  # it said goodbye first: a closed stream is expected
+            opening = self._opening
+            if opening is not None and participant not in self._judged:
+                self._missed.add(participant)
+                self._absence.setdefault(participant, "disconnected")
+            self._cond.notify_all()
+        event(
+            _log,
+            "absent",
+            f"{participant}'s connection broke; counted absent until it joins again.",
+            logging.WARNING,
+            participant=participant,
+        )
+
+    def upload_refused(self, participant: str, round_index: int, attempt: int, reason: str) -> None:
+        """The transport refused an upload of ``participant`` for good (it will not resend).
+
+        The open attempt no longer waits for it, and its ledger entry can name ``reason``.
+        """
+        with self._cond:
+            opening = self._opening
+            if opening is None or (opening.round_index, opening.attempt) != (round_index, attempt):
+                return
+            if participant in self.expected and participant not in self._accepted:
+                self._judged.add(participant)
+                self._absence[participant] = reason
+                self._cond.notify_all()
+
+    def absence_reasons(self) -> dict[str, str]:
+        """Why participants missing from the open (or just closed) attempt are missing.
+
+        ``disconnected`` (its presence stream broke, or it was gone at the opening),
+        ``not_joined``, ``left``, ``joined_late`` (it joined while the attempt was open and
+        contributes from the next), or a transport refusal such as ``too_large``. Participants
+        not listed were present and simply did not submit in time.
+        """
+        with self._cond:
+            return dict(self._absence)
 
     # ------------------------------------------------------------------- process control
     def request_stop(self) -> None:
@@ -353,6 +480,12 @@ class GrpcCoordinatorTransport:
             rejoin = participant_id in self._joined
             self._joined.add(participant_id)
             self._left.discard(participant_id)
+            # Present until its presence stream opens; an open attempt it was absent from
+            # still does not wait for it (it contributes from the next opening).
+            self._grace_until[participant_id] = self.now() + self.grace_s
+            if self._opening is not None and participant_id not in self._judged:
+                self._missed.add(participant_id)
+                self._absence.setdefault(participant_id, "joined_late")
             opening = self._opening
             self._cond.notify_all()
             self.metrics.seen(participant_id)
@@ -399,6 +532,9 @@ class GrpcCoordinatorTransport:
         """Record that a participant left."""
         with self._cond:
             self._left.add(participant_id)
+            if self._opening is not None and participant_id not in self._judged:
+                self._missed.add(participant_id)
+                self._absence.setdefault(participant_id, "left")
             self._cond.notify_all()
         self.metrics.seen(participant_id)
         self.metrics.set_joined(len(self._joined - self._left))

@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -38,15 +38,18 @@ from lensemble.config.hashing import canonical_json, hashed_view
 from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, PayloadError
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
+from lensemble.federation.payload import TensorSpec
 from lensemble.network import transport_errors as nerr
 from lensemble.network.backoff import Backoff
+from lensemble.network.call_guard import PARTICIPANT_KEY
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
+from lensemble.network.payload_limits import payload_limits
 from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
-from lensemble.network.service import keepalive_ms, message_options
+from lensemble.network.service import keepalive_ms, message_options, presence_window_s
 from lensemble.network.streams import Assembler, chunk_count, chunks
 from lensemble.network.transport_errors import (
     AccessDenied,
@@ -115,6 +118,8 @@ def classify(exc: grpc.RpcError) -> CallError:
         current = -1
     if reason == nerr.STALE_SESSION:
         kind = Failure.STALE_SESSION
+    elif reason == nerr.TOO_MANY_CALLS:
+        kind = Failure.TRANSIENT  # its own earlier calls still end on the coordinator
     elif code == grpc.StatusCode.PERMISSION_DENIED:
         kind = Failure.DENIED
     elif code == grpc.StatusCode.FAILED_PRECONDITION:
@@ -142,9 +147,15 @@ class CoordinatorClient:
         participant_id: This participant.
         token: Bearer token (``auth: token``), else None.
         metrics: Where to count bytes in and out.
+        architecture: The global model's parameters (name -> spec): caps a model download at
+            its wire size (:mod:`lensemble.network.payload_limits`). None: the cap is
+            ``network.max_message_bytes``, else the size the coordinator announces.
 
     Attributes:
         session: The coordinator session of the last accepted Join ("" before).
+
+    Raises:
+        ConfigError: ``network.max_message_bytes`` is below the model's wire size.
     """
 
     def __init__(
@@ -154,6 +165,7 @@ class CoordinatorClient:
         *,
         token: str | None = None,
         metrics: Metrics | None = None,
+        architecture: Mapping[str, TensorSpec] | None = None,
     ) -> None:
         self.config = config
         self.id = participant_id
@@ -184,10 +196,20 @@ class CoordinatorClient:
         net = config.network
         self.timeout_s = net.rpc_timeout_s
         self.chunk_bytes = net.chunk_bytes
-        self.max_bytes = net.max_message_bytes
+        self.max_bytes: int | None = (
+            payload_limits(config, architecture).model_bytes
+            if architecture is not None
+            else net.max_message_bytes
+        )
+        # Every call names its participant, so the coordinator authenticates it before
+        # reading any request (see lensemble.network.call_guard).
+        self.metadata = ((PARTICIPANT_KEY, participant_id),)
+        self._presence_call: Any = None
+        self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (ending a held presence stream)."""
+        self.end_presence()
         self.channel.close()
 
     def join(self) -> pb.JoinReply:
@@ -200,6 +222,7 @@ class CoordinatorClient:
                 software_version=__version__,
             ),
             timeout=self.timeout_s,
+            metadata=self.metadata,
         )
         if reply.accepted:
             self.session = reply.session
@@ -215,6 +238,7 @@ class CoordinatorClient:
                 after_attempt=after[1],
             ),
             timeout=self.timeout_s,
+            metadata=self.metadata,
         )
         try:
             for announcement in call:
@@ -237,13 +261,15 @@ class CoordinatorClient:
                 participant_id=self.id, session=self.session, model_hash=announcement.model_hash
             ),
             timeout=deadline,
+            metadata=self.metadata,
         )
         assembler: Assembler | None = None
         try:
             for chunk in call:
                 if assembler is None:
                     what = f"the model of round {announcement.round_index}"
-                    assembler = Assembler(chunk.total_bytes, self.max_bytes, what)
+                    limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
+                    assembler = Assembler(chunk.total_bytes, limit, what)
                 assembler.add(chunk.data)
                 self.metrics.bytes_in.inc(len(chunk.data))
         finally:
@@ -277,7 +303,9 @@ class CoordinatorClient:
                 )
 
         deadline = self.timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
-        reply: pb.SubmitReply = self.stub.SubmitUpdate(stream(), timeout=deadline)
+        reply: pb.SubmitReply = self.stub.SubmitUpdate(
+            stream(), timeout=deadline, metadata=self.metadata
+        )
         return reply
 
     def leave(self, reason: str) -> None:
@@ -286,9 +314,47 @@ class CoordinatorClient:
             self.stub.Leave(
                 pb.LeaveRequest(participant_id=self.id, session=self.session, reason=reason),
                 timeout=min(self.timeout_s, 5.0),
+                metadata=self.metadata,
             )
         except grpc.RpcError as exc:
             _log.info("could not say goodbye to the coordinator (%s).", classify(exc))
+
+    def hold_presence(self, stop: threading.Event) -> None:
+        """Keep a Presence stream open until ``stop`` is set (run it in its own thread).
+
+        Each stream lasts one window; the next opens at once. A failed stream is retried
+        after a short pause (the main loop handles rejoining and giving up).
+        """
+        window = presence_window_s(self.config)
+        while not stop.is_set():
+            call = self.stub.Presence(
+                pb.PresenceRequest(participant_id=self.id, session=self.session),
+                timeout=window + 2 * self.timeout_s,
+                metadata=self.metadata,
+            )
+            with self._lock:
+                self._presence_call = call
+            if stop.is_set():
+                call.cancel()
+                return
+            try:
+                for _beat in call:
+                    if stop.is_set():
+                        break
+            except grpc.RpcError as exc:
+                error = classify(exc)
+                if error.reason != "cancelled":
+                    _log.debug("presence stream ended (%s); opening another.", error)
+                stop.wait(min(1.0, self.timeout_s))
+            finally:
+                call.cancel()
+
+    def end_presence(self) -> None:
+        """Cancel the presence stream held by :meth:`hold_presence` (if any)."""
+        with self._lock:
+            call, self._presence_call = self._presence_call, None
+        if call is not None:
+            call.cancel()
 
 
 class ParticipantLoop:
@@ -461,6 +527,22 @@ class ParticipantLoop:
                 pseudo-gradient (fails closed).
         """
         self.join()
+        done = threading.Event()
+        presence = threading.Thread(
+            target=self.client.hold_presence,
+            args=(done,),
+            name=f"{self.client.id}-presence",
+            daemon=True,
+        )
+        presence.start()
+        try:
+            self._rounds()
+        finally:
+            done.set()
+            self.client.end_presence()
+            presence.join(self.client.timeout_s)
+
+    def _rounds(self) -> None:
         while True:
             self._check_stop()
             try:

@@ -44,6 +44,7 @@ from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics, MetricsServer
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from lensemble.network.payload_limits import payload_limits
 from lensemble.network.peer_text import shown
 from lensemble.network.ready_announce import StdoutGuard, ready_line
 from lensemble.network.security import (
@@ -289,6 +290,8 @@ def run_coordinator(
         warn_if_insecure(config)
         _check_certificates(config, COORDINATOR_IDENTITY)
         fed, net = config.federation, config.network
+        # Refuses a network.max_message_bytes below the model's wire size before any write.
+        payload_limits(config, global_architecture(initial_params))
         coordinator = Coordinator(
             config,
             initial_params,
@@ -315,6 +318,7 @@ def run_coordinator(
             server_credentials(config),
             host=net.listen_host,
             port=net.port if ports.port is None else ports.port,
+            architecture=coordinator.architecture,
         )
         harness.health.set_ready(True)
         harness.announce_ready(f"{net.listen_host}:{port}")
@@ -383,14 +387,19 @@ def run_participant(
                 Path(str(identity_path(tls.cert_file, participant_id))), participant_id
             )
         token = participant_token(config, participant_id)
+        architecture = global_architecture(initial_params)
+        # Refuses a network.max_message_bytes below the model's wire size before any work.
+        payload_limits(config, architecture)
         participant = Participant(
+            config, participant_id, learner_factory(), architecture, Path(config.run.output_dir)
+        )
+        client = CoordinatorClient(
             config,
             participant_id,
-            learner_factory(),
-            global_architecture(initial_params),
-            Path(config.run.output_dir),
+            token=token,
+            metrics=harness.metrics,
+            architecture=architecture,
         )
-        client = CoordinatorClient(config, participant_id, token=token, metrics=harness.metrics)
 
         def on_ready(ready: bool) -> None:
             harness.health.set_ready(ready)

@@ -237,17 +237,22 @@ class Authenticator:
         claimed: str,
         auth_context: Mapping[str, Collection[bytes]],
         metadata: Mapping[str, str],
+        *,
+        certificate: bool = True,
     ) -> Refusal | None:
         """None when the caller may act as ``claimed``, else why not.
 
         Args:
-            claimed: The participant id in the request.
+            claimed: The participant id the call claims.
             auth_context: ``context.auth_context()`` of the call.
             metadata: The call's invocation metadata (lower-case keys).
+            certificate: False skips the client-certificate check (the metadata-only check that
+                runs before a call gets a handler thread; the full check follows in it).
         """
         if claimed not in self.participants:
-            return Refusal("unknown_participant", f"'{claimed}' is not a participant of this run.")
-        if self.client_certs:
+            shown = repr(claimed[:64]) if claimed else "no participant id"
+            return Refusal("unknown_participant", f"{shown} is not a participant of this run.")
+        if self.client_certs and certificate:
             names = self.certificate_names(auth_context)
             if claimed not in names:
                 shown = ", ".join(sorted(names)) or "no verified certificate"

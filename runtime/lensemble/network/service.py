@@ -8,7 +8,8 @@ the call with a gRPC status plus the trailing metadata ``lensemble-reason`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from concurrent import futures
 from typing import Any, NoReturn
 
@@ -18,19 +19,52 @@ from lensemble import __version__
 from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
 from lensemble.federation.messages import Reason, Submission, Verdict
+from lensemble.federation.payload import TensorSpec
 from lensemble.network import transport_errors as nerr
+from lensemble.network.call_guard import (
+    CallGuard,
+    CallPolicy,
+    claimed_participant,
+    extend_deadline,
+    pool_size,
+)
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
 from lensemble.network.health import NO_REUSEPORT, bind_port
+from lensemble.network.payload_limits import payload_limits
 from lensemble.network.peer_text import JOIN_LIMITS, oversized_field
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import Authenticator
-from lensemble.network.streams import Assembler, TooLarge, chunks, grpc_message_limit
+from lensemble.network.streams import Assembler, TooLarge, chunk_count, chunks, grpc_message_limit
 
 
 def keepalive_ms(config: LensembleConfig) -> int:
-    """Participants' keepalive ping interval (ms): half the RPC deadline, at least 1 s."""
-    return max(1000, int(config.network.rpc_timeout_s * 500))
+    """Keepalive ping interval and ping-answer timeout (ms) of both sides: ``keepalive_s``."""
+    return max(1000, int(config.network.keepalive_s * 1000))
+
+
+def presence_window_s(config: LensembleConfig) -> float:
+    """How long one Presence stream lasts before the participant opens the next (seconds)."""
+    return max(1.0, min(60.0, config.network.max_connection_age_s / 2))
+
+
+def call_policy(config: LensembleConfig) -> CallPolicy:
+    """Server-side deadlines of every RPC (seconds) and the per-participant allowance.
+
+    Unary calls and the start of an upload get ``rpc_timeout_s``; a watch one more than its
+    window; a presence stream one more than its window; an upload is extended once its header
+    declares the size (see :meth:`CoordinatorService.SubmitUpdate`), and a model download once
+    the model's size is known, both to ``rpc_timeout_s`` per chunk plus one.
+    """
+    net = config.network
+    return CallPolicy(
+        per_participant=net.max_calls_per_participant,
+        deadline_s={
+            "WatchRounds": net.rpc_timeout_s * 1.5,
+            "Presence": presence_window_s(config) + net.rpc_timeout_s,
+        },
+        default_deadline_s=net.rpc_timeout_s,
+    )
 
 
 class _Aborted(Exception):
@@ -52,13 +86,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     Args:
         transport: The coordinator transport the handlers feed.
         authenticator: Decides who a caller is.
+        update_limit: Largest update payload accepted (bytes; see
+            :mod:`lensemble.network.payload_limits`).
     """
 
-    def __init__(self, transport: GrpcCoordinatorTransport, authenticator: Authenticator) -> None:
+    def __init__(
+        self, transport: GrpcCoordinatorTransport, authenticator: Authenticator, update_limit: int
+    ) -> None:
         self.transport = transport
         self.auth = authenticator
         net = transport.config.network
-        self.max_bytes = net.max_message_bytes
+        self.max_bytes = update_limit
+        self.presence_window_s = presence_window_s(transport.config)
         self.chunk_bytes = net.chunk_bytes
         self.rpc_timeout_s = net.rpc_timeout_s
         # A watch stream ends on its own well within the caller's deadline; the caller
@@ -66,6 +105,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.watch_window_s = net.rpc_timeout_s / 2
 
     # ------------------------------------------------------------------------------ helpers
+    def refuse(
+        self, context: Any, reason: str, message: str, status: grpc.StatusCode, rpc: str
+    ) -> NoReturn:
+        """End a call refused by the call guard (counted like every refusal)."""
+        self.transport.metrics.refused_calls.labels(rpc=rpc, reason=reason).inc()
+        context.set_trailing_metadata(
+            (
+                (nerr.REASON_KEY, reason),
+                (nerr.CURRENT_ROUND_KEY, str(self.transport.collecting_round)),
+            )
+        )
+        context.abort(status, message)
+        raise _Aborted
+
     def _abort(
         self, context: Any, rejection: Rejection, *, rpc: str, count: bool = True
     ) -> NoReturn:
@@ -85,11 +138,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         raise _Aborted  # context.abort always raises; this keeps type checkers honest
 
     def _authorize(self, context: Any, claimed: str, rpc: str) -> None:
-        refusal = self.auth.check(
-            claimed, context.auth_context(), dict(context.invocation_metadata())
-        )
-        if refusal is not None:
-            rejection = Rejection(refusal.reason, refusal.message, self.transport.collecting_round)
+        # The call guard authenticated the id the call claims in its metadata; the request
+        # must name the same participant.
+        caller = claimed_participant(context)
+        if claimed != caller:
+            unknown = claimed not in self.auth.participants
+            rejection = Rejection(
+                Reason.UNKNOWN_PARTICIPANT.value if unknown else nerr.BAD_CREDENTIALS,
+                f"the call is authenticated as participant {caller!r} but its request names "
+                f"{claimed[:64]!r}.",
+                self.transport.collecting_round,
+            )
             self._abort(context, rejection, rpc=rpc)
 
     def _check_session(self, context: Any, session: str, rpc: str) -> None:
@@ -169,6 +228,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 self.transport.collecting_round,
             )
             self._abort(context, rejection, rpc="FetchModel")
+        # One deadline per chunk, as the participant allows itself (a large model over a
+        # slow link takes many).
+        extend_deadline(
+            context, self.rpc_timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
+        )
         for index, view in enumerate(chunks(payload, self.chunk_bytes)):
             if not context.is_active():
                 return
@@ -199,6 +263,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._check_session(context, header.session, rpc)
         quantization = transport.config.federation.quantization
         if header.quantization != quantization:
+            transport.upload_refused(
+                header.participant_id, header.round_index, header.attempt, Reason.BAD_PAYLOAD.value
+            )
             rejection = Rejection(
                 Reason.BAD_PAYLOAD.value,
                 f"the update is quantized as {header.quantization!r}, the run uses "
@@ -212,6 +279,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if isinstance(early, Verdict):
             transport.metrics.verdict(True, early.reason.value)
             return self._reply(early)
+        # The header declares the size: the call may now take one deadline per chunk, plus
+        # one for the coordinator's verdict.
+        chunks_expected = chunk_count(min(header.total_bytes, self.max_bytes), self.chunk_bytes)
+        extend_deadline(context, self.rpc_timeout_s * (chunks_expected + 2))
         if not transport.begin_upload(header.participant_id):
             rejection = Rejection(
                 nerr.BUSY,
@@ -244,9 +315,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         header = first.header
         what = f"the update of {header.participant_id} for round {header.round_index}"
         current = self.transport.collecting_round
+
+        def refused(reason: str) -> None:
+            self.transport.upload_refused(
+                header.participant_id, header.round_index, header.attempt, reason
+            )
+
         try:
             assembler = Assembler(header.total_bytes, self.max_bytes, what)
         except TooLarge as exc:
+            refused(Reason.TOO_LARGE.value)
             self._abort(
                 context, Rejection(Reason.TOO_LARGE.value, str(exc), current), rpc="SubmitUpdate"
             )
@@ -256,10 +334,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 if chunk.HasField("header"):
                     raise PayloadError(f"{what} carries a second header chunk.")
                 assembler.add(chunk.data)
-            return assembler.finish()
+            payload = assembler.finish()
         except PayloadError as exc:
+            refused(Reason.BAD_PAYLOAD.value)
             rejection = Rejection(Reason.BAD_PAYLOAD.value, str(exc), current)
             self._abort(context, rejection, rpc="SubmitUpdate")
+        if assembler.payload_hash != header.payload_hash:
+            # Hashed while streaming: a corrupt upload never reaches the coordinator's queue.
+            refused(Reason.HASH_MISMATCH.value)
+            rejection = Rejection(
+                Reason.HASH_MISMATCH.value,
+                f"payload hashes to {assembler.payload_hash[:19]}..., the sender declared "
+                f"{header.payload_hash[:19]}...",
+                current,
+            )
+            self._abort(context, rejection, rpc="SubmitUpdate")
+        return payload
 
     @staticmethod
     def _reply(verdict: Verdict) -> pb.SubmitReply:
@@ -276,6 +366,68 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.transport.leave(request.participant_id, request.reason or "no reason given")
         return pb.LeaveReply()
 
+    def Presence(self, request: pb.PresenceRequest, context: Any) -> Iterator[pb.PresenceBeat]:
+        """Hold the participant's presence for one window (see ``Presence`` in the proto).
+
+        The transport counts the participant present while a stream is open; a stream that
+        ends before its window is over (the participant's side went away) marks it absent at
+        once.
+        """
+        self._authorize(context, request.participant_id, "Presence")
+        self._check_session(context, request.session, "Presence")
+        transport = self.transport
+        pid = request.participant_id
+        gone = threading.Event()
+        window_over = threading.Event()
+
+        def closed() -> None:
+            # Runs once when the call ends, however it ends: before the window was over means
+            # the participant's side went away.
+            gone.set()
+            transport.presence_closed(pid, broken=not window_over.is_set())
+
+        transport.presence_opened(pid)
+        if not context.add_callback(closed):
+            closed()
+            return
+        end = transport.now() + self.presence_window_s
+        beat_s = max(0.5, transport.config.network.keepalive_s)
+        while not gone.is_set():
+            yield pb.PresenceBeat(collecting_round=transport.collecting_round)
+            remaining = end - transport.now()
+            if remaining <= 0 or transport.stopping:
+                window_over.set()
+                return
+            gone.wait(min(beat_s, remaining))
+
+
+def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
+    """The coordinator server's gRPC options: message size, keepalive, connection limits."""
+    net = config.network
+    ping_ms = keepalive_ms(config)
+    return [
+        NO_REUSEPORT,
+        *message_options(config),
+        # Ping every client; one that does not answer within keepalive_s is disconnected, which
+        # cancels its calls (and marks the participant absent).
+        ("grpc.keepalive_time_ms", ping_ms),
+        ("grpc.keepalive_timeout_ms", ping_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Accept the participants' own keepalive pings (the default refuses pings more often
+        # than every 5 minutes and closes the connection).
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", min(ping_ms, 5000) // 2),
+        ("grpc.http2.max_ping_strikes", 0),
+        # A connection with no call is closed; every connection is recycled after an age,
+        # calls in flight getting one more RPC deadline (longer than a presence window).
+        ("grpc.max_connection_idle_ms", int(net.max_connection_idle_s * 1000)),
+        ("grpc.max_connection_age_ms", int(net.max_connection_age_s * 1000)),
+        (
+            "grpc.max_connection_age_grace_ms",
+            int((presence_window_s(config) + 2 * net.rpc_timeout_s) * 1000),
+        ),
+    ]
+
 
 def start_coordinator_server(
     transport: GrpcCoordinatorTransport,
@@ -284,8 +436,9 @@ def start_coordinator_server(
     *,
     host: str,
     port: int,
+    architecture: Mapping[str, TensorSpec],
 ) -> tuple[Any, int]:
-    """Serve :class:`CoordinatorService` on ``host:port``.
+    """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
 
     Args:
         transport: The coordinator transport.
@@ -293,28 +446,33 @@ def start_coordinator_server(
         credentials: ``grpc.ServerCredentials``, or None for plaintext (``tls.enabled: false``).
         host: Bind address (``network.listen_host``).
         port: TCP port; 0 picks a free one.
+        architecture: The global model's parameters (name -> spec): sets the update cap.
 
     Returns:
         ``(server, bound port)``; the server is started.
 
     Raises:
         UsageError: The address cannot be bound.
+        ConfigError: ``network.max_message_bytes`` is below the model's wire size.
     """
-    n = len(transport.expected)
+    config = transport.config
+    limits = payload_limits(config, architecture)
+    service = CoordinatorService(transport, authenticator, limits.update_bytes)
+    policy = call_policy(config)
+
+    def refuse(
+        context: Any, reason: str, message: str, status: grpc.StatusCode, method: str
+    ) -> None:
+        service.refuse(context, reason, message, status, method)
+
+    guard = CallGuard(authenticator, policy, refuse)
+    size = pool_size(len(transport.expected), policy.per_participant)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=3 * n + 8, thread_name_prefix="rpc"),
-        options=[
-            NO_REUSEPORT,
-            *message_options(transport.config),
-            # Accept the participants' keepalive pings (the default refuses pings more often
-            # than every 5 minutes and closes the connection).
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
-            ("grpc.http2.max_ping_strikes", 0),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ],
-        maximum_concurrent_rpcs=3 * n + 8,
+        futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="rpc"),
+        interceptors=[guard],
+        options=server_options(config),
+        maximum_concurrent_rpcs=size,
     )
-    service = CoordinatorService(transport, authenticator)
     pb_grpc.add_CoordinatorServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = bind_port(server, target, credentials, "the coordinator's gRPC service")

@@ -1,13 +1,16 @@
 """Chunked payload streams with a hard size limit enforced before anything is buffered.
 
 Payloads (safetensors bytes) travel as a sequence of chunks of ``network.chunk_bytes``. The
-receiver knows the declared total from the first chunk and refuses at once when it exceeds
-``network.max_message_bytes``; it then refuses as soon as the bytes received exceed the declared
-total, so it never holds more than ``min(declared, limit)`` bytes of one stream.
+receiver knows the declared total from the first chunk and refuses at once when it exceeds its
+cap (:mod:`lensemble.network.payload_limits`); it then refuses as soon as the bytes received
+exceed the declared total, so it never holds more than ``min(declared, limit)`` bytes of one
+stream.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 from collections.abc import Iterator
 
 from lensemble.errors import PayloadError
@@ -19,7 +22,7 @@ MIN_MESSAGE_LIMIT = 4 * 1024 * 1024
 
 
 class TooLarge(PayloadError):
-    """A stream declared or delivered more bytes than ``network.max_message_bytes``."""
+    """A stream declared more bytes than its cap (the model's wire size or a lower config)."""
 
     code = "payload_too_large"
 
@@ -55,9 +58,13 @@ def chunk_count(size: int, chunk_bytes: int) -> int:
 class Assembler:
     """Collects one stream's chunks into the payload, refusing oversize streams early.
 
+    The payload is written into one buffer of the declared size, allocated up front and handed
+    out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n`` bytes costs
+    ``n`` bytes of memory (plus the chunk in flight), never two copies.
+
     Args:
         declared: Total bytes announced by the sender.
-        limit: ``network.max_message_bytes``.
+        limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
         what: Names the payload in error messages, e.g. ``"the update from alpine"``.
 
     Raises:
@@ -68,18 +75,26 @@ class Assembler:
     def __init__(self, declared: int, limit: int, what: str) -> None:
         if declared > limit:
             raise TooLarge(
-                f"{what} declares {declared} bytes, above network.max_message_bytes ({limit});",
-                remediation="raise network.max_message_bytes on the receiver or use "
-                "federation.quantization to shrink updates.",
+                f"{what} declares {declared} bytes, above the {limit}-byte cap of this run "
+                "(derived from the model's wire size, or network.max_message_bytes);",
+                remediation="the sender runs another model or config, or is hostile; the stream "
+                "was refused before any byte was buffered.",
             )
         self.declared = declared
         self.what = what
-        self._buffer = bytearray()
+        self._received = 0
+        self._hash = hashlib.sha256()
+        self._buffer = io.BytesIO()
+        if declared:
+            # One allocation of the final size; getvalue() then returns this very buffer.
+            self._buffer.seek(declared - 1)
+            self._buffer.write(b"\0")
+            self._buffer.seek(0)
 
     @property
     def received(self) -> int:
         """Bytes received so far."""
-        return len(self._buffer)
+        return self._received
 
     def add(self, data: bytes) -> None:
         """Append one chunk.
@@ -88,23 +103,32 @@ class Assembler:
             PayloadError: The chunk would take the stream past its declared size (nothing of it
                 is kept).
         """
-        if len(self._buffer) + len(data) > self.declared:
+        if self._received + len(data) > self.declared:
             raise PayloadError(
                 f"{self.what} sent more than the {self.declared} bytes it declared;",
                 remediation="the sender is broken or hostile; the stream was refused.",
             )
-        self._buffer += data
+        self._buffer.write(data)
+        self._hash.update(data)
+        self._received += len(data)
+
+    @property
+    def payload_hash(self) -> str:
+        """``"sha256:<hex>"`` of the bytes received so far (the whole payload once finished)."""
+        return "sha256:" + self._hash.hexdigest()
 
     def finish(self) -> bytes:
-        """The complete payload.
+        """The complete payload (the buffer itself, not a copy).
 
         Raises:
             PayloadError: The stream ended before the declared size (truncated).
         """
-        if len(self._buffer) != self.declared:
+        if self._received != self.declared:
             raise PayloadError(
-                f"{self.what} is truncated: {len(self._buffer)} of {self.declared} declared "
+                f"{self.what} is truncated: {self._received} of {self.declared} declared "
                 "bytes arrived;",
                 remediation="the connection broke or the sender is broken; it may resend.",
             )
-        return bytes(self._buffer)
+        payload = self._buffer.getvalue()
+        self._buffer = io.BytesIO()
+        return payload

@@ -21,6 +21,10 @@ SHUTTING_DOWN = "shutting_down"
 BUSY = "busy"
 #: A request field longer than its bound (``lensemble.network.peer_text.JOIN_LIMITS``).
 OVERSIZED = "oversized_field"
+#: The participant already holds ``network.max_calls_per_participant`` calls (or an upload).
+TOO_MANY_CALLS = "too_many_calls"
+#: The call ran past its server-side deadline and was cancelled.
+CALL_DEADLINE = "call_deadline"
 
 
 class CoordinatorUnreachable(LensembleError):

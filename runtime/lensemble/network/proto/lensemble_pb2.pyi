@@ -147,3 +147,17 @@ class LeaveRequest(_message.Message):
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class PresenceRequest(_message.Message):
+    __slots__ = ("participant_id", "session")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    session: str
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+
+class PresenceBeat(_message.Message):
+    __slots__ = ("collecting_round",)
+    COLLECTING_ROUND_FIELD_NUMBER: _ClassVar[int]
+    collecting_round: int
+    def __init__(self, collecting_round: _Optional[int] = ...) -> None: ...

@@ -60,6 +60,11 @@ class CoordinatorStub:
                 request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Presence = channel.unary_stream(
+                '/lensemble.v1.Coordinator/Presence',
+                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -102,6 +107,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Presence(self, request, context):
+        """Held open by every joined participant while it runs (even while it trains): the
+        coordinator counts a participant whose presence stream breaks (its process died, its
+        connection or keepalive failed) absent at once, and closes a round without waiting for
+        it. The stream ends after a window; the participant opens the next one at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +144,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.FromString,
                     response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.SerializeToString,
+            ),
+            'Presence': grpc.unary_stream_rpc_method_handler(
+                    servicer.Presence,
+                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +287,33 @@ class Coordinator:
             '/lensemble.v1.Coordinator/Leave',
             lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
             lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Presence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lensemble.v1.Coordinator/Presence',
+            lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
+            lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
             options,
             channel_credentials,
             insecure,
