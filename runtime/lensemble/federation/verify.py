@@ -299,6 +299,17 @@ def _checkpoints(
                 if report.repair is not None:
                     report.model_hash = ckpt.model_hash
                     continue
+            if parsed.torn is not None:
+                raise _Broken(
+                    Break(
+                        str(path),
+                        len(parsed.lines) + 1,
+                        f"is torn and does not agree with checkpoint v{version}'s copy of round "
+                        f"{version - 1}",
+                        "a prefix of the checkpoint's line",
+                        parsed.torn[:80],
+                    )
+                )
             raise _Broken(
                 Break(
                     str(store.path(version)),
