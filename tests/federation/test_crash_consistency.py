@@ -113,16 +113,15 @@ def test_a_crash_at_every_write_point_resumes_to_the_same_final_hash(tmp_path: P
         finally:
             durable.set_crash_hook(None)
         resumed, transport2, _ = build(small_config(rounds=3), output_dir=out, resume=True)
-        assert resumed.run(transport2).model_hash == reference, points[index]
+        assert resumed.run(transport2).model_hash == reference, _label
         assert committed_chain(Ledger(out / "ledger.jsonl").records())[-1] == reference
-        assert verify_run(out).ok, points[index]
+        assert verify_run(out).ok, _label
         shutil.rmtree(out)
 
 
 def test_a_second_run_on_the_folder_fails_at_once_naming_the_holder(tmp_path: Path) -> None:
-    with coordinator_lock(tmp_path):
-        with pytest.raises(FolderLocked, match=rf"pid {os.getpid()}"):
-            RunLock(tmp_path / "coordinator" / "lock", "x").acquire()
+    with coordinator_lock(tmp_path), pytest.raises(FolderLocked, match=rf"pid {os.getpid()}"):
+        RunLock(tmp_path / "coordinator" / "lock", "x").acquire()
     RunLock(tmp_path / "coordinator" / "lock", "x").acquire().release()  # released
 
 
