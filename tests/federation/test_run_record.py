@@ -251,3 +251,39 @@ def test_a_version_1_ledger_is_named_not_misread(tmp_path: Path) -> None:
     result = run_cli("verify", str(tmp_path))
     assert result.code == 2 and "version 1 ledger" in result.err
     assert Ledger  # the reader refuses the same way (see ledger.legacy_error)
+
+
+class _FakeKms:
+    """The two KMS calls, with HMAC-SHA256 under a key only this object holds."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def generate_mac(self, KeyId: str, Message: bytes, MacAlgorithm: str) -> dict:
+        self.calls.append("GenerateMac")
+        return {"Mac": bytes.fromhex(HmacSigner(KEY).mac(Message.decode()))}
+
+    def verify_mac(self, KeyId: str, Message: bytes, MacAlgorithm: str, Mac: bytes) -> dict:
+        self.calls.append("VerifyMac")
+        return {"MacValid": HmacSigner(KEY).verify(Message.decode(), Mac.hex())}
+
+
+def test_kms_signing_uses_generate_for_the_coordinator_and_verify_for_auditors(
+    tmp_path: Path,
+) -> None:
+    from lensemble.federation.signing import KmsSigner
+
+    kms = _FakeKms()
+    coordinator_side = KmsSigner("arn:aws:kms:eu-central-1:1:key/run", kms)
+    _run(tmp_path, signer=coordinator_side)  # type: ignore[arg-type]
+    assert set(kms.calls) == {"GenerateMac"}
+    assert verify_run(tmp_path, signer=coordinator_side).ok
+    kms.calls.clear()
+    auditor = KmsSigner("arn:aws:kms:eu-central-1:1:key/run", kms, audit=True)
+    assert verify_run(tmp_path, signer=auditor).ok
+    assert set(kms.calls) == {"VerifyMac"}
+    lines = _lines(tmp_path)
+    lines[0]["mac"]["value"] = "00" * 32
+    _write_lines(tmp_path, lines)
+    broken = verify_run(tmp_path, signer=auditor).first_break
+    assert broken is not None and broken.line == 1

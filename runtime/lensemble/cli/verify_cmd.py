@@ -38,7 +38,7 @@ def verify(
             remediation="pass a run folder (the run's run.output_dir), or --ledger for another "
             "ledger path.",
         )
-    signer = signer_from_env(key_file=key_file)
+    signer = signer_from_env(key_file=key_file, audit=True)
     report = verify_run(run_dir, ledger, signer)
     if json_out:
         sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")

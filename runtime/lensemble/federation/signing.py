@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -79,6 +80,9 @@ class KmsSigner:
     Args:
         key_id: The key's ARN or alias.
         client: A ``boto3`` KMS client (built from the environment when omitted).
+        audit: Verify with ``kms:VerifyMac`` (the auditor role); otherwise verify by computing
+            the MAC again with ``kms:GenerateMac`` (the coordinator role, which may not call
+            VerifyMac; KMS HMAC is deterministic).
 
     Raises:
         ToolMissing: ``boto3`` is not installed and no client was given.
@@ -86,8 +90,9 @@ class KmsSigner:
 
     algorithm = "kms-hmac-sha256"
 
-    def __init__(self, key_id: str, client: Any = None) -> None:
+    def __init__(self, key_id: str, client: Any = None, *, audit: bool = False) -> None:
         self.key_id = key_id
+        self.audit = audit
         if client is None:
             try:
                 import boto3  # type: ignore[import-not-found]
@@ -108,7 +113,9 @@ class KmsSigner:
         return bytes(out["Mac"]).hex()
 
     def verify(self, message: str, mac_hex: str) -> bool:
-        """KMS ``VerifyMac``; False on a wrong MAC."""
+        """KMS ``VerifyMac`` (auditors) or a fresh ``GenerateMac`` compared; False if wrong."""
+        if not self.audit:
+            return hmac.compare_digest(self.mac(message), mac_hex)
         try:
             out = self._client.verify_mac(
                 KeyId=self.key_id,
@@ -147,7 +154,7 @@ def read_key_file(path: Path) -> HmacSigner:
 
 
 def signer_from_env(
-    environ: dict[str, str] | None = None, key_file: Path | None = None
+    environ: Mapping[str, str] | None = None, key_file: Path | None = None, *, audit: bool = False
 ) -> Signer | None:
     """The signer the environment (or ``--key-file``) asks for, or None for an unsigned run.
 
@@ -175,5 +182,5 @@ def signer_from_env(
             )
         return HmacSigner(key)
     if env.get(KMS_KEY_ENV):
-        return KmsSigner(env[KMS_KEY_ENV])
+        return KmsSigner(env[KMS_KEY_ENV], audit=audit)
     return None
