@@ -20,8 +20,7 @@ def _allowed(policy: object, action: str) -> list[str]:
     for statement in statements(policy):
         actions = as_list(statement["Action"])
         if statement["Effect"] == "Allow" and any(
-            a == action or (a.endswith("*") and action.startswith(a[:-1]))
-            for a in actions
+            a == action or (a.endswith("*") and action.startswith(a[:-1])) for a in actions
         ):
             out += as_list(statement["Principal"]["AWS"])
     return out
