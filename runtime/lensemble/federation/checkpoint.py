@@ -24,13 +24,14 @@ from pathlib import Path
 
 import torch
 
+from lensemble.config.sizing import CHECKPOINTS_KEPT
 from lensemble.durable import atomic_write, check_free_space, remove
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.payload import decode, encode, model_hash, tensor_digest
 from lensemble.federation.signing import Signer
 
 MOMENTUM_PREFIX = "momentum::"
-KEEP = 3
+KEEP = CHECKPOINTS_KEPT  # the coordinator volume is sized for it (config.sizing)
 _MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _INNER_FILE = re.compile(r"^inner-r(\d{6})-a(\d{3})\.safetensors$")
 
