@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lensemble.config import LensembleConfig
+from lensemble.durable import atomic_write
 from lensemble.errors import ConfigError, UsageError
 from lensemble.network.identity import COORDINATOR_IDENTITY
 
@@ -85,12 +85,8 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    # fsync'd file and folder; a full disk is one sentence and leaves no temporary file.
+    atomic_write(path, data, mode=0o600 if secret else 0o644)
 
 
 def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, days: int):  # type: ignore[no-untyped-def]
