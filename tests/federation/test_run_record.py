@@ -287,3 +287,26 @@ def test_kms_signing_uses_generate_for_the_coordinator_and_verify_for_auditors(
     _write_lines(tmp_path, lines)
     broken = verify_run(tmp_path, signer=auditor).first_break
     assert broken is not None and broken.line == 1
+
+
+def test_the_network_coordinator_verifies_before_any_network_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lensemble.network import process
+
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[2]["record"]["model_hash"] = "sha256:" + "1" * 64
+    _write_lines(tmp_path, lines)
+
+    def no_io(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the coordinator opened its servers on a broken run record")
+
+    monkeypatch.setattr(process, "ProcessHarness", no_io)
+    config = small_config(rounds=5).model_copy(
+        update={"run": small_config().run.model_copy(update={"output_dir": str(tmp_path)})}
+    )
+    from tests.support.federation import initial_params
+
+    with pytest.raises(IntegrityError, match="ledger.jsonl:3"):
+        process.run_coordinator(config, initial_params(3))
