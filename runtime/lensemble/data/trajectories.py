@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lensemble.data.envs import EnvSpec, env_spec, make_env, true_state
+from lensemble.durable import atomic_write
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.seeds import derive
 
 if TYPE_CHECKING:
     import torch
 
-    from lensemble.durable import atomic_write
-from lensemble.config.schema import LensembleConfig
+    from lensemble.config.schema import LensembleConfig
 
 #: Version of the cache layout and of the exploration policy; bump to invalidate old caches.
 CACHE_FORMAT = "lensemble-trajectories-v1"
