@@ -25,6 +25,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,9 @@ class RoundRecord:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
+_RECORD_FIELDS = frozenset(f.name for f in fields(RoundRecord))
+
+
 def canonical(obj: Any) -> str:
     """Canonical JSON text: sorted keys, no spaces (what every hash in the run record covers)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
@@ -122,7 +126,7 @@ class LedgerLine:
         """The hash the line declares for itself."""
         return str(self.body.get("line_hash", ""))
 
-    @property
+    @cached_property
     def record(self) -> RoundRecord:
         """The round record the line carries.
 
@@ -140,9 +144,8 @@ def record_from_dict(data: Any, where: str) -> RoundRecord:
     """
     if not isinstance(data, dict):
         raise IntegrityError(f"{where} carries no round record;")
-    known = {f.name for f in fields(RoundRecord)}
     try:
-        return RoundRecord(**{k: v for k, v in data.items() if k in known})
+        return RoundRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
     except TypeError as exc:
         raise IntegrityError(f"{where} is not a valid round record ({exc});") from None
 
