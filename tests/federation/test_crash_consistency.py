@@ -149,3 +149,50 @@ def test_simulate_on_a_folder_in_use_exits_2_naming_the_pid(tmp_path: Path) -> N
         assert not (tmp_path / "ledger.jsonl").exists()
     finally:
         holder.communicate("")
+
+
+_ON_TINY_TMPFS = r"""
+import os, subprocess, sys
+from pathlib import Path
+from lensemble.durable import DiskFull, append_line, atomic_write
+mount = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+run = mount / "run"
+atomic_write(run / "ledger.jsonl", b"{}\n")
+try:
+    atomic_write(run / "model-v000002.safetensors", b"x" * 4_400_000)
+except DiskFull as exc:
+    print("FULL", exc.message)
+print("LEFT", sorted(p.name for p in run.iterdir()))
+(run / "filler").write_bytes(b"f" * (2 * 2**20 - 64 * 1024))
+try:
+    for _ in range(10_000):
+        append_line(run / "ledger.jsonl", "x" * 200)
+except DiskFull as exc:
+    print("FULL", exc.message)
+lines = (run / "ledger.jsonl").read_text().splitlines()
+print("TORN", any(len(line) not in (2, 200) for line in lines))
+"""
+
+
+def test_a_real_full_filesystem_leaves_no_temporary_file_and_no_torn_line(tmp_path: Path) -> None:
+    """On a 2 MiB tmpfs in a user namespace (skips where unprivileged namespaces are off)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "-Urm", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip("unprivileged user and mount namespaces are not available here")
+    (tmp_path / "mnt").mkdir()
+    result = subprocess.run(
+        ["unshare", "-Urm", sys.executable, "-c", _ON_TINY_TMPFS, str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert out[0].startswith("FULL no space left in ") and "needs 4.4 MB" in out[0]
+    assert out[1] == "LEFT ['ledger.jsonl']"
+    assert out[2].startswith("FULL no space left in ")
+    assert out[3] == "TORN False"
