@@ -60,6 +60,10 @@ def test_a_deleted_newest_checkpoint_is_refused_before_any_work(tmp_path: Path) 
     with pytest.raises(IntegrityError, match="lacks the checkpoint of the last committed round"):
         build(config, output_dir=out, resume=True)
     assert [r.round for r in Ledger(out / "ledger.jsonl").records()] == [0, 1]  # untouched
+    for path in store.folder.iterdir():
+        path.unlink()
+    with pytest.raises(IntegrityError, match="holds no checkpoint, but the ledger commits"):
+        build(config, output_dir=out, resume=True)
 
 
 def test_tampered_checkpoint_fails_closed(tmp_path: Path) -> None:

@@ -338,6 +338,16 @@ def _checkpoints(
                     parsed.torn[:80],
                 )
             )
+    if last_version and not versions:
+        raise _Broken(
+            Break(
+                str(store.folder),
+                None,
+                "holds no checkpoint, but the ledger commits rounds",
+                f"model-v{last_version:06d}.safetensors",
+                "none",
+            )
+        )
     if versions and versions[-1] < last_version:
         raise _Broken(
             Break(
