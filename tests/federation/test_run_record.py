@@ -310,3 +310,19 @@ def test_the_network_coordinator_verifies_before_any_network_io(
 
     with pytest.raises(IntegrityError, match="ledger.jsonl:3"):
         process.run_coordinator(config, initial_params(3))
+
+
+def test_verify_checks_checkpoints_without_importing_torch(tmp_path: Path) -> None:
+    """``lensemble verify`` must start fast: its checkpoint digests are numpy's, equal to torch's."""
+    import subprocess
+    import sys
+
+    _run(tmp_path)
+    script = (
+        "import sys; from pathlib import Path; from lensemble.federation.verify import verify_run;"
+        "r = verify_run(Path(sys.argv[1])); print(r.ok, r.checkpoints, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "[1,", "2,", "3]", "False"]

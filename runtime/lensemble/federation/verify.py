@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.errors import IntegrityError
-from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
+from lensemble.federation.checkpoint_audit import (
+    AuditedCheckpoint,
+    audit_checkpoint,
+    checkpoint_folder,
+    checkpoint_path,
+    checkpoint_versions,
+)
 from lensemble.federation.ledger import (
     LEDGER_FORMAT,
     LedgerLine,
@@ -144,10 +150,9 @@ def verify_run(
     parsed = parse_ledger(ledger_path)
     if parsed.legacy:
         raise legacy_error(ledger_path)
-    store = CheckpointStore(run_dir, signer)
     try:
         _walk(report, parsed, ledger_path, signer)
-        _checkpoints(report, parsed, store, ledger_path, signer)
+        _checkpoints(report, parsed, run_dir, ledger_path, signer)
     except _Broken as exc:
         report.first_break = exc.brk
     return report
@@ -262,7 +267,7 @@ def _check_mac(line: LedgerLine, signer: Signer | None, path: Path) -> None:
 def _checkpoints(
     report: VerifyReport,
     parsed: ParsedLedger,
-    store: CheckpointStore,
+    run_dir: Path,
     path: Path,
     signer: Signer | None,
 ) -> None:
@@ -270,21 +275,22 @@ def _checkpoints(
     committed = {
         line.record.round + 1: line for line in parsed.lines if line.record.state == "closed"
     }
-    versions = store.versions()
+    versions = checkpoint_versions(run_dir)
     last_version = max(committed, default=0)
     for version in versions:
         try:
-            ckpt = store.load(version)
+            ckpt = audit_checkpoint(checkpoint_path(run_dir, version), version, signer)
         except IntegrityError as exc:
-            raise _Broken(Break(str(store.path(version)), None, exc.message.rstrip(";"))) from None
-        assert ckpt is not None
+            raise _Broken(
+                Break(str(checkpoint_path(run_dir, version)), None, exc.message.rstrip(";"))
+            ) from None
         report.checkpoints.append(version)
         if version == 0:
             first = parsed.lines[0].record.parent_hash if parsed.lines else ckpt.model_hash
             if ckpt.model_hash != first:
                 raise _Broken(
                     Break(
-                        str(store.path(0)),
+                        str(checkpoint_path(run_dir, 0)),
                         None,
                         "is not the model line 1 starts from",
                         first,
@@ -312,14 +318,14 @@ def _checkpoints(
                 )
             raise _Broken(
                 Break(
-                    str(store.path(version)),
+                    str(checkpoint_path(run_dir, version)),
                     None,
                     f"commits round {version - 1}, which the ledger does not record",
                     "a committed ledger line",
                     "none",
                 )
             )
-        _match(line, ckpt, store.path(version), path)
+        _match(line, ckpt, checkpoint_path(run_dir, version), path)
     if parsed.torn is not None and report.repair is None:
         if versions and versions[-1] == last_version:
             # The torn line is an attempt after the latest checkpoint: a resume redoes it.
@@ -341,7 +347,7 @@ def _checkpoints(
     if last_version and not versions:
         raise _Broken(
             Break(
-                str(store.folder),
+                str(checkpoint_folder(run_dir)),
                 None,
                 "holds no checkpoint, but the ledger commits rounds",
                 f"model-v{last_version:06d}.safetensors",
@@ -351,7 +357,7 @@ def _checkpoints(
     if versions and versions[-1] < last_version:
         raise _Broken(
             Break(
-                str(store.folder),
+                str(checkpoint_folder(run_dir)),
                 None,
                 "lacks the checkpoint of the last committed round",
                 f"model-v{last_version:06d}.safetensors",
@@ -360,7 +366,7 @@ def _checkpoints(
         )
 
 
-def _match(line: LedgerLine, ckpt: CoordinatorCheckpoint, ckpt_path: Path, path: Path) -> None:
+def _match(line: LedgerLine, ckpt: AuditedCheckpoint, ckpt_path: Path, path: Path) -> None:
     recorded = line.body.get("checkpoint")
     if recorded != ckpt.state_hash:
         raise _Broken(
@@ -396,7 +402,7 @@ def _match(line: LedgerLine, ckpt: CoordinatorCheckpoint, ckpt_path: Path, path:
 
 
 def _tail_repair(
-    parsed: ParsedLedger, ckpt: CoordinatorCheckpoint, path: Path, signer: Signer | None
+    parsed: ParsedLedger, ckpt: AuditedCheckpoint, path: Path, signer: Signer | None
 ) -> Repair | None:
     """The repair restoring the latest checkpoint's line, if the ledger's tail agrees with it."""
     if not ckpt.record:
