@@ -28,6 +28,7 @@ from infra.overrides import stack_overrides
 from infra.partition import Partition
 from infra.placement import node_pools, trust_domain_region
 from infra.release import LensembleRelease, LensembleReleaseArgs
+from infra.run_record_key import RunRecordKey, RunRecordKeyArgs
 from infra.settings import StackSettings, check_against, read_settings
 from infra.tls import TlsIdentity, read_identity, tls_secret
 from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArgs
@@ -37,6 +38,7 @@ from lensemble.render.helm_values import pod_config
 from lensemble.render.k8s import KUSTOMIZE_DIR
 from lensemble.render.names import (
     RUN_LABEL,
+    coordinator_name,
     coordinator_namespace,
     participant_name,
     participant_namespace,
@@ -401,6 +403,22 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
     LensembleRelease("release", release)
 
     extra: dict[str, Any] = {"clusterName": cluster.name, "region": region}
+    if role != "participant" and env == "sovereign-prod":
+        # Sovereign-prod signs its run record with a per-run KMS MAC key (docs/run-record.md).
+        record_key = RunRecordKey(
+            "run-record",
+            RunRecordKeyArgs(
+                run_name=config.run.name,
+                partition=partition,
+                cluster_name=cluster.name,
+                namespace=coordinator_namespace(config),
+                service_account=coordinator_name(config),
+                tags=tags,
+            ),
+            opts=pulumi.ResourceOptions(provider=provider),
+        )
+        extra["runRecordKeyArn"] = record_key.key_arn
+        extra["runRecordAuditorRoleArn"] = record_key.auditor_role_arn
     if network.nat_public_ip is not None:
         extra["egressIp"] = network.nat_public_ip
     return Deployment(

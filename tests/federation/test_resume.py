@@ -49,20 +49,21 @@ def test_resume_restores_a_ledger_line_lost_in_a_crash(tmp_path: Path) -> None:
     assert committed_chain(Ledger(ledger).records()) == _uninterrupted(tmp_path, rounds=3)
 
 
-def test_resume_drops_lines_of_an_uncommitted_round(tmp_path: Path) -> None:
+def test_a_deleted_newest_checkpoint_is_refused_before_any_work(tmp_path: Path) -> None:
     config = small_config(rounds=2)
     out = tmp_path / "run"
     coordinator, transport, _ = build(config, output_dir=out)
     coordinator.run(transport)
     store = CheckpointStore(out)
-    (store.folder / "model-v000002.safetensors").unlink()  # as if round 1 never committed
-    resumed, transport2, _ = build(config, output_dir=out, resume=True)
-    assert resumed.version == 1
-    assert [r.round for r in Ledger(out / "ledger.jsonl").records()] == [0]
-    resumed.run(transport2)
-    assert committed_chain(Ledger(out / "ledger.jsonl").records()) == _uninterrupted(
-        tmp_path, rounds=2
-    )
+    # The checkpoint is durable before its ledger line: no crash can lose it, only an edit.
+    (store.folder / "model-v000002.safetensors").unlink()
+    with pytest.raises(IntegrityError, match="lacks the checkpoint of the last committed round"):
+        build(config, output_dir=out, resume=True)
+    assert [r.round for r in Ledger(out / "ledger.jsonl").records()] == [0, 1]  # untouched
+    for path in store.folder.iterdir():
+        path.unlink()
+    with pytest.raises(IntegrityError, match="holds no checkpoint, but the ledger commits"):
+        build(config, output_dir=out, resume=True)
 
 
 def test_tampered_checkpoint_fails_closed(tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_tampered_checkpoint_fails_closed(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match="does not match its recorded hash"):
+    with pytest.raises(IntegrityError, match="does not match its recorded model hash"):
         build(config, output_dir=tmp_path, resume=True)
 
 

@@ -14,9 +14,9 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.simulation.output import (
     append_metrics,
     fresh_output,
-    keep_metrics_before,
     prepare_output_dir,
     read_metrics,
+    recover_metrics,
 )
 from lensemble.simulation.summary import RoundMetrics, SimulationResult, summary
 from tests.support.federation import build, small_config
@@ -60,7 +60,7 @@ def test_fresh_output_keeps_only_the_data_caches(tmp_path: Path) -> None:
         path.write_bytes(b"x")
     fresh_output(tmp_path)
     assert data.exists()
-    assert not state.exists() and not (tmp_path / "coordinator").exists()
+    assert not state.exists() and not (tmp_path / "coordinator" / "checkpoints").exists()
     assert not [
         p for p in ("ledger.jsonl", "metrics.jsonl", "report.png") if (tmp_path / p).exists()
     ]
@@ -77,7 +77,7 @@ def test_metrics_lines_copy_the_ledger_and_a_resume_drops_the_rounds_it_redoes(
     assert [m["model_hash"] for m in lines] == [r.model_hash for r in records]
     assert lines[0]["bytes_up"] == records[0].bytes_up > 0
     assert lines[0]["federated"] is None  # not evaluated yet
-    keep_metrics_before(tmp_path, 2)
+    assert recover_metrics(tmp_path, records, 2, RoundMetrics.of) == 0
     assert [m["round"] for m in read_metrics(tmp_path)] == [0, 1]
     result = SimulationResult(
         config_hash="c", records=records, metrics=[], model_hash="m", final=None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 import typer
 
@@ -21,8 +22,10 @@ from lensemble.cli import (
     render_cmd,
     simulate_cmd,
     stack_cmd,
+    verify_cmd,
 )
 from lensemble.cli.output import report_error
+from lensemble.durable import disk_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
 from lensemble.extras import missing_extra
 
@@ -38,6 +41,7 @@ app = typer.Typer(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(render_cmd.app, name="render")
 app.command(name="simulate")(simulate_cmd.simulate)
+app.command(name="verify")(verify_cmd.verify)
 app.add_typer(stack_cmd.app)
 app.add_typer(image_cmd.app, name="image")
 app.add_typer(network_cmd.app)
@@ -108,6 +112,10 @@ def main() -> None:
         # input, not our bug. Errors without a file name are ours and keep their traceback.
         if exc.filename is None:
             raise
+        full = disk_error(exc, Path(exc.filename).parent, None)
+        if full is not None:  # a write path outside lensemble.durable met a full disk
+            report_error(full)
+            sys.exit(full.exit_code)
         report_error(
             UsageError(
                 f"cannot use {exc.filename}: {exc.strerror or exc};",

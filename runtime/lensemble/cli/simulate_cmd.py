@@ -72,6 +72,7 @@ def simulate(
     """
     from lensemble.config import default_config_path
     from lensemble.federation.faults import parse_faults
+    from lensemble.run_lock import run_folder_lock
     from lensemble.simulation.output import prepare_output_dir
 
     overrides = _overrides(set_, participants, rounds, output_dir)
@@ -91,12 +92,14 @@ def simulate(
         )
     try:
         note = prepare_output_dir(cfg, resume)
-        if note is not None:
-            sys.stderr.write(note + "\n")
-        if cfg.federation.transport == "network":
-            result = _run_network(cfg, config or default_config_path(), overrides, resume)
-        else:
-            result = _run_with_progress(cfg, plan, resume)
+        # One run per folder, held for the run's life; a second run exits 2 at once.
+        with run_folder_lock(Path(cfg.run.output_dir)):
+            if note is not None:
+                sys.stderr.write(note + "\n")
+            if cfg.federation.transport == "network":
+                result = _run_network(cfg, config or default_config_path(), overrides, resume)
+            else:
+                result = _run_with_progress(cfg, plan, resume)
     except KeyboardInterrupt:
         raise Interrupted(
             f"simulation interrupted; the committed rounds stay in {cfg.run.output_dir};",

@@ -528,12 +528,18 @@ class TrustDomainPlacement(_Section):
 
 
 class StorageConfig(_Section):
-    """Participant private data volumes."""
+    """Volumes: participants' private data, and the coordinator's state."""
 
     class_name: str | None = Field(
         None, description="StorageClass of participant data volumes; null uses the default."
     )
     size: str = Field("1Gi", pattern=K8S_MEMORY, description="Volume size (Kubernetes quantity).")
+    coordinator_size: str | None = Field(
+        None,
+        pattern=K8S_MEMORY,
+        description="Coordinator state volume (checkpoints, ledger; Kubernetes quantity); null "
+        "derives it from the model size and the 3 checkpoints kept (docs/run-record.md).",
+    )
 
 
 class CloudConfig(_Section):

@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lensemble.data.envs import EnvSpec, env_spec, make_env, true_state
+from lensemble.durable import atomic_write
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.seeds import derive
 
@@ -243,17 +242,11 @@ def holdout_indices(config: LensembleConfig, participant_id: str) -> list[int]:
 
 
 def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``payload`` to ``path`` so a reader sees the old file or the new one, never half.
+
+    Durable (folder fsync'd) and a full disk is one sentence (:mod:`lensemble.durable`).
+    """
+    atomic_write(path, payload)
 
 
 def _read_cache(folder: Path, record: dict[str, Any]) -> dict[str, torch.Tensor] | None:

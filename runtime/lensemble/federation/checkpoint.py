@@ -2,10 +2,13 @@
 
 Coordinator: ``<output_dir>/coordinator/checkpoints/model-v<version>.safetensors`` holds the
 global parameters, the outer momentum (``momentum::<name>``) and, in its metadata, the version,
-model hash, parent hash and config hash. It is written to a temporary file, fsynced, and renamed
-into place, so a crash never leaves a half-written checkpoint. On load the model hash is
-recomputed and compared (docs/concepts.md#checkpoint-integrity). The last ``KEEP`` checkpoints
-are kept.
+model hash, parent hash, config hash, the round record it commits (``record``) and its
+``state_hash``: one hash over parameters, momentum, version, hashes and record
+(:func:`state_hash`), which the round's ledger line carries, plus a MAC of it on signed runs. It
+is written durably (:func:`lensemble.durable.atomic_write`), after checking the folder has room,
+so a crash or a full disk never leaves a half-written checkpoint. On load the model hash and the
+state hash are recomputed and compared (docs/run-record.md). The last ``KEEP`` checkpoints are
+kept.
 
 Participant: ``<output_dir>/participants/<id>/state/inner-r<round>-a<attempt>.safetensors`` holds
 the learner's inner state after that training, inside the participant's own folder.
@@ -13,32 +16,62 @@ the learner's inner state after that training, inside the participant's own fold
 
 from __future__ import annotations
 
-import os
 import re
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from lensemble.config.sizing import CHECKPOINTS_KEPT
+from lensemble.durable import atomic_write, check_free_space, remove
 from lensemble.errors import IntegrityError, PayloadError
-from lensemble.federation.payload import decode, encode, model_hash
+from lensemble.federation.payload import decode, encode, model_hash, tensor_digest
+from lensemble.federation.signing import Signer
 
 MOMENTUM_PREFIX = "momentum::"
-KEEP = 3
+KEEP = CHECKPOINTS_KEPT  # the coordinator volume is sized for it (config.sizing)
 _MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _INNER_FILE = re.compile(r"^inner-r(\d{6})-a(\d{3})\.safetensors$")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+_STATE_DOMAIN = b"lensemble/coordinator-state/v1\x00"
+
+__all__ = ["CheckpointStore", "CoordinatorCheckpoint", "InnerStateStore", "atomic_write"]
+
+
+def state_hash(
+    params: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor],
+    *,
+    version: int,
+    model_hash_: str,
+    parent_hash: str,
+    config_hash: str,
+    record_json: str,
+) -> str:
+    """Hash of everything a resume continues from: parameters, momentum and the round record.
+
+    Args:
+        params: Global parameters, name -> tensor.
+        momentum: Outer momentum, name -> tensor (bound under ``momentum::<name>``).
+        version: Model version.
+        model_hash_: The model hash of ``params``.
+        parent_hash: The parent model's hash.
+        config_hash: The run's config hash.
+        record_json: Canonical JSON of the round record the checkpoint commits (``""`` for v0).
+
+    Returns:
+        ``"sha256:<64 hex>"``.
+    """
+    tensors = dict(params)
+    tensors.update({MOMENTUM_PREFIX + k: v for k, v in momentum.items()})
+    suffix = _STATE_DOMAIN + struct.pack("<Q", version)
+    for text in (model_hash_, parent_hash, config_hash, record_json):
+        encoded = text.encode()
+        suffix += struct.pack("<Q", len(encoded)) + encoded
+    return "sha256:" + tensor_digest(tensors, suffix)
 
 
 @dataclass(frozen=True)
@@ -54,6 +87,8 @@ class CoordinatorCheckpoint:
         config_hash: Config hash of the run.
         config_view: The hashed part of the config as canonical JSON (``hashing.hashed_view``),
             so a resume with another config can name the fields that differ.
+        record: Canonical JSON of the round record this version commits (``""`` for v0).
+        state_hash: :func:`state_hash` of this checkpoint (set by load; save computes it).
     """
 
     version: int
@@ -63,43 +98,73 @@ class CoordinatorCheckpoint:
     parent_hash: str
     config_hash: str
     config_view: str = ""
+    record: str = ""
+    state_hash: str = ""
+
+    def computed_state_hash(self) -> str:
+        """:func:`state_hash` recomputed from this checkpoint's contents."""
+        return state_hash(
+            self.params,
+            self.momentum,
+            version=self.version,
+            model_hash_=self.model_hash,
+            parent_hash=self.parent_hash,
+            config_hash=self.config_hash,
+            record_json=self.record,
+        )
 
 
 class CheckpointStore:
-    """Coordinator checkpoints under ``<output_dir>/coordinator/checkpoints``."""
+    """Coordinator checkpoints under ``<output_dir>/coordinator/checkpoints``.
 
-    def __init__(self, output_dir: Path) -> None:
+    Args:
+        output_dir: The run folder.
+        signer: Adds a MAC of each checkpoint's state hash when given.
+    """
+
+    def __init__(self, output_dir: Path, signer: Signer | None = None) -> None:
         self.folder = output_dir / "coordinator" / "checkpoints"
+        self.signer = signer
 
-    def save(
-        self, ckpt: CoordinatorCheckpoint, extra_metadata: Mapping[str, str] | None = None
-    ) -> Path:
-        """Write a checkpoint atomically and prune old ones; returns its path.
+    def path(self, version: int) -> Path:
+        """Where checkpoint ``version`` lives."""
+        return self.folder / f"model-v{version:06d}.safetensors"
+
+    def save(self, ckpt: CoordinatorCheckpoint) -> str:
+        """Write a checkpoint durably and prune old ones; returns its state hash.
 
         Args:
-            ckpt: The state to save.
-            extra_metadata: More header strings (the coordinator stores the round's ledger line,
-                so a crash between checkpoint and ledger append loses nothing).
+            ckpt: The state to save (its ``record`` is stored, so a crash between checkpoint and
+                ledger append loses nothing; its ``state_hash`` field is ignored and recomputed).
+
+        Raises:
+            DiskFull: The folder has no room for it (checked before writing; nothing is left).
         """
         tensors = dict(ckpt.params)
         tensors.update({MOMENTUM_PREFIX + k: v for k, v in ckpt.momentum.items()})
-        data = encode(
-            tensors,
-            {
-                "kind": "coordinator-checkpoint",
-                "version": str(ckpt.version),
-                "model_hash": ckpt.model_hash,
-                "parent_hash": ckpt.parent_hash,
-                "config_hash": ckpt.config_hash,
-                "config_view": ckpt.config_view,
-                **(extra_metadata or {}),
-            },
-        )
-        path = self.folder / f"model-v{ckpt.version:06d}.safetensors"
-        atomic_write(path, data)
+        digest = ckpt.computed_state_hash()
+        meta = {
+            "kind": "coordinator-checkpoint",
+            "version": str(ckpt.version),
+            "model_hash": ckpt.model_hash,
+            "parent_hash": ckpt.parent_hash,
+            "config_hash": ckpt.config_hash,
+            "config_view": ckpt.config_view,
+            "state_hash": digest,
+        }
+        if ckpt.record:
+            meta["record"] = ckpt.record
+        if self.signer is not None:
+            meta["mac"] = self.signer.mac(digest)
+            meta["mac_alg"] = self.signer.algorithm
+            meta["mac_key_id"] = self.signer.key_id
+        data = encode(tensors, meta)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        check_free_space(self.folder, len(data))
+        atomic_write(self.path(ckpt.version), data)
         for old in self.versions()[:-KEEP]:
-            (self.folder / f"model-v{old:06d}.safetensors").unlink(missing_ok=True)
-        return path
+            remove(self.path(old))
+        return digest
 
     def versions(self) -> list[int]:
         """Versions with a checkpoint on disk, ascending."""
@@ -136,15 +201,26 @@ class CheckpointStore:
             for k, v in decoded.tensors.items()
             if k.startswith(MOMENTUM_PREFIX)
         }
-        expected = meta.get("model_hash", "")
-        actual = model_hash(params, int(meta.get("version", -1)), meta.get("parent_hash", ""))
-        if actual != expected or int(meta.get("version", -1)) != version:
+        if set(momentum) != set(params):
+            missing = sorted(set(params) ^ set(momentum))
             raise IntegrityError(
-                f"checkpoint {path} does not match its recorded hash (recorded {expected[:19]}..., "
-                f"recomputed {actual[:19]}...);",
-                remediation="the file was modified; delete it to resume from the previous one.",
+                f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
+                remediation="the file was modified; restore it or start a new run folder.",
             )
-        return CoordinatorCheckpoint(
+        try:
+            recorded_version = int(meta.get("version", "-1"))
+        except ValueError:
+            recorded_version = -1
+        expected = meta.get("model_hash", "")
+        actual = model_hash(params, recorded_version, meta.get("parent_hash", ""))
+        if actual != expected or recorded_version != version:
+            raise IntegrityError(
+                f"checkpoint {path} does not match its recorded model hash (recorded {expected}, "
+                f"recomputed {actual});",
+                remediation="the file was modified; restore it or start a new run folder.",
+            )
+        ckpt = CoordinatorCheckpoint(
             version=version,
             params=params,
             momentum=momentum,
@@ -152,7 +228,24 @@ class CheckpointStore:
             parent_hash=meta.get("parent_hash", ""),
             config_hash=meta.get("config_hash", ""),
             config_view=meta.get("config_view", ""),
+            record=meta.get("record", ""),
+            state_hash=meta.get("state_hash", ""),
         )
+        recomputed = ckpt.computed_state_hash()
+        if recomputed != ckpt.state_hash:
+            raise IntegrityError(
+                f"checkpoint {path} does not match its recorded state hash (recorded "
+                f"{ckpt.state_hash or '(none)'}, recomputed {recomputed}): its parameters, outer "
+                "momentum or round record changed;",
+                remediation="restore it from a backup or start a new run folder.",
+            )
+        if self.signer is not None and not self.signer.verify(recomputed, meta.get("mac", "")):
+            raise IntegrityError(
+                f"checkpoint {path} is not signed by the run's key ({self.signer.key_id});",
+                remediation="it was written by someone without the key: restore it from a "
+                "backup or start a new run folder.",
+            )
+        return ckpt
 
 
 class InnerStateStore:
@@ -168,11 +261,14 @@ class InnerStateStore:
         last snapshot of round ``t - 1`` even when round ``t`` had several attempts.
         """
         path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
-        atomic_write(path, encode(dict(state), {"kind": "inner-state"}))
+        data = encode(dict(state), {"kind": "inner-state"})
+        self.folder.mkdir(parents=True, exist_ok=True)
+        check_free_space(self.folder, len(data))
+        atomic_write(path, data)
         rounds = sorted({e[0] for e in self._entries()})
         for old in self._entries():
             if old[0] < rounds[-2:][0]:
-                (self.folder / old[2]).unlink(missing_ok=True)
+                remove(self.folder / old[2])
 
     def discard(self, round_index: int, attempt: int) -> None:
         """Delete the snapshot taken after training ``(round_index, attempt)``, if any."""

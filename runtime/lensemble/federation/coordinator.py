@@ -26,11 +26,13 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
+from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import canonical_json, differing_paths, hashed_view
 from lensemble.errors import (
@@ -54,7 +56,9 @@ from lensemble.federation.payload import (
 )
 from lensemble.federation.quantization import dequantize
 from lensemble.federation.rounds import RoundMachine, RoundState
+from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.transport import CoordinatorTransport, Traffic
+from lensemble.federation.verify import require_valid
 
 Params = dict[str, torch.Tensor]
 
@@ -160,6 +164,7 @@ class _Collection:
     expected: frozenset[str]
     deltas: dict[str, Params] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
     losses: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
 
@@ -200,10 +205,18 @@ class Coordinator:
         output_dir: Where checkpoints and the ledger go (None keeps everything in memory).
         resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
         observer: Progress/metrics callbacks.
+        signer: Signs ledger lines and checkpoints; ``"env"`` (default) takes the key the
+            environment names (:func:`lensemble.federation.signing.signer_from_env`), None
+            writes an unsigned record.
+
+    A resume first verifies the whole run record (:func:`lensemble.federation.verify.
+    require_valid`) and writes nothing before it holds; the caller holds the folder's lock
+    (:func:`lensemble.run_lock.coordinator_lock`).
 
     Raises:
         ConfigError: Resuming a checkpoint written under a different config hash.
-        IntegrityError: The checkpoint or ledger to resume from is corrupt.
+        IntegrityError: The run record to resume from is broken (names the line; exit 3).
+        DiskFull: The output folder has no room for the first checkpoint.
     """
 
     def __init__(
@@ -214,6 +227,7 @@ class Coordinator:
         output_dir: Path | None = None,
         resume: bool = False,
         observer: CoordinatorObserver | None = None,
+        signer: Signer | Literal["env"] | None = "env",
     ) -> None:
         self.config = config
         self.config_hash = config_hash(config)
@@ -229,15 +243,19 @@ class Coordinator:
         self._collection: _Collection | None = None
         self._closed: ClosedAttempt | None = None
         self._payload_cache: tuple[int, bytes] | None = None
-        self.checkpoints = CheckpointStore(output_dir) if output_dir else None
-        self.ledger = Ledger(output_dir / config.observability.ledger_path) if output_dir else None
+        self.signer = (signer_from_env() if output_dir else None) if signer == "env" else signer
+        self.checkpoints = CheckpointStore(output_dir, self.signer) if output_dir else None
+        ledger_name = config.observability.ledger_path
+        self.ledger = Ledger(output_dir / ledger_name, self.signer) if output_dir else None
+        if output_dir is not None and resume:
+            require_valid(output_dir, ledger_name, self.signer)  # before any work or write
         ckpt = self.checkpoints.load() if (self.checkpoints and resume) else None
         if ckpt is not None:
             self._restore(ckpt)
         else:
             params = {k: v.detach().to(torch.float32).clone() for k, v in initial_params.items()}
             self._set_state(0, params, zeros_like(params), model_hash(params, 0, ""), "")
-            self._save_checkpoint(record=None)
+            self._checkpoint_hash = self._save_checkpoint(record=None)
 
     # ------------------------------------------------------------------ state and persistence
     def _set_state(
@@ -271,25 +289,27 @@ class Coordinator:
             self._repair_ledger()
 
     def _repair_ledger(self) -> None:
-        """Drop ledger lines after the checkpoint; restore the checkpoint's own line if lost."""
-        assert self.ledger is not None and self.checkpoints is not None
-        kept = [r for r in self.ledger.records() if r.round < self.version]
-        committed = {r.round for r in kept if r.state == "closed"}
-        if self.version > 0 and self.version - 1 not in committed:
-            path = self.checkpoints.folder / f"model-v{self.version:06d}.safetensors"
-            record = decode(path.read_bytes()).metadata.get("record")
-            if record is None:
-                raise IntegrityError(
-                    f"the ledger lacks round {self.version - 1} and the checkpoint has no copy;",
-                    remediation="use a new run.output_dir.",
-                )
-            kept.append(RoundRecord(**json.loads(record)))
-        self.ledger.rewrite(kept)
+        """Drop the lines of attempts after the checkpoint (the resume redoes that round).
 
-    def _save_checkpoint(self, record: RoundRecord | None) -> None:
+        The lost or torn line of the checkpoint's own round was restored by ``require_valid``.
+        """
+        assert self.ledger is not None
+        lines = self.ledger.lines()
+        kept = [line for line in lines if line.record.round < self.version]
+        if len(kept) != len(lines):
+            self.ledger.rewrite_texts(line.text for line in kept)
+        if self.version > 0 and not any(
+            line.record.round == self.version - 1 and line.record.state == "closed" for line in kept
+        ):
+            raise IntegrityError(
+                f"the ledger lacks round {self.version - 1}, which the checkpoint commits;",
+                remediation="run `lensemble verify` on the folder; use a new run.output_dir.",
+            )
+
+    def _save_checkpoint(self, record: RoundRecord | None) -> str | None:
         if self.checkpoints is None:
-            return
-        self.checkpoints.save(
+            return None
+        return self.checkpoints.save(
             CoordinatorCheckpoint(
                 self.version,
                 self.params,
@@ -298,8 +318,8 @@ class Coordinator:
                 self.parent_hash,
                 self.config_hash,
                 canonical_json(hashed_view(self.config)).decode(),
-            ),
-            extra_metadata={"record": record.to_json()} if record else None,
+                record.to_json() if record else "",
+            )
         )
 
     def model_payload(self) -> bytes:
@@ -416,6 +436,7 @@ class Coordinator:
             loss = math.nan
         col.deltas[sub.sender] = delta
         col.hashes[sub.sender] = digest
+        col.sizes[sub.sender] = len(sub.payload)
         col.losses[sub.sender] = loss
         col.rejected.pop(sub.sender, None)
         return self._verdict(Reason.ACCEPTED, "accepted.")
@@ -481,6 +502,7 @@ class Coordinator:
         machine = RoundMachine(t, attempt)
         self._notify(machine)
         wall_start = time.perf_counter()
+        opened_at = _utc_now()
         opening = RoundOpening(
             round_index=t,
             attempt=attempt,
@@ -509,19 +531,19 @@ class Coordinator:
         parent = self.model_hash
         if len(contributors) < fed.quorum:
             self._advance(machine, RoundState.ABORTED)
-            record = self._record(machine, col, traffic, wall_start, new_hash=parent)
-            self._finish(record, transport)
+            record = self._record(machine, col, traffic, wall_start, opened_at, new_hash=parent)
+            self._finish(record, transport, checkpoint=None)
             return record
         self._advance(machine, RoundState.AGGREGATING)
         mean = canonical_mean({pid: col.deltas[pid] for pid in contributors})
         self._advance(machine, RoundState.COMMITTING)
         params, momentum = self.outer.apply(self.params, mean, self.momentum)
         new_hash = model_hash(params, self.version + 1, parent)
-        record = self._record(machine, col, traffic, wall_start, new_hash=new_hash)
+        record = self._record(machine, col, traffic, wall_start, opened_at, new_hash=new_hash)
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
-        self._save_checkpoint(record)
+        checkpoint = self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)
-        self._finish(record, transport)
+        self._finish(record, transport, checkpoint=checkpoint)
         return record
 
     def _record(
@@ -530,6 +552,7 @@ class Coordinator:
         col: _Collection,
         traffic: Traffic,
         wall_start: float,
+        opened_at: str,
         *,
         new_hash: str,
     ) -> RoundRecord:
@@ -555,12 +578,23 @@ class Coordinator:
             compute_s=round(traffic.compute_s, 6),
             non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
             config_hash=self.config_hash,
+            updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
+            aggregator="canonical-mean",
+            software=f"lensemble {__version__}",
+            opened_at=opened_at,
+            closed_at=_utc_now(),
         )
 
-    def _finish(self, record: RoundRecord, transport: CoordinatorTransport) -> None:
+    def _finish(
+        self, record: RoundRecord, transport: CoordinatorTransport, *, checkpoint: str | None
+    ) -> None:
         if self.ledger is not None:
-            self.ledger.append(record)
+            self.ledger.append(record, checkpoint)
         self.records.append(record)
         transport.round_closed(record)
         if self.observer is not None:
             self.observer.on_round(record)
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")

@@ -1,19 +1,39 @@
-"""The round ledger: one JSON line per round attempt, a hash chain of committed models.
+"""The round ledger: one JSON line per round attempt, each line chained to the one before.
 
-Each line is a :class:`RoundRecord`. Committed lines chain: a line's ``parent_hash`` is the
-previous committed line's ``model_hash``; aborted lines keep ``model_hash == parent_hash``.
-Lines are appended with a flush and fsync, so a crash loses at most the line being written.
+Format ``lensemble-ledger-v2`` (docs/run-record.md). Each line is canonical JSON (sorted keys, no
+spaces) of::
+
+    {"checkpoint": <state hash of the checkpoint this round committed, or null>,
+     "ledger": "lensemble-ledger-v2", "line_hash": "sha256:...", "mac": {...} (signed runs only),
+     "prev": <line_hash of the previous line, "" on line 1>, "record": <RoundRecord>,
+     "seq": <1-based line number>}
+
+``line_hash`` is SHA-256 over the canonical JSON of the line without ``line_hash`` and ``mac``,
+so any edit anywhere in a line (also fields added to the record later) breaks it, and ``prev``
+carries that into every later line. ``mac`` is the signer's MAC of ``line_hash``. Committed
+records also chain models: a line's ``parent_hash`` is the previous committed ``model_hash``.
+Version 1 ledgers (bare records, before chained lines) are refused with a one-line message.
+
+Lines are appended with one write and an fsync, so a crash loses at most the line being
+written; the checkpoint holds a copy of its round's record to restore it
+(:mod:`lensemble.federation.verify`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
-from lensemble.errors import IntegrityError
+from lensemble.durable import append_line, atomic_write, check_free_space
+from lensemble.errors import IntegrityError, UsageError
+from lensemble.federation.signing import Signer
+
+LEDGER_FORMAT = "lensemble-ledger-v2"
 
 
 @dataclass(frozen=True)
@@ -37,6 +57,13 @@ class RoundRecord:
         non_compute_s: ``wall_s - compute_s``: serialization, transport, validation,
             aggregation, commit (seconds).
         config_hash: Hash of the config that produced the line.
+        extra: More numbers (free-form).
+        updates: Contributor id -> ``{"hash": "sha256:...", "bytes": n}`` of its accepted
+            pseudo-gradient payload.
+        aggregator: How the contributions were combined (``canonical-mean``).
+        software: ``lensemble <version>`` that wrote the line.
+        opened_at: UTC time the attempt opened (ISO 8601).
+        closed_at: UTC time the attempt closed (ISO 8601).
     """
 
     round: int
@@ -55,58 +82,232 @@ class RoundRecord:
     non_compute_s: float
     config_hash: str
     extra: dict[str, float] = field(default_factory=dict)
+    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    aggregator: str = ""
+    software: str = ""
+    opened_at: str = ""
+    closed_at: str = ""
 
     def to_json(self) -> str:
         """One compact JSON line with sorted keys."""
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
+_RECORD_FIELDS = frozenset(f.name for f in fields(RoundRecord))
+
+
+def canonical(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, no spaces (what every hash in the run record covers)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def line_digest(body: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of a line's canonical JSON without ``line_hash`` and ``mac``."""
+    hashed = {k: v for k, v in body.items() if k not in ("line_hash", "mac")}
+    return "sha256:" + hashlib.sha256(canonical(hashed).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LedgerLine:
+    """One parsed line of a v2 ledger.
+
+    Attributes:
+        number: 1-based line number in the file.
+        body: The whole line as parsed JSON.
+        text: The line as stored (without its newline).
+    """
+
+    number: int
+    body: dict[str, Any]
+    text: str
+
+    @property
+    def line_hash(self) -> str:
+        """The hash the line declares for itself."""
+        return str(self.body.get("line_hash", ""))
+
+    @cached_property
+    def record(self) -> RoundRecord:
+        """The round record the line carries.
+
+        Raises:
+            IntegrityError: The record does not have the fields of a round record.
+        """
+        return record_from_dict(self.body.get("record"), f"line {self.number}")
+
+
+def record_from_dict(data: Any, where: str) -> RoundRecord:
+    """A :class:`RoundRecord` from parsed JSON, ignoring fields this version does not know.
+
+    Raises:
+        IntegrityError: ``data`` is not an object with every required field.
+    """
+    if not isinstance(data, dict):
+        raise IntegrityError(f"{where} carries no round record;")
+    try:
+        return RoundRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
+    except TypeError as exc:
+        raise IntegrityError(f"{where} is not a valid round record ({exc});") from None
+
+
+def build_line(
+    seq: int,
+    prev: str,
+    record: dict[str, Any],
+    checkpoint: str | None,
+    signer: Signer | None,
+) -> str:
+    """The canonical text of a ledger line (without newline).
+
+    Args:
+        seq: 1-based line number.
+        prev: ``line_hash`` of the previous line, ``""`` for line 1.
+        record: The round record as a dict (``dataclasses.asdict``).
+        checkpoint: State hash of the checkpoint the round committed, None for an abort.
+        signer: Adds ``mac`` when given.
+    """
+    body: dict[str, Any] = {
+        "checkpoint": checkpoint,
+        "ledger": LEDGER_FORMAT,
+        "prev": prev,
+        "record": record,
+        "seq": seq,
+    }
+    body["line_hash"] = line_digest(body)
+    if signer is not None:
+        body["mac"] = {
+            "alg": signer.algorithm,
+            "key_id": signer.key_id,
+            "value": signer.mac(body["line_hash"]),
+        }
+    return canonical(body)
+
+
+@dataclass
+class ParsedLedger:
+    """A ledger file split into parsed lines and what could not be parsed.
+
+    Attributes:
+        lines: Every complete, parseable line, in order.
+        torn: The final line's text when it is unterminated and not valid JSON (a crash tore it).
+        bad: ``(line number, why)`` of the first unparseable line that is not a torn tail.
+        legacy: The file is a version 1 ledger.
+    """
+
+    lines: list[LedgerLine] = field(default_factory=list)
+    torn: str | None = None
+    bad: tuple[int, str] | None = None
+    legacy: bool = False
+
+
+def parse_ledger(path: Path) -> ParsedLedger:
+    """Read a ledger file without judging it (see :mod:`lensemble.federation.verify`)."""
+    out = ParsedLedger()
+    if not path.exists():
+        return out
+    raw = path.read_bytes()
+    texts = raw.decode("utf-8", errors="replace").split("\n")
+    complete = raw.endswith(b"\n")
+    if complete:
+        texts.pop()  # the empty string after the final newline
+    for number, text in enumerate(texts, 1):
+        try:
+            body = json.loads(text)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if number == len(texts) and not complete:
+                out.torn = text
+            else:
+                out.bad = (number, str(exc))
+            return out
+        if "ledger" not in body and "model_hash" in body:
+            out.legacy = True
+            return out
+        out.lines.append(LedgerLine(number, body, text))
+    return out
+
+
 class Ledger:
-    """Append-only ``ledger.jsonl``.
+    """Append-only ``ledger.jsonl`` in format :data:`LEDGER_FORMAT`.
 
     Args:
         path: The ledger file; its folder is created.
+        signer: Signs each appended line when given.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, signer: Signer | None = None) -> None:
         self.path = path
+        self.signer = signer
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._tail: tuple[int, str] | None = None
 
-    def append(self, record: RoundRecord) -> None:
-        """Append one line durably (flush + fsync)."""
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(record.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    def _tail_state(self) -> tuple[int, str]:
+        if self._tail is None:
+            parsed = parse_ledger(self.path)
+            last = parsed.lines[-1] if parsed.lines else None
+            self._tail = (last.number, last.line_hash) if last else (0, "")
+        return self._tail
 
-    def records(self) -> list[RoundRecord]:
+    def append(self, record: RoundRecord, checkpoint: str | None = None) -> str:
+        """Append one chained line durably (one write + fsync); returns its line hash.
+
+        Args:
+            record: The attempt's record.
+            checkpoint: State hash of the checkpoint this round committed (None for an abort).
+
+        Raises:
+            DiskFull: No room for the line (the ledger is left unchanged).
+        """
+        seq, prev = self._tail_state()
+        text = build_line(seq + 1, prev, asdict(record), checkpoint, self.signer)
+        append_line(self.path, text)
+        self._tail = (seq + 1, json.loads(text)["line_hash"])
+        return self._tail[1]
+
+    def lines(self) -> list[LedgerLine]:
         """Every line, in order.
 
         Raises:
-            IntegrityError: A line is not valid JSON of a round record.
+            IntegrityError: A line is not valid JSON (a torn final line included).
+            UsageError: The ledger is in the version 1 format.
         """
-        if not self.path.exists():
-            return []
-        out = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                out.append(RoundRecord(**json.loads(line)))
-            except (ValueError, TypeError) as exc:
-                raise IntegrityError(
-                    f"{self.path}:{number} is not a valid ledger line ({exc});",
-                    remediation="restore the ledger from a backup or start a new output_dir.",
-                ) from None
-        return out
+        parsed = parse_ledger(self.path)
+        if parsed.legacy:
+            raise legacy_error(self.path)
+        if parsed.bad is not None or parsed.torn is not None:
+            number = parsed.bad[0] if parsed.bad else len(parsed.lines) + 1
+            raise IntegrityError(
+                f"{self.path}:{number} is not a valid ledger line;",
+                remediation="run `lensemble verify` on the folder, or `--resume` to repair a "
+                "line torn by a crash.",
+            )
+        return parsed.lines
 
-    def rewrite(self, records: Iterable[RoundRecord]) -> None:
-        """Replace the ledger atomically (used by resume to drop uncommitted tail lines)."""
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            for record in records:
-                f.write(record.to_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+    def records(self) -> list[RoundRecord]:
+        """Every line's round record, in order (same errors as :meth:`lines`)."""
+        return [line.record for line in self.lines()]
+
+    def rewrite_texts(self, texts: Iterable[str]) -> None:
+        """Replace the ledger atomically with these line texts (resume drops or repairs a tail).
+
+        Raises:
+            DiskFull: Not enough room (checked before anything is written).
+        """
+        data = "".join(t + "\n" for t in texts).encode()
+        check_free_space(self.path.parent, len(data))
+        atomic_write(self.path, data)
+        self._tail = None
+
+
+def legacy_error(path: Path) -> UsageError:
+    """The error for a version 1 ledger (model hashes chained, lines not)."""
+    return UsageError(
+        f"{path} is a version 1 ledger (written before lines were chained; {LEDGER_FORMAT} is "
+        "needed to verify or resume);",
+        remediation="start a new run folder; the old run's model hash chain stays readable "
+        "line by line as JSON.",
+    )
 
 
 def committed_chain(records: Iterable[RoundRecord]) -> list[str]:
@@ -124,8 +325,8 @@ def committed_chain(records: Iterable[RoundRecord]) -> list[str]:
             continue
         if chain and record.parent_hash != chain[-1]:
             raise IntegrityError(
-                f"ledger round {record.round} has parent {record.parent_hash[:19]}..., but the "
-                f"previous committed model is {chain[-1][:19]}...;",
+                f"ledger round {record.round} has parent {record.parent_hash}, but the "
+                f"previous committed model is {chain[-1]};",
                 remediation="the ledger was edited or mixes two runs; use a fresh output_dir.",
             )
         chain.append(record.model_hash)

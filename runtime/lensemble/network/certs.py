@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lensemble.config import LensembleConfig
+from lensemble.durable import atomic_write
 from lensemble.errors import ConfigError, UsageError
 from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 
@@ -128,39 +128,8 @@ def _private_dir(path: Path, *, own: bool) -> None:
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Write ``data`` to ``path`` through a fresh temporary file, durably and atomically.
-
-    The temporary name is random and created exclusively without following links, so nothing
-    planted in the folder (a symbolic link, a file) ever receives the bytes; the rename then
-    replaces whatever ``path`` was, a link included, without writing through it.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if not secret:
-                os.fchmod(f.fileno(), 0o644)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # fsync'd file and folder; a full disk is one sentence and leaves no temporary file.
+    atomic_write(path, data, mode=0o600 if secret else 0o644)
 
 
 def _builder(  # type: ignore[no-untyped-def]

@@ -35,6 +35,8 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.rounds import RoundState
+from lensemble.federation.signing import signer_from_env
+from lensemble.federation.verify import require_valid
 from lensemble.learner import Learner
 from lensemble.network import logs
 from lensemble.network.certs import check_own_certificate, check_tls_files
@@ -56,6 +58,7 @@ from lensemble.network.security import (
 )
 from lensemble.network.service import start_coordinator_server
 from lensemble.network.transport_errors import ShutdownRequested
+from lensemble.run_lock import coordinator_lock
 
 T = TypeVar("T")
 _log = logging.getLogger("lensemble.network.process")
@@ -278,12 +281,32 @@ def run_coordinator(
         The run's summary once every round is committed.
 
     Raises:
+        FolderLocked: Another coordinator writes ``run.output_dir`` (exit 2, at once).
+        IntegrityError: The run record to resume from is broken (exit 3, before any I/O).
         ShutdownRequested: SIGTERM/SIGINT (the last checkpoint stands).
         QuorumNotReached: Too few participants joined, or a round stayed below quorum.
         ConfigError: TLS files or tokens are missing, a certificate expired, or the checkpoint
             has another config.
     """
     ports = ports or PortOptions()
+    # One writer per run folder, and the run record verified before any network I/O.
+    lock = coordinator_lock(Path(config.run.output_dir)).acquire()
+    try:
+        require_valid(
+            Path(config.run.output_dir), config.observability.ledger_path, signer_from_env()
+        )
+        return _serve_coordinator(config, initial_params, ports, linger=linger)
+    finally:
+        lock.release()
+
+
+def _serve_coordinator(
+    config: LensembleConfig,
+    initial_params: Mapping[str, torch.Tensor],
+    ports: PortOptions,
+    *,
+    linger: bool,
+) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = None
     try:

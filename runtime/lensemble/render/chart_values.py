@@ -106,7 +106,12 @@ class CoordinatorPersistence(_Knobs):
     enabled: bool = Field(
         True, description="Keep checkpoints and the ledger on a PVC (false: emptyDir)."
     )
-    size: str = Field("1Gi", pattern=K8S_MEMORY, description="PVC size (Kubernetes quantity).")
+    size: str = Field(
+        "1Gi",
+        pattern=K8S_MEMORY,
+        description="PVC size (Kubernetes quantity); `lensemble render helm` sets it from the "
+        "model size and checkpoint retention, or config.deployment.storage.coordinator_size.",
+    )
     storage_class: str = Field("", description="StorageClass; empty uses the cluster default.")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from lensemble.config.schema import LensembleConfig
+from lensemble.config.sizing import coordinator_volume_size
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.chart_values import HELM_MAX_SAFE_INT, MODES
 from lensemble.render.container import POD_TLS_DIR, container_config
@@ -131,8 +132,9 @@ def render_helm_values(
 
     Returns:
         JSON-ready values: ``mode``, ``trustDomain``, ``trustDomainIsolation`` (on in
-        sovereign-prod), ``names`` (see :func:`object_names`) and ``config`` (the container
-        view, see :func:`pod_config`).
+        sovereign-prod), ``names`` (see :func:`object_names`), ``config`` (the container
+        view, see :func:`pod_config`) and ``persistence.coordinator.size`` (derived from the
+        model and checkpoint retention, or ``deployment.storage.coordinator_size``).
         Keys are in chart order; every other knob keeps its chart default.
 
     Raises:
@@ -169,6 +171,7 @@ def render_helm_values(
         "trustDomainIsolation": config.deployment.environment == "sovereign-prod",
         "names": object_names(config),
         "config": view.model_dump(mode="json"),
+        "persistence": {"coordinator": {"size": coordinator_volume_size(config)}},
     }
 
 

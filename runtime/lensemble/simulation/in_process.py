@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
+from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.coordinator import (
     Coordinator,
     CoordinatorObserver,
@@ -22,9 +23,11 @@ from lensemble.federation.coordinator import (
 )
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
+from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.participant import Participant
+from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
-from lensemble.simulation.output import append_metrics, fresh_output, keep_metrics_before
+from lensemble.simulation.output import append_metrics, fresh_output, recover_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
 
 
@@ -54,13 +57,34 @@ def run_in_process(
     Raises:
         QuorumNotReached: A round stayed below quorum after every retry.
         ResidencyViolation: A participant tried to send something other than a pseudo-gradient.
+        FolderLocked: Another process writes this folder's coordinator state (exit 2).
+        IntegrityError: The run record to resume from is broken (exit 3, before any work).
+        DiskFull: The output folder's filesystem is full.
     """
+    out = Path(config.run.output_dir)
+    with coordinator_lock(out):
+        return _run(config, out, faults, resume=resume, observer=observer, on_metrics=on_metrics)
+
+
+def _run(
+    config: LensembleConfig,
+    out: Path,
+    faults: FaultPlan | None,
+    *,
+    resume: bool,
+    observer: CoordinatorObserver | None,
+    on_metrics: Callable[[RoundMetrics], None] | None,
+) -> SimulationResult:
     from lensemble.data.trajectories import load_or_collect
     from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
 
     start = time.perf_counter()
-    out = Path(config.run.output_dir)
-    if not resume:
+    if resume:  # verify before any work: collecting data can take minutes
+        from lensemble.federation.signing import signer_from_env
+        from lensemble.federation.verify import require_valid
+
+        require_valid(out, config.observability.ledger_path, signer_from_env())
+    else:
         fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
     ids = config.participant_ids
@@ -73,13 +97,19 @@ def run_in_process(
     }
     coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
     resumed_from = coordinator.version if resume and coordinator.version > 0 else None
+    evaluation = Evaluation(config, datasets)
+    fed, ev = config.federation, config.evaluation
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
-        keep_metrics_before(out, coordinator.version)
+        assert coordinator.ledger is not None
+        recover_metrics(
+            out,
+            coordinator.ledger.records(),
+            coordinator.version,
+            lambda record: _rebuild_metrics(config, out, evaluation, record),
+        )
     transport = InProcessTransport(participants, faults)
-    evaluation = Evaluation(config, datasets)
-    fed, ev = config.federation, config.evaluation
     metrics: list[RoundMetrics] = []
     final: dict[str, Any] | None = None
     final_local: dict[str, dict[str, Any]] = {}
@@ -110,3 +140,25 @@ def run_in_process(
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
     )
+
+
+def _evaluated(config: LensembleConfig, round_index: int) -> bool:
+    """Whether the metrics line of ``round_index`` carries held-out scores."""
+    last = round_index + 1 == config.federation.rounds
+    return last or (round_index + 1) % config.evaluation.every_rounds == 0
+
+
+def _rebuild_metrics(
+    config: LensembleConfig, out: Path, evaluation: Evaluation, record: RoundRecord
+) -> RoundMetrics:
+    """The metrics line of a committed round a crash lost, re-scored from its checkpoint."""
+    line = RoundMetrics.of(record)
+    version = record.round + 1
+    store = CheckpointStore(out)
+    if _evaluated(config, record.round) and version in store.versions():
+        ckpt = store.load(version)
+        assert ckpt is not None
+        line.federated = evaluation.federated(ckpt.params)
+        if config.evaluation.local_only_baseline:
+            line.local_only = evaluation.local_only(version)
+    return line

@@ -24,6 +24,8 @@ from typing import Any
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.ledger import Ledger, RoundRecord
+from lensemble.federation.signing import signer_from_env
+from lensemble.federation.verify import require_valid
 from lensemble.network.certs import init_certs
 from lensemble.network.identity import COORDINATOR_IDENTITY
 from lensemble.network.launcher import (
@@ -33,6 +35,7 @@ from lensemble.network.launcher import (
     ProcessFailed,
     free_port,
 )
+from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
 from lensemble.simulation.output import fresh_output, write_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
@@ -102,9 +105,12 @@ def run_local_processes(
     """
     start = time.perf_counter()
     out = Path(config.run.output_dir)
-    if not resume:
-        fresh_output(out, config.observability.ledger_path)
-    out.mkdir(parents=True, exist_ok=True)
+    # The coordinator process takes the coordinator lock; here it only guards the clean-up.
+    with coordinator_lock(out):
+        if resume:
+            require_valid(out, config.observability.ledger_path, signer_from_env())
+        else:
+            fresh_output(out, config.observability.ledger_path)
     before = CheckpointStore(out).versions()
     resumed_from = before[-1] if before and before[-1] > 0 else None
     port = free_port()

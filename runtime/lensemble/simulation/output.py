@@ -5,6 +5,10 @@ Layout under ``run.output_dir``: ``coordinator/`` (checkpoints), the ledger
 round), ``report.png``, ``participants/<id>/data`` (each participant's private data cache) and
 ``participants/<id>/state`` (its inner state), and for a local-processes run ``certs/`` and
 ``logs/``.
+
+``metrics.jsonl`` is appended one fsync'd line per round (:func:`lensemble.durable.append_line`);
+a line torn or lost in a crash is dropped and rebuilt from the ledger on resume
+(:func:`recover_metrics`), so an interrupted run leaves no hole.
 """
 
 from __future__ import annotations
@@ -12,15 +16,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lensemble.durable import append_line, atomic_write, check_free_space
 from lensemble.errors import UsageError
 from lensemble.federation.checkpoint import CheckpointStore
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
+    from lensemble.federation.ledger import RoundRecord
     from lensemble.simulation.summary import RoundMetrics
 
 METRICS_FILE = "metrics.jsonl"
@@ -76,9 +82,16 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
 def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
     """Remove a previous run's coordinator state, ledger, metrics, report and inner states.
 
-    Each participant's data cache (``participants/<id>/data``) and any certificates are kept.
+    Each participant's data cache (``participants/<id>/data``), any certificates and the
+    coordinator's lock file (held by the caller) are kept.
     """
-    shutil.rmtree(out / "coordinator", ignore_errors=True)
+    for item in (out / "coordinator").glob("*"):
+        if item.name == "lock":
+            continue
+        if item.is_dir():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)
     for name in (ledger_path, METRICS_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
     for folder in (out / "participants").glob("*/state"):
@@ -86,33 +99,72 @@ def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:
-    """Every line of ``metrics.jsonl`` as a dict, in file order (empty if there is none)."""
+    """Every complete line of ``metrics.jsonl`` as a dict, in file order (empty if none).
+
+    A final line torn by a crash is skipped (resume rebuilds it).
+    """
     path = out / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = []
+    for text in path.read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            break
+    return lines
 
 
-def keep_metrics_before(out: Path, version: int) -> None:
-    """Drop the ``metrics.jsonl`` lines of rounds ``>= version`` (a resume redoes them)."""
+def recover_metrics(
+    out: Path,
+    records: Iterable[RoundRecord],
+    version: int,
+    rebuild: Callable[[RoundRecord], RoundMetrics],
+) -> int:
+    """Make ``metrics.jsonl`` hold exactly one line per committed round before ``version``.
+
+    Lines of rounds ``>= version`` (a resume redoes them) and a torn final line are dropped; a
+    committed round whose line a crash lost gets one built by ``rebuild`` from its ledger
+    record. The file is rewritten atomically, after checking there is room, and only when
+    something changed.
+
+    Args:
+        out: The run folder.
+        records: The ledger's records.
+        version: The model version the run resumes from.
+        rebuild: Builds a lost round's line (scores included when the round was evaluated).
+
+    Returns:
+        How many lines were rebuilt.
+    """
     path = out / METRICS_FILE
-    if not path.exists():
-        return
-    kept = [
-        line
-        for line in path.read_text(encoding="utf-8").splitlines()
-        if json.loads(line)["round"] < version
-    ]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    raw = path.read_text(encoding="utf-8") if path.exists() else ""
+    by_round: dict[int, str] = {}
+    for text in raw.splitlines():
+        try:
+            round_index = int(json.loads(text)["round"])
+        except (ValueError, KeyError, TypeError):
+            break
+        if round_index < version:
+            by_round.setdefault(round_index, text)
+    rebuilt = 0
+    for record in records:
+        if record.state == "closed" and record.round < version and record.round not in by_round:
+            by_round[record.round] = rebuild(record).to_json()
+            rebuilt += 1
+    text = "".join(by_round[r] + "\n" for r in sorted(by_round))
+    if text != raw:
+        check_free_space(out, len(text))
+        atomic_write(path, text.encode())
+    return rebuilt
 
 
 def append_metrics(out: Path, line: RoundMetrics) -> None:
-    """Append one round's line to ``metrics.jsonl``."""
-    with (out / METRICS_FILE).open("a", encoding="utf-8") as f:
-        f.write(line.to_json() + "\n")
+    """Append one round's line to ``metrics.jsonl`` (one write, fsync'd)."""
+    append_line(out / METRICS_FILE, line.to_json())
 
 
 def write_metrics(out: Path, lines: Iterable[RoundMetrics]) -> None:
-    """Replace ``metrics.jsonl`` with ``lines``."""
+    """Replace ``metrics.jsonl`` with ``lines`` atomically."""
     text = "".join(m.to_json() + "\n" for m in lines)
-    (out / METRICS_FILE).write_text(text, encoding="utf-8")
+    atomic_write(out / METRICS_FILE, text.encode())

@@ -1,0 +1,156 @@
+"""Check a coordinator checkpoint without torch, so ``lensemble verify`` starts in a blink.
+
+The same checks as :meth:`lensemble.federation.checkpoint.CheckpointStore.load` (model hash,
+momentum present, state hash, MAC), computed with numpy over the tensors safetensors reads. The
+digests are byte for byte those of :func:`lensemble.federation.payload.tensor_digest` and
+:func:`lensemble.federation.checkpoint.state_hash` (a test compares them on real checkpoints).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lensemble.errors import IntegrityError
+from lensemble.federation.signing import Signer
+
+MOMENTUM_PREFIX = "momentum::"
+MODEL_HASH_DOMAIN = b"lensemble/global-model/v1\x00"
+STATE_DOMAIN = b"lensemble/coordinator-state/v1\x00"
+PAYLOAD_FORMAT = "lensemble-payload-v1"
+MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
+_TOKENS = {"float32": "F32", "float16": "F16", "float64": "F64", "int8": "I8", "int32": "I32"}
+_TOKENS.update({"int64": "I64", "uint8": "U8"})
+
+
+@dataclass(frozen=True)
+class AuditedCheckpoint:
+    """What verification needs of a checkpoint that passed every check.
+
+    Attributes:
+        version: Model version.
+        model_hash: Its model hash (recomputed and equal).
+        parent_hash: The parent model's hash.
+        record: Canonical JSON of the round record it commits (``""`` for v0).
+        state_hash: Its state hash (recomputed and equal).
+    """
+
+    version: int
+    model_hash: str
+    parent_hash: str
+    record: str
+    state_hash: str
+
+
+def checkpoint_folder(run_dir: Path) -> Path:
+    """``<run_dir>/coordinator/checkpoints``."""
+    return run_dir / "coordinator" / "checkpoints"
+
+
+def checkpoint_path(run_dir: Path, version: int) -> Path:
+    """Where checkpoint ``version`` lives."""
+    return checkpoint_folder(run_dir) / f"model-v{version:06d}.safetensors"
+
+
+def checkpoint_versions(run_dir: Path) -> list[int]:
+    """Versions with a checkpoint on disk, ascending."""
+    folder = checkpoint_folder(run_dir)
+    if not folder.is_dir():
+        return []
+    found = (MODEL_FILE.match(p.name) for p in folder.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def _digest(tensors: dict[str, Any], suffix: bytes) -> str:
+    h = hashlib.sha256(MODEL_HASH_DOMAIN)
+    for name in sorted(tensors):
+        array = tensors[name]
+        encoded = name.encode()
+        token = _TOKENS[str(array.dtype)].encode()
+        h.update(struct.pack("<I", len(encoded)) + encoded)
+        h.update(struct.pack("<B", len(token)) + token)
+        h.update(
+            struct.pack("<I", array.ndim) + b"".join(struct.pack("<Q", d) for d in array.shape)
+        )
+        h.update(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(order="C"))
+    h.update(suffix)
+    return h.hexdigest()
+
+
+def _state_suffix(version: int, *texts: str) -> bytes:
+    suffix = STATE_DOMAIN + struct.pack("<Q", version)
+    for text in texts:
+        encoded = text.encode()
+        suffix += struct.pack("<Q", len(encoded)) + encoded
+    return suffix
+
+
+def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> AuditedCheckpoint:
+    """Read checkpoint ``version`` and check it like ``CheckpointStore.load`` does.
+
+    Raises:
+        IntegrityError: Unreadable, momentum missing, a hash that does not recompute, or a MAC
+            that does not verify (the messages are ``CheckpointStore.load``'s).
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as np_load
+
+    try:
+        data = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + header_len])
+        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
+        if meta.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
+        tensors = np_load(data)
+    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
+        raise IntegrityError(
+            f"checkpoint {path} cannot be read ({exc});",
+            remediation="delete it to resume from the previous checkpoint.",
+        ) from None
+    params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
+    missing = sorted(set(params) ^ {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
+    if missing:
+        raise IntegrityError(
+            f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
+            remediation="the file was modified; restore it or start a new run folder.",
+        )
+    try:
+        recorded_version = int(meta.get("version", "-1"))
+    except ValueError:
+        recorded_version = -1
+    expected = meta.get("model_hash", "")
+    parent = meta.get("parent_hash", "")
+    suffix = struct.pack("<Q", recorded_version if recorded_version >= 0 else 0) + parent.encode()
+    actual = "sha256:" + _digest(params, suffix)
+    if actual != expected or recorded_version != version:
+        raise IntegrityError(
+            f"checkpoint {path} does not match its recorded model hash (recorded {expected}, "
+            f"recomputed {actual});",
+            remediation="the file was modified; restore it or start a new run folder.",
+        )
+    record = meta.get("record", "")
+    recorded_state = meta.get("state_hash", "")
+    suffix = _state_suffix(version, expected, parent, meta.get("config_hash", ""), record)
+    recomputed = "sha256:" + _digest(dict(tensors), suffix)
+    if recomputed != recorded_state:
+        raise IntegrityError(
+            f"checkpoint {path} does not match its recorded state hash (recorded "
+            f"{recorded_state or '(none)'}, recomputed {recomputed}): its parameters, outer "
+            "momentum or round record changed;",
+            remediation="restore it from a backup or start a new run folder.",
+        )
+    if signer is not None and not signer.verify(recomputed, meta.get("mac", "")):
+        raise IntegrityError(
+            f"checkpoint {path} is not signed by the run's key ({signer.key_id});",
+            remediation="it was written by someone without the key: restore it from a "
+            "backup or start a new run folder.",
+        )
+    return AuditedCheckpoint(version, expected, parent, record, recorded_state)

@@ -1,0 +1,328 @@
+"""The tamper-evident run record: every tampering is found before any work, with its line named."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from lensemble.errors import IntegrityError
+from lensemble.federation.checkpoint import MOMENTUM_PREFIX, CheckpointStore, state_hash
+from lensemble.federation.ledger import Ledger, canonical, line_digest
+from lensemble.federation.payload import decode, encode, model_hash
+from lensemble.federation.signing import HmacSigner
+from lensemble.federation.verify import verify_run
+from tests.support.cli import run_cli
+from tests.support.federation import build, small_config
+
+HASH = re.compile(r"sha256:[0-9a-f]{64}")
+KEY = b"k" * 32
+
+
+def _run(out: Path, rounds: int = 3, signer: HmacSigner | None = None) -> str:
+    coordinator, transport, _ = build(small_config(rounds=rounds), output_dir=out)
+    if signer is not None:  # re-create with the key: the first checkpoint is signed too
+        from lensemble.federation.coordinator import Coordinator
+        from tests.support.federation import initial_params
+
+        coordinator = Coordinator(
+            small_config(rounds=rounds), initial_params(3), output_dir=out, signer=signer
+        )
+    return coordinator.run(transport).model_hash
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(t) for t in (out / "ledger.jsonl").read_text().splitlines()]
+
+
+def _write_lines(out: Path, lines: list[dict]) -> None:
+    (out / "ledger.jsonl").write_text("".join(canonical(b) + "\n" for b in lines))
+
+
+def _resume_refused(out: Path, rounds: int = 5) -> str:
+    """Resume must refuse before any training or write; returns the error message."""
+    ledger_before = (out / "ledger.jsonl").read_bytes()
+    ckpts_before = sorted(p.name for p in CheckpointStore(out).folder.iterdir())
+    with pytest.raises(IntegrityError) as caught:
+        build(small_config(rounds=rounds), output_dir=out, resume=True)
+    assert (out / "ledger.jsonl").read_bytes() == ledger_before
+    assert sorted(p.name for p in CheckpointStore(out).folder.iterdir()) == ckpts_before
+    return caught.value.message
+
+
+def test_an_honest_run_verifies_and_keeps_its_model_hash_chain(tmp_path: Path) -> None:
+    final = _run(tmp_path)
+    report = verify_run(tmp_path)
+    assert report.ok and report.lines == 3 and report.committed == 3
+    assert report.model_hash == final and report.checkpoints == [1, 2, 3]
+    lines = _lines(tmp_path)
+    assert [b["seq"] for b in lines] == [1, 2, 3]
+    assert lines[1]["prev"] == lines[0]["line_hash"] and lines[0]["prev"] == ""
+    record = lines[0]["record"]
+    assert record["aggregator"] == "canonical-mean" and record["software"].startswith("lensemble")
+    assert set(record["updates"]) == set(record["contributors"])
+    assert all(HASH.fullmatch(u["hash"]) and u["bytes"] > 0 for u in record["updates"].values())
+    assert record["opened_at"] <= record["closed_at"]
+    result = run_cli("verify", str(tmp_path), "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["ok"] is True
+
+
+def test_a_consistently_forged_checkpoint_is_refused_before_training(tmp_path: Path) -> None:
+    _run(tmp_path)
+    store = CheckpointStore(tmp_path)
+    path = store.path(3)
+    decoded = decode(path.read_bytes())
+    meta = dict(decoded.metadata)
+    tensors = dict(decoded.tensors)
+    name = sorted(k for k in tensors if not k.startswith(MOMENTUM_PREFIX))[0]
+    tensors[name] = tensors[name] + 1.0
+    params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    momentum = {
+        k.removeprefix(MOMENTUM_PREFIX): v
+        for k, v in tensors.items()
+        if k != name and k.startswith(MOMENTUM_PREFIX)
+    }
+    meta["model_hash"] = model_hash(params, 3, meta["parent_hash"])
+    meta["state_hash"] = state_hash(
+        params,
+        momentum,
+        version=3,
+        model_hash_=meta["model_hash"],
+        parent_hash=meta["parent_hash"],
+        config_hash=meta["config_hash"],
+        record_json=meta["record"],
+    )
+    path.write_bytes(encode(tensors, meta))
+    message = _resume_refused(tmp_path)
+    assert "ledger.jsonl:3" in message
+    found = HASH.findall(message)
+    assert len(found) == 2 and found[0] != found[1]  # both full hashes, and they differ
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3 and "ledger.jsonl:3" in result.out
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("model_hash", "sha256:" + "0" * 64),
+        ("contributors", ["alpha"]),
+        ("excluded", {"alpha": "timeout"}),
+        ("mean_inner_loss", 0.5),
+        ("robustness_note", "added later by another writer"),  # fields the code does not know
+    ],
+)
+def test_an_edited_ledger_line_is_named_with_both_full_hashes(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[1]["record"][field] = value
+    _write_lines(tmp_path, lines)
+    message = _resume_refused(tmp_path)
+    assert "ledger.jsonl:2" in message and "was edited" in message
+    expected, found = HASH.findall(message)
+    assert expected == lines[1]["line_hash"] and found == line_digest(lines[1])
+
+
+def test_a_rehashed_edit_breaks_the_next_link(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[0]["record"]["excluded"] = {"delta": "timeout"}
+    lines[0]["line_hash"] = line_digest(lines[0])
+    _write_lines(tmp_path, lines)
+    message = _resume_refused(tmp_path)
+    assert "ledger.jsonl:2" in message and "does not chain" in message
+
+
+def test_a_bit_flip_in_the_outer_momentum_is_refused(tmp_path: Path) -> None:
+    _run(tmp_path)
+    path = CheckpointStore(tmp_path).path(3)
+    decoded = decode(path.read_bytes())
+    tensors = dict(decoded.tensors)
+    name = sorted(k for k in tensors if k.startswith(MOMENTUM_PREFIX))[0]
+    flipped = tensors[name].clone().view(torch.int32)
+    flipped.view(-1)[0] ^= 1
+    tensors[name] = flipped.view(torch.float32)
+    path.write_bytes(encode(tensors, dict(decoded.metadata)))
+    message = _resume_refused(tmp_path)
+    assert "state hash" in message and "model-v000003" in message
+
+
+def test_a_checkpoint_without_momentum_is_an_integrity_error_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path)
+    path = CheckpointStore(tmp_path).path(3)
+    decoded = decode(path.read_bytes())
+    params = {k: v for k, v in decoded.tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    path.write_bytes(encode(params, dict(decoded.metadata)))
+    assert "lacks the outer momentum" in _resume_refused(tmp_path)
+
+
+def test_a_torn_final_line_is_repaired_from_the_checkpoint(tmp_path: Path) -> None:
+    reference = _run(tmp_path / "straight", rounds=4)
+    out = tmp_path / "torn"
+    coordinator, transport, _ = build(small_config(rounds=4), output_dir=out)
+    for _ in range(3):
+        coordinator.run_round(transport)
+    text = (out / "ledger.jsonl").read_text()
+    (out / "ledger.jsonl").write_text(text[: len(text) - 40])  # the crash tore line 3
+    report = verify_run(out)
+    assert report.ok and report.repair is not None and "torn" in report.repair.reason
+    resumed, transport2, _ = build(small_config(rounds=4), output_dir=out, resume=True)
+    assert resumed.version == 3
+    assert resumed.run(transport2).model_hash == reference
+    assert verify_run(out).ok and (out / "ledger.jsonl").read_text().startswith(text)
+
+
+def test_a_torn_final_line_that_disagrees_with_the_checkpoint_is_refused(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path)
+    text = (tmp_path / "ledger.jsonl").read_text()
+    head, last = text[: len(text) - 40].rsplit("\n", 1)
+    torn = head + "\n" + last.replace('"closed"', '"CLOSED"')
+    (tmp_path / "ledger.jsonl").write_text(torn)
+    assert "ledger.jsonl:3" in _resume_refused(tmp_path)
+
+
+def test_signed_runs_close_what_an_unsigned_chain_cannot(tmp_path: Path) -> None:
+    signer = HmacSigner(KEY)
+    _run(tmp_path, signer=signer)
+    assert verify_run(tmp_path, signer=signer).ok
+    assert not verify_run(tmp_path, signer=HmacSigner(b"x" * 32)).ok
+    # Rewriting the whole chain consistently: undetectable without the key, caught with it.
+    lines = _lines(tmp_path)
+    prev = ""
+    for body in lines:
+        body.pop("mac")
+        body["record"]["mean_inner_loss"] = 0.0
+        body["checkpoint"] = _rewrite_checkpoint_record(tmp_path, body["record"])
+        body["prev"] = prev
+        body["line_hash"] = prev = line_digest(body)
+    _write_lines(tmp_path, lines)
+    assert verify_run(tmp_path).ok  # the documented limit of an unsigned chain
+    broken = verify_run(tmp_path, signer=signer).first_break
+    assert broken is not None and broken.line == 1 and "no MAC" in broken.what
+    key = tmp_path / "key"
+    key.write_bytes(KEY)
+    result = run_cli("verify", str(tmp_path), "--key-file", str(key))
+    assert result.code == 3 and "ledger.jsonl:1" in result.out
+
+
+def _rewrite_checkpoint_record(out: Path, record: dict) -> str:
+    """Forge checkpoint v(round + 1) to hold ``record``, without a key; returns its state hash."""
+    path = CheckpointStore(out).path(record["round"] + 1)
+    decoded = decode(path.read_bytes())
+    meta = {k: v for k, v in decoded.metadata.items() if not k.startswith("mac")}
+    meta["record"] = canonical(record)
+    params = {k: v for k, v in decoded.tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    momentum = {
+        k.removeprefix(MOMENTUM_PREFIX): v
+        for k, v in decoded.tensors.items()
+        if k.startswith(MOMENTUM_PREFIX)
+    }
+    meta["state_hash"] = state_hash(
+        params,
+        momentum,
+        version=record["round"] + 1,
+        model_hash_=meta["model_hash"],
+        parent_hash=meta["parent_hash"],
+        config_hash=meta["config_hash"],
+        record_json=meta["record"],
+    )
+    path.write_bytes(encode(decoded.tensors, meta))
+    return meta["state_hash"]
+
+
+def test_verify_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    result = run_cli("verify", str(tmp_path / "nothing"))
+    assert result.code == 2 and "ledger.jsonl" in result.err
+
+
+def test_a_version_1_ledger_is_named_not_misread(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    (tmp_path / "ledger.jsonl").write_text("".join(canonical(b["record"]) + "\n" for b in lines))
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 2 and "version 1 ledger" in result.err
+    assert Ledger  # the reader refuses the same way (see ledger.legacy_error)
+
+
+class _FakeKms:
+    """The two KMS calls, with HMAC-SHA256 under a key only this object holds."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def generate_mac(self, KeyId: str, Message: bytes, MacAlgorithm: str) -> dict:
+        self.calls.append("GenerateMac")
+        return {"Mac": bytes.fromhex(HmacSigner(KEY).mac(Message.decode()))}
+
+    def verify_mac(self, KeyId: str, Message: bytes, MacAlgorithm: str, Mac: bytes) -> dict:
+        self.calls.append("VerifyMac")
+        return {"MacValid": HmacSigner(KEY).verify(Message.decode(), Mac.hex())}
+
+
+def test_kms_signing_uses_generate_for_the_coordinator_and_verify_for_auditors(
+    tmp_path: Path,
+) -> None:
+    from lensemble.federation.signing import KmsSigner
+
+    kms = _FakeKms()
+    coordinator_side = KmsSigner("arn:aws:kms:eu-central-1:1:key/run", kms)
+    _run(tmp_path, signer=coordinator_side)  # type: ignore[arg-type]
+    assert set(kms.calls) == {"GenerateMac"}
+    assert verify_run(tmp_path, signer=coordinator_side).ok
+    kms.calls.clear()
+    auditor = KmsSigner("arn:aws:kms:eu-central-1:1:key/run", kms, audit=True)
+    assert verify_run(tmp_path, signer=auditor).ok
+    assert set(kms.calls) == {"VerifyMac"}
+    lines = _lines(tmp_path)
+    lines[0]["mac"]["value"] = "00" * 32
+    _write_lines(tmp_path, lines)
+    broken = verify_run(tmp_path, signer=auditor).first_break
+    assert broken is not None and broken.line == 1
+
+
+def test_the_network_coordinator_verifies_before_any_network_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lensemble.network import process
+
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[2]["record"]["model_hash"] = "sha256:" + "1" * 64
+    _write_lines(tmp_path, lines)
+
+    def no_io(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the coordinator opened its servers on a broken run record")
+
+    monkeypatch.setattr(process, "ProcessHarness", no_io)
+    config = small_config(rounds=5).model_copy(
+        update={"run": small_config().run.model_copy(update={"output_dir": str(tmp_path)})}
+    )
+    from tests.support.federation import initial_params
+
+    with pytest.raises(IntegrityError, match="ledger.jsonl:3"):
+        process.run_coordinator(config, initial_params(3))
+
+
+def test_verify_checks_checkpoints_without_importing_torch(tmp_path: Path) -> None:
+    """``lensemble verify`` must start fast: its checkpoint digests are numpy's, equal to torch's."""
+    import subprocess
+    import sys
+
+    _run(tmp_path)
+    script = (
+        "import sys; from pathlib import Path; from lensemble.federation.verify import verify_run;"
+        "r = verify_run(Path(sys.argv[1])); print(r.ok, r.checkpoints, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "[1,", "2,", "3]", "False"]

@@ -1,0 +1,62 @@
+"""The run record's KMS MAC key (sovereign-prod): the coordinator signs, auditors verify."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.infra.conftest import STACKS
+from tests.infra.expected import as_list, statements
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_aws")
+
+COMPONENT = "lensemble:aws:RunRecordKey"
+KEY = "aws:kms/key:Key"
+ROLE = "aws:iam/role:Role"
+
+
+def _allowed(policy: object, action: str) -> list[str]:
+    """Principals an Allow statement grants ``action`` (wildcards included)."""
+    out: list[str] = []
+    for statement in statements(policy):
+        actions = as_list(statement["Action"])
+        if statement["Effect"] == "Allow" and any(
+            a == action or (a.endswith("*") and action.startswith(a[:-1])) for a in actions
+        ):
+            out += as_list(statement["Principal"]["AWS"])
+    return out
+
+
+def _denied_to_all_but(policy: object, action: str) -> str | None:
+    for statement in statements(policy):
+        if statement["Effect"] == "Deny" and action in as_list(statement["Action"]):
+            assert as_list(statement["Principal"]["AWS"]) == ["*"]
+            return str(statement["Condition"]["ArnNotEquals"]["aws:PrincipalArn"])
+    return None
+
+
+def test_sovereign_prod_creates_one_mac_key_with_split_rights(captured):
+    capture = captured("sovereign-prod")
+    [component] = capture.of_type(COMPONENT)
+    [key] = capture.children(component, KEY)
+    assert key.inputs["customerMasterKeySpec"] == "HMAC_256"
+    assert key.inputs["keyUsage"] == "GENERATE_VERIFY_MAC"
+    outputs = capture.component_outputs[component.urn]
+    coordinator_arn, auditor_arn = outputs["coordinator_role_arn"], outputs["auditor_role_arn"]
+    roles = {r.name: r for r in capture.children(component, ROLE)}
+    coordinator = next(r for n, r in roles.items() if n.endswith("-coordinator"))
+    policy = key.inputs["policy"]
+    assert _allowed(policy, "kms:GenerateMac") == [coordinator_arn]
+    assert _allowed(policy, "kms:VerifyMac") == [auditor_arn]
+    assert _denied_to_all_but(policy, "kms:GenerateMac") == coordinator_arn
+    assert _denied_to_all_but(policy, "kms:VerifyMac") == auditor_arn
+    # The coordinator role is its pod's, nobody else's.
+    trust = statements(coordinator.inputs["assumeRolePolicy"])[0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert capture.exports["runRecordKeyArn"] == outputs["key_arn"]
+    assert capture.exports["runRecordAuditorRoleArn"] == auditor_arn
+
+
+@pytest.mark.parametrize("stack", [s for s in STACKS if s != "sovereign-prod"])
+def test_participants_staging_and_local_make_no_mac_key(captured, stack):
+    """Participants never sign; staging and local sign with an HMAC key file if at all."""
+    assert captured(stack).of_type(COMPONENT) == []
