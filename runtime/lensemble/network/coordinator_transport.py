@@ -268,16 +268,39 @@ class GrpcCoordinatorTransport:
             pending.done.set()
 
     def round_closed(self, record: RoundRecord) -> None:
-        """Stop collecting: refuse whatever is still queued for the closed attempt."""
+        """Stop collecting: answer whatever is still queued for the closed attempt.
+
+        A queued resend of an update that was counted is answered ``duplicate`` (accepted), as
+        the coordinator would answer it (:func:`admit_attempt`); anything else is refused. A
+        refusal here would make the sender forget a round it contributed to.
+        """
         with self._cond:
             self._closed = ClosedAttempt(record.round, record.attempt, dict(self._accepted))
             self._opening, self._payload = None, b""
             if record.state == "closed":
                 self._next_round = record.round + 1
-            leftovers = self._drain()
+            leftovers = [
+                (
+                    p,
+                    admit_attempt(
+                        p.submission.sender,
+                        p.submission.round_index,
+                        p.submission.attempt,
+                        p.submission.payload_hash,
+                        opening=None,
+                        closed=self._closed,
+                        current_round=self.collecting_round,
+                    ),
+                )
+                for p in self._drain()
+            ]
             decode_s, self._decode_s = self._decode_s, 0.0
-        for pending in leftovers:
-            self._refuse_pending(pending, Reason.CLOSED_ROUND.value, "the round closed first.")
+        for pending, verdict in leftovers:
+            if verdict is not None and verdict.reason == Reason.DUPLICATE:
+                pending.outcome = _as_outcome(verdict)
+                pending.done.set()
+            else:
+                self._refuse_pending(pending, Reason.CLOSED_ROUND.value, "the round closed first.")
         self.metrics.round_closed(record, sorted(self.expected), deserialize_s=decode_s)
 
     def take_traffic(self) -> Traffic:
