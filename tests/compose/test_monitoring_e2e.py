@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from lensemble.render.prometheus import PROMETHEUS_IMAGE, PROMETHEUS_PORT
+from lensemble.render.prometheus import PROMETHEUS_PORT
 from lensemble.stack.engine import compose_command
 from tests.compose.test_engine_e2e import Up, container, docker, stack
 from tests.support.tools import require
@@ -47,14 +47,7 @@ SCRAPE_WAIT_S = 300.0
 def _engine_and_images() -> None:
     require("docker")
     require("image")
-    done = subprocess.run(
-        ["docker", "image", "inspect", PROMETHEUS_IMAGE], capture_output=True, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(
-            f"{PROMETHEUS_IMAGE} is not on the engine; build it: docker build -t "
-            f"{PROMETHEUS_IMAGE} -f deploy/monitoring/Dockerfile deploy/monitoring"
-        )
+    require("prometheus-image")
 
 
 class Prometheus:

@@ -33,6 +33,7 @@ KNOWN_TOOLS = (
     "pulumi",
     "worldmodel",
     "promtool",
+    "prometheus-image",
 )
 
 
@@ -97,6 +98,17 @@ def probe(tool: str) -> str | None:
         if shutil.which("promtool") is None:
             return "promtool is not on PATH (Debian: apt-get install prometheus)"
         return None if _run_ok("promtool", "--version") else "promtool --version fails"
+    if tool == "prometheus-image":
+        from lensemble.render.prometheus import PROMETHEUS_IMAGE
+
+        if shutil.which("docker") is None:
+            return "docker is not on PATH"
+        if _run_ok("docker", "image", "inspect", PROMETHEUS_IMAGE, timeout=60):
+            return None
+        return (
+            f"{PROMETHEUS_IMAGE} is not on the engine (build it: docker build -t "
+            f"{PROMETHEUS_IMAGE} -f deploy/monitoring/Dockerfile deploy/monitoring)"
+        )
     if tool == "worldmodel":
         found = importlib.util.find_spec("stable_worldmodel")
         return None if found else "the [worldmodel] extra is not installed"
