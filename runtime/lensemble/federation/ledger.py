@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lensemble.errors import IntegrityError
 
@@ -28,7 +29,8 @@ class RoundRecord:
         excluded: Participant id -> why it did not contribute (``timeout``, a rejection reason).
         parent_hash: Hash of the model the round started from.
         model_hash: Hash of the committed model (equals ``parent_hash`` when aborted).
-        mean_inner_loss: Mean of the contributors' mean inner losses (unitless), or None.
+        mean_inner_loss: Mean of the contributors' self-reported mean inner losses (unitless),
+            or None.
         bytes_up: Pseudo-gradient payload bytes received for this attempt.
         bytes_down: Model payload bytes sent to participants for this attempt.
         quantization: Wire format of the pseudo-gradients.
@@ -37,6 +39,17 @@ class RoundRecord:
         non_compute_s: ``wall_s - compute_s``: serialization, transport, validation,
             aggregation, commit (seconds).
         config_hash: Hash of the config that produced the line.
+        extra: Further numbers (name -> value).
+        defences: What the coordinator's defences decided (plain JSON data, docs/security.md):
+            ``aggregator``; ``norms`` (participant id -> L2 norm of its update),
+            ``norm_bound`` (the bound applied, or None), ``clipped`` (participant id -> the
+            factor its update was scaled by), ``rejected`` (participant id -> ``{"reason":
+            code, "detail": sentence}``, whether rejected when judged or at aggregation),
+            ``precommit`` (None, or why the new model was not committed). Empty in lines
+            written before these defences existed.
+        self_reported: Participant id -> the statistics it reported about itself
+            (``mean_loss``, ``compute_s``), after the coordinator's bounds; a value outside
+            them is null. Unverified: nothing the coordinator decides depends on them.
     """
 
     round: int
@@ -55,6 +68,8 @@ class RoundRecord:
     non_compute_s: float
     config_hash: str
     extra: dict[str, float] = field(default_factory=dict)
+    defences: dict[str, Any] = field(default_factory=dict)
+    self_reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """One compact JSON line with sorted keys."""
