@@ -498,7 +498,8 @@ class Coordinator:
         combined = aggregate(screening.kept, fed.robustness)
         self._advance(machine, RoundState.COMMITTING)
         params, momentum = self.outer.apply(self.params, combined, self.momentum)
-        problem = precommit_problem(self.params, params, fed.robustness.max_relative_change)
+        change, problem = precommit_problem(self.params, params, fed.robustness.max_relative_change)
+        defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
         if problem is not None:
             defences["precommit"] = problem
             return self._abort(

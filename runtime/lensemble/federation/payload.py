@@ -209,7 +209,7 @@ def _check_header(header: object) -> dict[str, str]:
         if not isinstance(entry, dict):
             raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in _ST_DTYPE_RANK:
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
             raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
         if not (
             isinstance(shape, list)

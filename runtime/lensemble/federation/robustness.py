@@ -218,11 +218,22 @@ def aggregate(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: Robustne
     return canonical_mean(deltas)
 
 
+def relative_change(current: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """``||new - current|| / max(1, ||current||)`` in float64 (L2 over all tensors).
+
+    Args:
+        current: ``theta_t`` (float32).
+        new: ``theta_{t+1}`` (float32, same names and shapes).
+    """
+    change = update_norm({n: new[n] - current[n] for n in sorted(new)})
+    return change / max(1.0, update_norm(current))
+
+
 def precommit_problem(
     current: Mapping[str, torch.Tensor],
     new: Mapping[str, torch.Tensor],
     max_relative_change: float,
-) -> str | None:
+) -> tuple[float | None, str | None]:
     """Check a new global model before it is committed.
 
     Args:
@@ -231,18 +242,17 @@ def precommit_problem(
         max_relative_change: ``federation.robustness.max_relative_change``.
 
     Returns:
-        None when the model may be committed, else one sentence saying why not: a tensor with
-        NaN or Inf, or ``||new - current|| > max_relative_change * max(1, ||current||)``.
+        ``(relative change, problem)``: the :func:`relative_change` (None when the new model is
+        not finite) and None when the model may be committed, else one sentence saying why
+        not: a tensor with NaN or Inf, or a relative change above ``max_relative_change``.
     """
     for name in sorted(new):
         if not all_finite(new[name]):
-            return f"the new global model's tensor '{name}' has NaN or Inf values."
-    change = update_norm({n: new[n] - current[n] for n in sorted(new)})
-    scale = max(1.0, update_norm(current))
-    if not change <= max_relative_change * scale:
-        return (
-            f"the new global model moves by {change:.4g} in L2 norm, more than "
-            f"federation.robustness.max_relative_change ({max_relative_change:g}) x "
-            f"{scale:.4g}."
+            return None, f"the new global model's tensor '{name}' has NaN or Inf values."
+    change = relative_change(current, new)
+    if not change <= max_relative_change:
+        return change, (
+            f"the new global model moves by {change:.4g} x max(1, its current L2 norm), more "
+            f"than federation.robustness.max_relative_change ({max_relative_change:g})."
         )
-    return None
+    return change, None
