@@ -10,6 +10,7 @@ gives the same cases on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import struct
@@ -230,34 +231,30 @@ def m_bytes(p: Payload, rng: random.Random) -> bytes:
     return bytes(data)
 
 
-MUTATIONS: tuple[Callable[[Payload, random.Random], bytes], ...] = (
-    m_nesting,
-    m_structure,
-    m_dtype,
-    m_shape,
-    m_offsets,
-    m_lengths,
-    m_metadata,
-    m_values,
-    m_int8,
-    m_bytes,
+#: Each mutation with its weight: parser-level damage is drawn more often than the value and
+#: metadata changes, which are often accepted (and each accepted case ends the attacker's turn).
+MUTATIONS: tuple[tuple[Callable[[Payload, random.Random], bytes], int], ...] = (
+    (m_nesting, 3),
+    (m_structure, 4),
+    (m_dtype, 3),
+    (m_shape, 3),
+    (m_offsets, 3),
+    (m_lengths, 3),
+    (m_metadata, 1),
+    (m_values, 1),
+    (m_int8, 1),
+    (m_bytes, 2),
 )
+_FUNCTIONS = [m for m, _ in MUTATIONS]
+_WEIGHTS = [w for _, w in MUTATIONS]
 
 
 def mutate(valid: bytes, rng: random.Random) -> bytes:
     """One mutated case of a valid payload; sometimes two mutations stacked."""
-    data = rng.choice(MUTATIONS)(Payload(valid), rng)
+    data = rng.choices(_FUNCTIONS, _WEIGHTS)[0](Payload(valid), rng)
     if rng.random() < 0.1:
-        try:
-            data = rng.choice(MUTATIONS)(Payload(data), rng)
-        except (
-            ValueError,
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            RecursionError,
-            struct.error,
-        ):
-            pass  # the first mutation left nothing structured to mutate again
+        # The first mutation may leave nothing structured to mutate again.
+        broken = (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)
+        with contextlib.suppress(*broken, struct.error):
+            data = rng.choices(_FUNCTIONS, _WEIGHTS)[0](Payload(data), rng)
     return data
