@@ -259,7 +259,7 @@ class RobustnessConfig(_Section):
         "(out_of_bounds). Decoded values stay within 127 times it (unitless, (0, 1e30]).",
     )
     max_relative_change: float = Field(
-        1.0,
+        10.0,
         gt=0.0,
         le=1e6,
         description="Pre-commit check: the new global model must be finite and differ from the "
