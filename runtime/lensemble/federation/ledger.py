@@ -45,6 +45,7 @@ class RoundRecord:
             ``norm_bound`` (the bound applied, or None), ``clipped`` (participant id -> the
             factor its update was scaled by), ``rejected`` (participant id -> ``{"reason":
             code, "detail": sentence}``, whether rejected when judged or at aggregation),
+            ``relative_change`` (how far the new model moved, relative to max(1, its norm)),
             ``precommit`` (None, or why the new model was not committed). Empty in lines
             written before these defences existed.
         self_reported: Participant id -> the statistics it reported about itself
