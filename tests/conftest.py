@@ -44,6 +44,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("network/test_parity.py", "integration"),  # both transports under the same faults
     ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
+    ("adversarial/test_fuzz.py", "integration"),  # ten thousand mutated updates, replayed
     ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests
     ("infra/*", "integration"),  # Pulumi programs under the Pulumi mock engine, Helm
     ("compose/test_compose_files.py", "integration"),  # docker compose config

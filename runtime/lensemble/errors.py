@@ -180,6 +180,12 @@ class ArchitectureMismatch(PayloadError):
     code = "architecture_mismatch"
 
 
+class ScaleOutOfRange(PayloadError):
+    """An int8 scale is finite and positive but above ``federation.robustness.max_int8_scale``."""
+
+    code = "scale_out_of_range"
+
+
 class RoundError(LensembleError):
     """A round could not proceed (illegal transition, stale or duplicate submission)."""
 
@@ -191,3 +197,14 @@ class QuorumNotReached(RoundError):
     """A round ended with fewer contributors than ``federation.quorum`` after every retry."""
 
     code = "fault_tolerance_exceeded"
+
+
+class PrecommitCheckFailed(RoundError):
+    """The new global model failed the pre-commit check in every attempt of a round; fails closed.
+
+    The check (non-finite values, or a norm change above
+    ``federation.robustness.max_relative_change``) aborts an attempt instead of committing it.
+    """
+
+    code = "precommit_check_failed"
+    exit_code = EXIT_FAIL_CLOSED

@@ -73,7 +73,7 @@ def test_bytes_are_the_same_in_another_process() -> None:
         (b"", "truncated"),
         (b"\x00" * 7, "truncated"),
         (struct.pack("<Q", 10**12) + b"{}", "header declares"),
-        (struct.pack("<Q", 2) + b"{]", "not valid safetensors"),
+        (struct.pack("<Q", 2) + b"{]", "not valid JSON"),
         (struct.pack("<Q", 2) + b"{}", "payload format"),
         (encode({"w": torch.ones(4)}, {})[:-3], "not valid safetensors"),
     ],

@@ -225,6 +225,66 @@ class OuterOptimizerConfig(_Section):
     nesterov: bool = Field(True, description="Use Nesterov momentum (DiLoCo's default).")
 
 
+class RobustnessConfig(_Section):
+    """Defences of the coordinator against poisoned updates (docs/security.md).
+
+    Every update's L2 norm is bounded (clipped or rejected) before aggregation, int8 scales are
+    bounded when an update is judged, the aggregator may be a coordinate-wise robust one, and the
+    new global model is checked before it is committed. The defaults leave an honest run's
+    hash chain unchanged: the norm bound is far above honest spread and the aggregator is the
+    plain mean.
+    """
+
+    aggregator: Literal["mean", "trimmed_mean", "median"] = Field(
+        "mean",
+        description="How the screened updates are combined, always in canonical participant "
+        "order: 'mean' (DiLoCo's average), 'trimmed_mean' (per coordinate, drop the "
+        "trim_fraction largest and smallest values, average the rest) or 'median' (per "
+        "coordinate; the mean of the two middle values for an even count).",
+    )
+    trim_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        lt=0.5,
+        description="For 'trimmed_mean': the fraction of contributors dropped at each end of "
+        "every coordinate, rounded up, at most (n - 1) // 2 (unitless, [0, 0.5)).",
+    )
+    norm_bound_mode: Literal["off", "clip", "reject"] = Field(
+        "clip",
+        description="What happens to an update whose L2 norm exceeds the bound: 'clip' scales "
+        "it down to the bound, 'reject' leaves it out of the round, 'off' disables the bound.",
+    )
+    norm_bound: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e30,
+        description="Absolute bound on an update's L2 norm (unitless, (0, 1e30]); null for none. "
+        "With median_factor too, the smaller bound applies.",
+    )
+    median_factor: float | None = Field(
+        10.0,
+        ge=1.0,
+        le=1e6,
+        description="Bound on an update's L2 norm as a multiple k of the median norm of the "
+        "round's contributors (unitless, [1, 1e6]); null for none.",
+    )
+    max_int8_scale: float = Field(
+        10.0,
+        gt=0.0,
+        le=1e30,
+        description="Largest int8 scale accepted; an update with a larger one is rejected "
+        "(out_of_bounds). Decoded values stay within 127 times it (unitless, (0, 1e30]).",
+    )
+    max_relative_change: float = Field(
+        10.0,
+        gt=0.0,
+        le=1e6,
+        description="Pre-commit check: the new global model must be finite and differ from the "
+        "current one by at most this multiple of max(1, the current model's L2 norm); otherwise "
+        "the attempt aborts instead of committing (unitless, (0, 1e6]).",
+    )
+
+
 class FederationConfig(_Section):
     """Participants, rounds, optimizers, quorum, timeouts and wire format."""
 
@@ -285,6 +345,7 @@ class FederationConfig(_Section):
         ge=0,
         description="Elements per int8 scale; 0 means one scale per tensor (count).",
     )
+    robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
     aggregation: Literal["plain", "masking", "tee"] = Field(
         "plain",
         description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "

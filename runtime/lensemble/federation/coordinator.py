@@ -11,9 +11,12 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
    one.
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
-4. AGGREGATING: float32 mean of the contributors' pseudo-gradients in sorted id order.
-5. COMMITTING: the outer Nesterov SGD step, the new model's hash (chained to its parent), an
-   atomic checkpoint, then the ledger line. This is the only place global state changes.
+4. AGGREGATING: each update's norm is bounded (clipped or rejected), then the updates are
+   combined in sorted id order: float32 mean, or a coordinate-wise trimmed mean or median
+   (``federation.robustness``, :mod:`lensemble.federation.robustness`, docs/security.md).
+5. COMMITTING: the outer Nesterov SGD step and the pre-commit check of the new model (finite,
+   bounded change; a failure aborts the attempt), the new model's hash (chained to its parent),
+   an atomic checkpoint, then the ledger line. This is the only place global state changes.
 
 The coordinator is single-threaded: transports hand it submissions one at a time.
 """
@@ -21,6 +24,7 @@ The coordinator is single-threaded: transports hand it submissions one at a time
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -40,10 +44,12 @@ from lensemble.errors import (
     ConfigError,
     IntegrityError,
     PayloadError,
+    PrecommitCheckFailed,
     QuorumNotReached,
+    ScaleOutOfRange,
 )
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
-from lensemble.federation.diloco import OuterStep, canonical_mean, zeros_like
+from lensemble.federation.diloco import OuterStep, zeros_like
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import (
@@ -54,13 +60,48 @@ from lensemble.federation.payload import (
     manifest,
     model_hash,
 )
-from lensemble.federation.quantization import dequantize
+from lensemble.federation.quantization import dequantize, wire_specs
+from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
+from lensemble.federation.robustness import aggregate, precommit_problem, screen
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.federation.verify import require_valid
 
 Params = dict[str, torch.Tensor]
+
+_log = logging.getLogger("lensemble.federation.coordinator")
+
+#: Header bytes a pseudo-gradient payload may use: a base plus this much per tensor.
+HEADER_BASE_BYTES = 8192
+HEADER_BYTES_PER_TENSOR = 1024
+#: Self-reported statistics the ledger keeps, with the range each must lie in (inclusive);
+#: a value outside it, unparseable or not finite is recorded as null.
+SELF_REPORTED_RANGES: dict[str, tuple[float, float]] = {
+    "mean_loss": (-1e6, 1e6),
+    "compute_s": (0.0, 1e6),
+}
+#: Longest rejection detail kept in the ledger (characters).
+MAX_DETAIL = 240
+
+
+def self_reported(metadata: Mapping[str, str]) -> dict[str, float | None]:
+    """The statistics a participant reported about itself, bounded by :data:`SELF_REPORTED_RANGES`.
+
+    Args:
+        metadata: Payload metadata (strings, at most ``MAX_METADATA_VALUE`` characters each).
+
+    Returns:
+        Key -> value, or None when missing, unparseable, not finite or out of range.
+    """
+    out: dict[str, float | None] = {}
+    for key, (low, high) in SELF_REPORTED_RANGES.items():
+        try:
+            value = float(metadata.get(key, "nan"))
+        except ValueError:
+            value = math.nan
+        out[key] = value if math.isfinite(value) and low <= value <= high else None
+    return out
 
 
 class CoordinatorObserver(Protocol):
@@ -165,8 +206,9 @@ class _Collection:
     deltas: dict[str, Params] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
-    losses: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -237,6 +279,8 @@ class Coordinator:
             fed.outer_optimizer.lr, fed.outer_optimizer.momentum, fed.outer_optimizer.nesterov
         )
         self.architecture = global_architecture(initial_params)
+        wire = wire_specs(self.architecture, fed.quantization, fed.int8_chunk)
+        self.max_header_bytes = HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(wire)
         self.observer = observer
         self.rejections: Counter[str] = Counter()
         self.records: list[RoundRecord] = []
@@ -346,19 +390,33 @@ class Coordinator:
     def accept(self, submission: Submission) -> Verdict:
         """Validate one submission for the open round and keep it if valid.
 
-        Never raises on bad input: every problem becomes a rejection with a reason. A
+        Never raises on bad input: every problem becomes a rejection with a reason. Should
+        judging itself fail on some input nobody foresaw (a bug), a last-resort guard logs it
+        and rejects the submission as ``bad_payload`` instead of letting the coordinator die;
+        judging changes no state until the submission is accepted, so nothing is half-done. A
         byte-identical resend of an accepted submission is accepted again without effect.
 
         Returns:
             The verdict (also counted in ``self.rejections`` when rejected).
         """
-        verdict = self._judge(submission)
+        try:
+            verdict = self._judge(submission)
+        except Exception as exc:  # the last-resort guard: reject, never die
+            _log.error(
+                "judging a submission raised %s; rejected as bad_payload (a bug, please report)",
+                type(exc).__name__,
+                exc_info=True,
+            )
+            verdict = self._verdict(
+                Reason.BAD_PAYLOAD, f"the payload could not be judged ({type(exc).__name__})."
+            )
         if not verdict.accepted:
             self.rejections[verdict.reason.value] += 1
             col = self._collection
             # Only a rejection of an update for this attempt explains an exclusion from it.
             if col and submission.sender in col.expected and col.targets(submission):
                 col.rejected[submission.sender] = verdict.reason.value
+                col.details[submission.sender] = verdict.message[:MAX_DETAIL]
         if self.observer is not None:
             self.observer.on_verdict(submission, verdict)
         return verdict
@@ -399,10 +457,21 @@ class Coordinator:
                 f"'{sub.sender}' already submitted different bytes for round {sub.round_index}.",
             )
         try:
-            decoded = decode(sub.payload)
+            decoded = decode(sub.payload, max_header_bytes=self.max_header_bytes)
         except PayloadError as exc:
             return self._verdict(Reason.BAD_PAYLOAD, exc.message)
         meta = decoded.metadata
+        for key in sorted(meta):
+            if key != "format" and key not in ALLOWED_METADATA:
+                return self._verdict(
+                    Reason.BAD_PAYLOAD, f"payload metadata '{key[:64]}' is not allowed."
+                )
+            if len(meta[key]) > MAX_METADATA_VALUE:
+                return self._verdict(
+                    Reason.BAD_PAYLOAD,
+                    f"payload metadata '{key}' is {len(meta[key])} characters long, more than "
+                    f"{MAX_METADATA_VALUE}.",
+                )
         fed = self.config.federation
         expected_meta = {
             "kind": "pseudo-gradient",
@@ -425,20 +494,25 @@ class Coordinator:
                 "one.",
             )
         try:
-            delta = dequantize(decoded.tensors, self.architecture, fed.quantization, fed.int8_chunk)
+            delta = dequantize(
+                decoded.tensors,
+                self.architecture,
+                fed.quantization,
+                fed.int8_chunk,
+                max_scale=fed.robustness.max_int8_scale,
+            )
         except ArchitectureMismatch as exc:
             return self._verdict(Reason.ARCHITECTURE_MISMATCH, str(exc))
+        except ScaleOutOfRange as exc:
+            return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
-        try:
-            loss = float(meta.get("mean_loss", "nan"))
-        except ValueError:
-            loss = math.nan
         col.deltas[sub.sender] = delta
         col.hashes[sub.sender] = digest
         col.sizes[sub.sender] = len(sub.payload)
-        col.losses[sub.sender] = loss
+        col.reported[sub.sender] = self_reported(meta)
         col.rejected.pop(sub.sender, None)
+        col.details.pop(sub.sender, None)
         return self._verdict(Reason.ACCEPTED, "accepted.")
 
     # -------------------------------------------------------------------------------- rounds
@@ -487,6 +561,14 @@ class Coordinator:
             if record.state == RoundState.CLOSED:
                 return record
         assert record is not None
+        if record.defences.get("precommit"):
+            raise PrecommitCheckFailed(
+                f"round {record.round}'s new global model failed the pre-commit check in "
+                f"{fed.max_round_retries + 1} attempts: {record.defences['precommit']}",
+                remediation="see the ledger's defences field for the updates' norms; tighten "
+                "federation.robustness (norm_bound, median_factor, aggregator) or exclude the "
+                "participant.",
+            )
         raise QuorumNotReached(
             f"round {record.round} reached only {len(record.contributors)} of "
             f"{fed.quorum} required contributors in {fed.max_round_retries + 1} attempts "
@@ -527,23 +609,72 @@ class Coordinator:
         self._collection = None
         self._closed = ClosedAttempt(t, attempt, dict(col.hashes))
         traffic = transport.take_traffic()
-        contributors = sorted(col.deltas)
         parent = self.model_hash
-        if len(contributors) < fed.quorum:
-            self._advance(machine, RoundState.ABORTED)
-            record = self._record(machine, col, traffic, wall_start, opened_at, new_hash=parent)
-            self._finish(record, transport, checkpoint=None)
-            return record
+        defences: dict[str, object] = {"aggregator": fed.robustness.aggregator}
+        if len(col.deltas) < fed.quorum:
+            return self._abort(
+                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
+            )
         self._advance(machine, RoundState.AGGREGATING)
-        mean = canonical_mean({pid: col.deltas[pid] for pid in contributors})
+        screening = screen({pid: col.deltas[pid] for pid in sorted(col.deltas)}, fed.robustness)
+        defences.update(screening.to_record())
+        for pid, why in screening.rejected.items():
+            col.deltas.pop(pid)
+            col.rejected[pid] = Reason.NORM_BOUND.value
+            col.details[pid] = why
+        if len(col.deltas) < fed.quorum:
+            return self._abort(
+                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
+            )
+        combined = aggregate(screening.kept, fed.robustness)
         self._advance(machine, RoundState.COMMITTING)
-        params, momentum = self.outer.apply(self.params, mean, self.momentum)
+        params, momentum = self.outer.apply(self.params, combined, self.momentum)
+        change, problem = precommit_problem(self.params, params, fed.robustness.max_relative_change)
+        defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
+        if problem is not None:
+            defences["precommit"] = problem
+            return self._abort(
+                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
+            )
         new_hash = model_hash(params, self.version + 1, parent)
-        record = self._record(machine, col, traffic, wall_start, opened_at, new_hash=new_hash)
+        record = self._record(
+            machine,
+            col,
+            traffic,
+            wall_start,
+            opened_at=opened_at,
+            defences=defences,
+            new_hash=new_hash,
+        )
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
         checkpoint = self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)
         self._finish(record, transport, checkpoint=checkpoint)
+        return record
+
+    def _abort(
+        self,
+        machine: RoundMachine,
+        col: _Collection,
+        traffic: Traffic,
+        wall_start: float,
+        opened_at: str,
+        *,
+        defences: dict[str, object],
+        transport: CoordinatorTransport,
+    ) -> RoundRecord:
+        """End an attempt without changing global state (below quorum, or pre-commit failed)."""
+        self._advance(machine, RoundState.ABORTED)
+        record = self._record(
+            machine,
+            col,
+            traffic,
+            wall_start,
+            opened_at=opened_at,
+            defences=defences,
+            new_hash=self.model_hash,
+        )
+        self._finish(record, transport, checkpoint=None)
         return record
 
     def _record(
@@ -552,15 +683,24 @@ class Coordinator:
         col: _Collection,
         traffic: Traffic,
         wall_start: float,
-        opened_at: str,
         *,
+        opened_at: str,
+        defences: dict[str, object],
         new_hash: str,
     ) -> RoundRecord:
         """The ledger line of an attempt; committed when ``new_hash`` differs from the parent."""
         contributors = sorted(col.deltas)
         absent = sorted(self.expected - set(contributors))
         committed = new_hash != self.model_hash
-        losses = [col.losses[p] for p in contributors if math.isfinite(col.losses[p])]
+        reported = {pid: col.reported[pid] for pid in contributors}
+        losses = [r["mean_loss"] for r in reported.values() if r["mean_loss"] is not None]
+        rejected = {
+            pid: {"reason": col.rejected[pid], "detail": col.details.get(pid, "")}
+            for pid in sorted(col.rejected)
+            if pid in absent
+        }
+        defences = {**defences, "rejected": rejected}
+        defences.setdefault("precommit", None)
         wall = time.perf_counter() - wall_start
         return RoundRecord(
             round=machine.round_index,
@@ -579,10 +719,12 @@ class Coordinator:
             non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
             config_hash=self.config_hash,
             updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
-            aggregator="canonical-mean",
+            aggregator=f"canonical-{self.config.federation.robustness.aggregator}",
             software=f"lensemble {__version__}",
             opened_at=opened_at,
             closed_at=_utc_now(),
+            defences=defences,
+            self_reported=reported,
         )
 
     def _finish(

@@ -1,4 +1,4 @@
-"""Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt.
+"""Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt, poison.
 
 A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
 
@@ -9,9 +9,11 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     reorder@2              submissions of round 2 arrive in reverse order
     duplicate:delta@4      delta's submission of round 4 arrives twice
     corrupt:delta@4        delta's submission of round 4 arrives with damaged bytes
+    poison:delta@4=1e4     every value of delta's round-4 update is 1e4 (a well-formed payload)
 
-Rounds are 0-based. Faults change which participants contribute; they never change how the
-coordinator reduces (docs/concepts.md#deterministic-aggregation).
+Rounds are 0-based. Faults change which participants contribute (and ``poison`` what one of
+them sends, as a compromised participant would); they never change how the coordinator reduces
+(docs/concepts.md#deterministic-aggregation).
 """
 
 from __future__ import annotations
@@ -19,14 +21,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+
 from lensemble.errors import UsageError
+from lensemble.federation.payload import bytes_hash, decode, encode
+from lensemble.federation.quantization import SCALE_SUFFIX
 
 _FAULT = re.compile(
-    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder)"
+    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder|poison)"
     r"(?::(?P<pid>[a-z0-9]([-a-z0-9]*[a-z0-9])?))?"
-    r"@(?P<round>\d+)(?:\.(?P<attempt>\d+))?(?:=(?P<seconds>\d+(?:\.\d+)?))?$"
+    r"@(?P<round>\d+)(?:\.(?P<attempt>\d+))?(?:=(?P<value>[^,=@]+))?$"
 )
-_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt"}
+_SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
+_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison"}
 
 
 @dataclass(frozen=True)
@@ -34,11 +41,13 @@ class Fault:
     """One injected fault.
 
     Attributes:
-        kind: ``drop``, ``delay`` (``late`` is an alias), ``reorder``, ``duplicate``, ``corrupt``.
+        kind: ``drop``, ``delay`` (``late`` is an alias), ``reorder``, ``duplicate``, ``corrupt``,
+            ``poison``.
         participant: Target participant (None for ``reorder``).
         round_index: Round it applies to.
         attempt: Attempt it applies to (None: every attempt).
         seconds: For ``delay``: virtual seconds after opening (None: past the deadline).
+        value: For ``poison``: the value every element of the update is set to.
     """
 
     kind: str
@@ -46,6 +55,7 @@ class Fault:
     round_index: int
     attempt: int | None = None
     seconds: float | None = None
+    value: float | None = None
 
     def applies(self, round_index: int, attempt: int) -> bool:
         """True when the fault targets this round attempt."""
@@ -95,7 +105,7 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
             raise UsageError(
                 f"--faults entry '{raw}' is not valid;",
                 remediation="write e.g. drop:alpine@3, delay:coastal@5, reorder@2, "
-                "duplicate:delta@4 or corrupt:delta@4 (rounds are 0-based).",
+                "duplicate:delta@4, corrupt:delta@4 or poison:delta@4=1e4 (rounds are 0-based).",
             )
         kind = "delay" if m["kind"] == "late" else m["kind"]
         pid = m["pid"]
@@ -108,13 +118,69 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
                 f"--faults entry '{raw}' names '{pid}', which is not a participant;",
                 remediation=f"use one of {', '.join(sorted(participants))}.",
             )
+        seconds = value = None
+        if kind == "poison":
+            value = _poison_value(raw, m["value"])
+        elif m["value"] is not None:
+            if kind != "delay" or not _SECONDS.match(m["value"]):
+                raise UsageError(
+                    f"--faults entry '{raw}' has '={m['value']}', which only delay (seconds, "
+                    "as in delay:coastal@5=12.5) and poison (a number) take."
+                )
+            seconds = float(m["value"])
         faults.append(
             Fault(
                 kind=kind,
                 participant=pid,
                 round_index=int(m["round"]),
                 attempt=int(m["attempt"]) if m["attempt"] is not None else None,
-                seconds=float(m["seconds"]) if m["seconds"] is not None else None,
+                seconds=seconds,
+                value=value,
             )
         )
     return FaultPlan(tuple(faults))
+
+
+def _poison_value(raw: str, text: str | None) -> float:
+    try:
+        if text is not None:
+            return float(text)
+    except ValueError:
+        pass
+    raise UsageError(
+        f"--faults entry '{raw}' needs the poison value as a number, as in poison:delta@4=1e4."
+    )
+
+
+def poison_payload(payload: bytes, value: float) -> tuple[bytes, str]:
+    """A compromised participant's version of its own update: every value set to ``value``.
+
+    The result is a well-formed payload with the original metadata (round, base hash, ...), so
+    only the coordinator's defences stand between it and the global model. In int8, every code
+    is +-127 with scale ``|value| / 127`` (codes 0 and scale 1 for 0), so each decoded value is
+    ``value`` up to rounding; in fp16/bf16 the value is cast (it may overflow to Inf).
+
+    Args:
+        payload: The participant's sealed payload (trusted: it comes from this process).
+        value: The value to set (any float, including NaN and Inf).
+
+    Returns:
+        ``(payload, payload_hash)``.
+    """
+    decoded = decode(payload)
+    poisoned: dict[str, torch.Tensor] = {}
+    for name, t in decoded.tensors.items():
+        if name.endswith(SCALE_SUFFIX):
+            continue
+        if t.dtype == torch.int8:
+            code = 0 if value == 0 else (127 if value > 0 else -127)
+            scale = 1.0 if value == 0 else abs(value) / 127.0
+            poisoned[name] = torch.full_like(t, code)
+            poisoned[name + SCALE_SUFFIX] = torch.full_like(
+                decoded.tensors[name + SCALE_SUFFIX], scale
+            )
+        else:
+            poisoned[name] = torch.full_like(t, value)
+    metadata = {k: v for k, v in decoded.metadata.items() if k != "format"}
+    data = encode(poisoned, metadata)
+    return data, bytes_hash(data)

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lensemble.federation.faults import FaultPlan, damage
+from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
@@ -126,7 +126,10 @@ class InProcessTransport:
         self.sent_by[pid] += 1
         self._down += len(model_payload)
         self._compute += contribution.compute_s
-        payload = contribution.payload
+        payload, payload_hash = contribution.payload, contribution.payload_hash
+        poison = self.faults.hits("poison", pid, t, a)
+        if poison is not None and poison.value is not None:
+            payload, payload_hash = poison_payload(payload, poison.value)
         if self.faults.hits("corrupt", pid, t, a):
             payload = damage(payload)
         arrival = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
@@ -134,7 +137,7 @@ class InProcessTransport:
         if delay is not None:
             span = opening.deadline_s - self.clock
             arrival = self.clock + (delay.seconds if delay.seconds is not None else span + 1)
-        submission = Submission(pid, t, payload, contribution.payload_hash, a)
+        submission = Submission(pid, t, payload, payload_hash, a)
         copies = 2 if self.faults.hits("duplicate", pid, t, a) else 1
         for copy in range(copies):
             # A resend lands right behind the original, inside the same round.

@@ -48,7 +48,8 @@ class RoundRecord:
         excluded: Participant id -> why it did not contribute (``timeout``, a rejection reason).
         parent_hash: Hash of the model the round started from.
         model_hash: Hash of the committed model (equals ``parent_hash`` when aborted).
-        mean_inner_loss: Mean of the contributors' mean inner losses (unitless), or None.
+        mean_inner_loss: Mean of the contributors' self-reported mean inner losses (unitless),
+            or None.
         bytes_up: Pseudo-gradient payload bytes received for this attempt.
         bytes_down: Model payload bytes sent to participants for this attempt.
         quantization: Wire format of the pseudo-gradients.
@@ -64,6 +65,17 @@ class RoundRecord:
         software: ``lensemble <version>`` that wrote the line.
         opened_at: UTC time the attempt opened (ISO 8601).
         closed_at: UTC time the attempt closed (ISO 8601).
+        defences: What the coordinator's defences decided (plain JSON data, docs/security.md):
+            ``aggregator``; ``norms`` (participant id -> L2 norm of its update),
+            ``norm_bound`` (the bound applied, or None), ``clipped`` (participant id -> the
+            factor its update was scaled by), ``rejected`` (participant id -> ``{"reason":
+            code, "detail": sentence}``, whether rejected when judged or at aggregation),
+            ``relative_change`` (how far the new model moved, relative to max(1, its norm)),
+            ``precommit`` (None, or why the new model was not committed). Empty in lines
+            written before these defences existed.
+        self_reported: Participant id -> the statistics it reported about itself
+            (``mean_loss``, ``compute_s``), after the coordinator's bounds; a value outside
+            them is null. Unverified: nothing the coordinator decides depends on them.
     """
 
     round: int
@@ -87,6 +99,8 @@ class RoundRecord:
     software: str = ""
     opened_at: str = ""
     closed_at: str = ""
+    defences: dict[str, Any] = field(default_factory=dict)
+    self_reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """One compact JSON line with sorted keys."""

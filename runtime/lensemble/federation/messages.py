@@ -66,6 +66,8 @@ class Reason(StrEnum):
     NON_FINITE = "non_finite"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     TOO_LARGE = "too_large"
+    OUT_OF_BOUNDS = "out_of_bounds"
+    NORM_BOUND = "norm_bound"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,12 +160,91 @@ class Decoded:
     metadata: dict[str, str]
 
 
-def decode(data: bytes) -> Decoded:
-    """Parse safetensors bytes without unpickling anything.
+#: Largest header :func:`decode` accepts by default (bytes); safetensors' own limit is 100 MB.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+#: Deepest JSON nesting of a header: a payload's is 3 (header -> tensor -> shape list).
+MAX_HEADER_DEPTH = 4
+#: Most dimensions of one tensor in a payload.
+MAX_TENSOR_RANK = 8
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_OPENERS = frozenset(b"[{")
+_CLOSERS = frozenset(b"]}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _nesting_depth(header: bytes) -> int:
+    """Deepest bracket nesting of JSON text, ignoring brackets inside strings.
+
+    Runs before ``json.loads`` so that hostile nesting (thousands of ``[``) is refused in
+    linear time instead of exhausting the parser's recursion limit.
+    """
+    depth = deepest = 0
+    for byte in _STRING.sub(b"", header).translate(None, _NOT_BRACKETS):
+        if byte in _OPENERS:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_HEADER_DEPTH:
+                    break
+        elif byte in _CLOSERS:
+            depth -= 1
+    return deepest
+
+
+def _check_header(header: object) -> dict[str, str]:
+    """Check a parsed header's structure; return its metadata.
 
     Raises:
-        PayloadError: The header is malformed, the buffer is truncated, or the format tag is not
-            ``lensemble-payload-v1``.
+        PayloadError: Not an object, a tensor entry without a supported dtype, an integer shape
+            of at most :data:`MAX_TENSOR_RANK` dimensions and two integer offsets, or metadata
+            that is not a string -> string object.
+    """
+    if not isinstance(header, dict):
+        raise PayloadError(f"payload header is a JSON {type(header).__name__}, not an object.")
+    metadata: object = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            metadata = entry
+            continue
+        if not isinstance(entry, dict):
+            raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
+            raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= MAX_TENSOR_RANK
+            and all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+        ):
+            raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise PayloadError("payload metadata is not an object of strings.")
+    return metadata
+
+
+def decode(data: bytes, *, max_header_bytes: int = MAX_HEADER_BYTES) -> Decoded:
+    """Parse safetensors bytes without unpickling anything.
+
+    Untrusted bytes are bounded before they are parsed: the header's size
+    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then its structure
+    (supported dtypes, integer shapes and offsets, string metadata), then safetensors checks
+    that offsets, shapes and the buffer agree.
+
+    Args:
+        data: The payload bytes.
+        max_header_bytes: Largest header accepted (bytes).
+
+    Raises:
+        PayloadError: The header is too large, too deep or malformed, the buffer is truncated,
+            or the format tag is not ``lensemble-payload-v1``. Nothing else.
     """
     if len(data) < 8:
         raise PayloadError(f"payload is truncated: {len(data)} bytes, not even a header.")
@@ -174,18 +254,28 @@ def decode(data: bytes) -> Decoded:
             f"payload is truncated or its header is corrupt: the header declares {header_len} "
             f"bytes but only {len(data) - 8} follow."
         )
-    try:
-        header = json.loads(data[8 : 8 + header_len])
-        tensors = st_load(data)
-    except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
-        raise PayloadError(f"payload is not valid safetensors: {exc}.") from None
-    metadata = header.get("__metadata__") or {}
-    if not isinstance(metadata, dict) or metadata.get("format") != PAYLOAD_FORMAT:
+    if header_len > max_header_bytes:
         raise PayloadError(
-            f"payload format is {metadata.get('format') if isinstance(metadata, dict) else None!r}"
-            f", expected {PAYLOAD_FORMAT!r}; check both sides run the same Lensemble version."
+            f"payload header is {header_len} bytes, more than the {max_header_bytes} allowed."
         )
-    return Decoded(tensors=dict(tensors), metadata={str(k): str(v) for k, v in metadata.items()})
+    raw = bytes(data[8 : 8 + header_len])
+    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
+        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+    metadata = _check_header(header)
+    try:
+        tensors = st_load(bytes(data))
+    except (SafetensorError, ValueError, TypeError, RuntimeError, OverflowError) as exc:
+        raise PayloadError(f"payload is not valid safetensors: {str(exc)[:200]}.") from None
+    if metadata.get("format") != PAYLOAD_FORMAT:
+        raise PayloadError(
+            f"payload format is {str(metadata.get('format'))[:64]!r}, expected "
+            f"{PAYLOAD_FORMAT!r}; check both sides run the same Lensemble version."
+        )
+    return Decoded(tensors=dict(tensors), metadata=dict(metadata))
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ half-precision formats are ours. Where the wire format fits in a round: docs/con
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
-from lensemble.errors import PayloadError
+from lensemble.errors import PayloadError, ScaleOutOfRange
 from lensemble.federation.payload import TensorSpec, check_architecture
 
 SCALE_SUFFIX = "::scale"
@@ -122,11 +123,21 @@ def dequantize(
     model: Mapping[str, TensorSpec],
     scheme: str,
     chunk: int = 0,
+    *,
+    max_scale: float = math.inf,
 ) -> dict[str, torch.Tensor]:
     """Decode wire tensors back to a float32 pseudo-gradient, checking the architecture.
 
+    Args:
+        wire: Name -> wire tensor, as :func:`quantize` returns.
+        model: The global model's tensor specs.
+        scheme: ``none``, ``fp16``, ``bf16`` or ``int8``.
+        chunk: Elements per int8 scale; 0 means one scale per tensor.
+        max_scale: Largest int8 scale accepted (``federation.robustness.max_int8_scale``).
+
     Raises:
         ArchitectureMismatch: Names, shapes or dtypes differ from ``wire_specs``.
+        ScaleOutOfRange: An int8 scale exceeds ``max_scale``.
         PayloadError: A scale or value is not finite, or a scale is not positive.
     """
     check_architecture(wire, wire_specs(model, scheme, chunk), what="the pseudo-gradient")
@@ -137,6 +148,11 @@ def dequantize(
             scale = wire[name + SCALE_SUFFIX]
             if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
                 raise PayloadError(f"int8 scales of '{name}' are not finite positive numbers.")
+            if bool((scale > max_scale).any()):
+                raise ScaleOutOfRange(
+                    f"an int8 scale of '{name}' is {float(scale.max()):.3g}, above "
+                    f"federation.robustness.max_int8_scale ({max_scale:g})."
+                )
             flat = x.reshape(-1).to(torch.float32)
             n = scale.numel()
             size = flat.numel() if n == 1 else chunk

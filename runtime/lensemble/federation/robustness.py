@@ -1,0 +1,258 @@
+"""Defences against poisoned updates: norm bounds, robust aggregators, the pre-commit check.
+
+All of it is deterministic and reduces in canonical (sorted) participant order, so the committed
+hash never depends on arrival order (docs/concepts.md#deterministic-aggregation):
+
+- :func:`screen` bounds every update's L2 norm (``federation.robustness``): an absolute bound
+  and/or ``k`` times the median norm of the round's contributors; an update above it is clipped
+  (scaled down to the bound) or rejected. Norms are float64 sums over float32 values, taken in
+  sorted tensor-name order; clipping multiplies in float64 and rounds once to float32.
+- :func:`aggregate` combines the screened updates: the plain mean (DiLoCo's, bit-identical to
+  :func:`~lensemble.federation.diloco.canonical_mean`), the coordinate-wise trimmed mean or the
+  coordinate-wise median. Coordinates are processed in fixed-size blocks, so memory stays at
+  ``n`` blocks, not ``n`` copies of the model.
+- :func:`precommit_problem` checks the new global model before it is committed: every value
+  finite, and the change bounded relative to the current model.
+
+Decisions are returned as plain data (:class:`Screening`) for the ledger and for metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lensemble.config.schema import RobustnessConfig
+from lensemble.federation.diloco import canonical_mean
+from lensemble.federation.quantization import all_finite
+
+Params = dict[str, torch.Tensor]
+
+#: Coordinates per block of the coordinate-wise aggregators (elements).
+BLOCK = 1 << 18
+
+
+def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm of a whole update over all its tensors, in float64.
+
+    Args:
+        delta: Name -> float32 tensor.
+
+    Returns:
+        The norm (unitless); finite for any finite float32 input.
+    """
+    total = 0.0
+    for name in sorted(delta):
+        part = float(torch.linalg.vector_norm(delta[name], ord=2, dtype=torch.float64))
+        total += part * part
+    return math.sqrt(total)
+
+
+def _short(x: float) -> float | None:
+    """A float for the ledger: 6 significant digits, None when not finite."""
+    return float(f"{x:.6g}") if math.isfinite(x) else None
+
+
+@dataclass
+class Screening:
+    """The outcome of :func:`screen` for one round attempt.
+
+    Attributes:
+        kept: Participant id -> update to aggregate (clipped ones scaled down).
+        norms: Participant id -> L2 norm before any clipping.
+        bound: The norm bound applied this round, or None when there was none.
+        clipped: Participant id -> factor its update was multiplied by (< 1).
+        rejected: Participant id -> one sentence saying why it was left out.
+    """
+
+    kept: dict[str, Params]
+    norms: dict[str, float] = field(default_factory=dict)
+    bound: float | None = None
+    clipped: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        """The decisions as plain JSON data (for the ledger's ``defences`` field)."""
+        return {
+            "norms": {pid: _short(n) for pid, n in sorted(self.norms.items())},
+            "norm_bound": _short(self.bound) if self.bound is not None else None,
+            "clipped": {pid: _short(f) for pid, f in sorted(self.clipped.items())},
+            "rejected": dict(sorted(self.rejected.items())),
+        }
+
+
+def norm_bound(norms: Mapping[str, float], config: RobustnessConfig) -> float | None:
+    """The round's norm bound: the smaller of the absolute one and ``k`` x the median norm.
+
+    Returns:
+        The bound, or None when the mode is ``off`` or no bound is configured.
+    """
+    if config.norm_bound_mode == "off" or not norms:
+        return None
+    bounds = []
+    if config.norm_bound is not None:
+        bounds.append(config.norm_bound)
+    if config.median_factor is not None:
+        median = statistics.median(norms[pid] for pid in sorted(norms))
+        if median > 0:  # all-zero updates: nothing to scale against
+            bounds.append(config.median_factor * median)
+    return min(bounds) if bounds else None
+
+
+def _scaled(delta: Mapping[str, torch.Tensor], factor: float) -> Params:
+    return {name: (delta[name].double() * factor).to(torch.float32) for name in sorted(delta)}
+
+
+def screen(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessConfig) -> Screening:
+    """Apply the per-update norm bound to a round's accepted updates.
+
+    Args:
+        deltas: Participant id -> float32 pseudo-gradient (all finite).
+        config: ``federation.robustness``.
+
+    Returns:
+        Which updates are kept (clipped or not) and which are rejected, with their norms. An
+        update within the bound is kept as the same tensors, untouched.
+    """
+    norms = {pid: update_norm(deltas[pid]) for pid in sorted(deltas)}
+    bound = norm_bound(norms, config)
+    out = Screening(kept={}, norms=norms, bound=bound)
+    for pid in sorted(deltas):
+        norm = norms[pid]
+        if bound is None or norm <= bound:
+            out.kept[pid] = dict(deltas[pid])
+        elif config.norm_bound_mode == "clip":
+            factor = bound / norm
+            out.kept[pid] = _scaled(deltas[pid], factor)
+            out.clipped[pid] = factor
+        else:
+            out.rejected[pid] = f"L2 norm {norm:.4g} is above the round's bound {bound:.4g}."
+    return out
+
+
+def trim_count(n: int, fraction: float) -> int:
+    """Values dropped at each end of a coordinate by the trimmed mean of ``n`` updates.
+
+    ``ceil(fraction * n)``, at most ``(n - 1) // 2`` so that at least one value remains.
+    """
+    return min(math.ceil(fraction * n), (n - 1) // 2)
+
+
+def _coordinate_wise(deltas: Mapping[str, Mapping[str, torch.Tensor]], reduce: Any) -> Params:
+    order = sorted(deltas)
+    out: Params = {}
+    for name in sorted(deltas[order[0]]):
+        shape = deltas[order[0]][name].shape
+        flats = [deltas[pid][name].reshape(-1).to(torch.float32) for pid in order]
+        result = torch.empty(flats[0].numel(), dtype=torch.float32)
+        for start in range(0, result.numel(), BLOCK):
+            stop = min(start + BLOCK, result.numel())
+            stacked = torch.stack([f[start:stop] for f in flats])  # canonical order
+            result[start:stop] = reduce(torch.sort(stacked, dim=0).values)
+        out[name] = result.reshape(shape)
+    return out
+
+
+def coordinate_trimmed_mean(
+    deltas: Mapping[str, Mapping[str, torch.Tensor]], fraction: float
+) -> Params:
+    """Per coordinate: drop the :func:`trim_count` smallest and largest values, average the rest.
+
+    Args:
+        deltas: Participant id -> name -> float32 tensor (same names and shapes); at least one.
+        fraction: ``federation.robustness.trim_fraction``.
+
+    Returns:
+        Name -> float32 tensor. The kept values are summed in ascending order, one row at a
+        time, so the result depends only on the set of updates.
+    """
+    n = len(deltas)
+    k = trim_count(n, fraction)
+    count = torch.tensor(float(n - 2 * k), dtype=torch.float32)
+
+    def reduce(ordered: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(ordered.shape[1], dtype=torch.float32)
+        for row in range(k, n - k):
+            acc = acc + ordered[row]
+        return acc / count
+
+    return _coordinate_wise(deltas, reduce)
+
+
+def coordinate_median(deltas: Mapping[str, Mapping[str, torch.Tensor]]) -> Params:
+    """Per coordinate: the median value; for an even count, the mean of the two middle ones.
+
+    Args:
+        deltas: Participant id -> name -> float32 tensor (same names and shapes); at least one.
+
+    Returns:
+        Name -> float32 tensor. Halves are added (``a/2 + b/2``), which cannot overflow.
+    """
+    n = len(deltas)
+
+    def reduce(ordered: torch.Tensor) -> torch.Tensor:
+        if n % 2:
+            return ordered[n // 2].clone()
+        return ordered[n // 2 - 1] * 0.5 + ordered[n // 2] * 0.5
+
+    return _coordinate_wise(deltas, reduce)
+
+
+def aggregate(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessConfig) -> Params:
+    """Combine screened updates with ``federation.robustness.aggregator``.
+
+    Raises:
+        ValueError: ``deltas`` is empty.
+    """
+    if not deltas:
+        raise ValueError("aggregate needs at least one contribution")
+    if config.aggregator == "trimmed_mean":
+        return coordinate_trimmed_mean(deltas, config.trim_fraction)
+    if config.aggregator == "median":
+        return coordinate_median(deltas)
+    return canonical_mean(deltas)
+
+
+def relative_change(current: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
+    """``||new - current|| / max(1, ||current||)`` in float64 (L2 over all tensors).
+
+    Args:
+        current: ``theta_t`` (float32).
+        new: ``theta_{t+1}`` (float32, same names and shapes).
+    """
+    change = update_norm({n: new[n] - current[n] for n in sorted(new)})
+    return change / max(1.0, update_norm(current))
+
+
+def precommit_problem(
+    current: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    max_relative_change: float,
+) -> tuple[float | None, str | None]:
+    """Check a new global model before it is committed.
+
+    Args:
+        current: ``theta_t`` (float32).
+        new: ``theta_{t+1}`` (float32, same names and shapes).
+        max_relative_change: ``federation.robustness.max_relative_change``.
+
+    Returns:
+        ``(relative change, problem)``: the :func:`relative_change` (None when the new model is
+        not finite) and None when the model may be committed, else one sentence saying why
+        not: a tensor with NaN or Inf, or a relative change above ``max_relative_change``.
+    """
+    for name in sorted(new):
+        if not all_finite(new[name]):
+            return None, f"the new global model's tensor '{name}' has NaN or Inf values."
+    change = relative_change(current, new)
+    if not change <= max_relative_change:
+        return change, (
+            f"the new global model moves by {change:.4g} x max(1, its current L2 norm), more "
+            f"than federation.robustness.max_relative_change ({max_relative_change:g})."
+        )
+    return change, None
