@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lensemble.config.load import validate_mapping
+from lensemble.durable import DiskFull
 from lensemble.errors import UsageError
 from lensemble.network import certs
 from lensemble.network.certs import init_certs
@@ -93,7 +94,7 @@ def test_a_failed_write_leaves_no_temporary_file_and_no_partial_key(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(certs.os, "fsync", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DiskFull, match="no space left in"):
         init_certs(root, CONFIG)
     files = [p for p in root.rglob("*") if not p.is_dir()]
     assert files == [], "a temporary or partial file was left behind"

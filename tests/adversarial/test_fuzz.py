@@ -73,14 +73,20 @@ class FuzzTransport:
                 self._valid = contribution.payload
             else:
                 sub = Submission(
-                    pid, opening.round_index, contribution.payload, contribution.payload_hash
+                    pid,
+                    opening.round_index,
+                    contribution.payload,
+                    contribution.payload_hash,
+                    opening.attempt,
                 )
                 self._queue.append(sub)
         self._quota = min(CASES_PER_ROUND, self.cases_left) if self.rng else 0
         self._done = False
         if self._key in self.replay:
             data = self.replay[self._key]
-            self._queue.append(Submission(ATTACKER, opening.round_index, data, bytes_hash(data)))
+            self._queue.append(
+                Submission(ATTACKER, opening.round_index, data, bytes_hash(data), opening.attempt)
+            )
 
     def receive(self, until_s: float) -> Submission | None:
         if self._queue:
@@ -91,7 +97,7 @@ class FuzzTransport:
         self.cases_left -= 1
         data = mutate(self._valid, self.rng)
         digest = bytes_hash(data) if self.rng.random() > 0.01 else bytes_hash(self._valid)
-        return Submission(ATTACKER, self._key[0], data, digest)
+        return Submission(ATTACKER, self._key[0], data, digest, self._key[1])
 
     def reply(self, submission: Submission, verdict: Verdict) -> None:
         if submission.sender != ATTACKER or self.rng is None:

@@ -11,12 +11,15 @@ import pytest
 from lensemble import __version__
 from lensemble.config import config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
+from lensemble.federation.coordinator import global_architecture
+from lensemble.network.call_guard import PARTICIPANT_KEY
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
 from lensemble.network.participant_client import CoordinatorClient, classify
 from lensemble.network.peer_text import JOIN_LIMITS
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.security import Authenticator, server_credentials
 from lensemble.network.service import start_coordinator_server
+from tests.support.federation import initial_params
 from tests.support.network import network_mapping, write_config
 
 pytestmark = pytest.mark.integration
@@ -32,6 +35,7 @@ def test_an_oversized_join_field_is_refused_and_counted(tmp_path: Path, field: s
         server_credentials(config),
         host="127.0.0.1",
         port=config.network.port,
+        architecture=global_architecture(initial_params(config.run.root_seed)),
     )
     pid = config.participant_ids[0]
     client = CoordinatorClient(config, pid)
@@ -44,7 +48,9 @@ def test_an_oversized_join_field_is_refused_and_counted(tmp_path: Path, field: s
     request[field] = "x" * (JOIN_LIMITS[field] + 1)
     try:
         with pytest.raises(grpc.RpcError) as caught:
-            client.stub.Join(pb.JoinRequest(**request), timeout=10)
+            client.stub.Join(
+                pb.JoinRequest(**request), timeout=10, metadata=((PARTICIPANT_KEY, pid),)
+            )
         error = classify(caught.value)
         assert error.reason == "oversized_field"
         assert f"field {field} has {JOIN_LIMITS[field] + 1} characters" in error.message

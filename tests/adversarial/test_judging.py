@@ -53,7 +53,7 @@ def valid_payload(coordinator: Coordinator, value: float = 0.01, **extra: str) -
 
 
 def judge(coordinator: Coordinator, payload: bytes, sender: str = "alpha") -> Reason:
-    verdict = coordinator.accept(Submission(sender, 0, payload, bytes_hash(payload)))
+    verdict = coordinator.accept(Submission(sender, 0, payload, bytes_hash(payload), 0))
     return verdict.reason
 
 
@@ -119,7 +119,7 @@ def test_an_unforeseen_exception_is_rejected_not_raised(
         raise RecursionError("a parser bug nobody foresaw")
 
     monkeypatch.setattr(coordinator_module, "decode", broken)
-    verdict = coordinator.accept(Submission("alpha", 0, b"x" * 16, bytes_hash(b"x" * 16)))
+    verdict = coordinator.accept(Submission("alpha", 0, b"x" * 16, bytes_hash(b"x" * 16), 0))
     assert verdict.reason == Reason.BAD_PAYLOAD
     assert "RecursionError" in verdict.message
     assert coordinator.rejections["bad_payload"] == 1

@@ -147,7 +147,7 @@ def test_a_broken_presence_stream_closes_the_round_without_waiting() -> None:
     _join_all(transport, ids)
     transport.open_round(_opening(), b"model")
     for pid in ids[:3]:
-        submission = Submission(pid, 0, b"u", bytes_hash(b"u"))
+        submission = Submission(pid, 0, b"u", bytes_hash(b"u"), 0)
         transport.reply(submission, Verdict(Reason.ACCEPTED, "ok", 0))
     # The fourth is present: the collection goes on (receive returns at its deadline).
     assert transport.receive(time.monotonic() + 0.3) is None
@@ -191,7 +191,9 @@ def test_below_quorum_the_round_keeps_waiting_and_a_normal_window_end_is_not_abs
     transport.presence_closed(ids[0], broken=False)  # its window ended: grace to reopen
     for pid in ids[1:3]:
         transport.presence_closed(pid, broken=True)
-    transport.reply(Submission(ids[3], 0, b"u", bytes_hash(b"u")), Verdict(Reason.ACCEPTED, "", 0))
+    transport.reply(
+        Submission(ids[3], 0, b"u", bytes_hash(b"u"), 0), Verdict(Reason.ACCEPTED, "", 0)
+    )
     # alpha is within its grace; bravo and charlie are gone; 1 accepted < quorum 3: wait on.
     assert transport.receive(time.monotonic() + 0.3) is None
     assert transport.absence_reasons() == {ids[1]: "disconnected", ids[2]: "disconnected"}

@@ -21,12 +21,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lensemble.config import LensembleConfig
+from lensemble.federation.coordinator import global_architecture
 from lensemble.network.certs import init_certs
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
 from lensemble.network.security import Authenticator, server_credentials
 from lensemble.network.service import start_coordinator_server
 from lensemble.network.transport_errors import CertificateRejected, certificate_failure
+from tests.support.federation import initial_params
 from tests.support.network import network_mapping, write_config
 
 pytestmark = pytest.mark.integration
@@ -92,6 +94,7 @@ def _serve(config: LensembleConfig) -> Any:
         server_credentials(config),
         host="127.0.0.1",
         port=config.network.port,
+        architecture=global_architecture(initial_params(config.run.root_seed)),
     )
     return server
 

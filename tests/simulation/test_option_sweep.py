@@ -102,7 +102,8 @@ def test_a_refused_option_is_refused_naming_its_field(in_repo: Path, path: str, 
 
 def _ledger(folder: Path) -> list[dict[str, Any]]:
     lines = (folder / "ledger.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
+    # A v2 ledger line wraps the round record with its chain fields (docs/run-record.md).
+    return [json.loads(line)["record"] for line in lines]
 
 
 @pytest.mark.parametrize("run", range(RUNS))
