@@ -11,7 +11,8 @@ For every point (a set of ``--set`` overrides on top of the config), every parti
 - optionally FedAvg (outer lr 1, no momentum; ``--fedavg``);
 
 and scores each on the union of every participant's held-out episodes (normalised k-step latent
-error, lower is better). Baselines that a point does not change are trained once per process.
+error, lower is better). Baselines that a point does not change (it changes only the outer
+optimizer) are trained once, and kept in ``<out>.baselines.json`` for later invocations.
 
 One JSON line per (point, N, seed) goes to ``--out`` (appended, so a sweep can be stopped and
 continued); at the end a table per point and N gives the mean over seeds of the federated, best
@@ -50,7 +51,9 @@ REPO = Path(__file__).resolve().parents[1]
 _OUTER_ONLY = ("federation.outer_optimizer.",)
 
 
-def union_error(config: LensembleConfig, params: Any, datasets: dict[str, ParticipantData]) -> float:
+def union_error(
+    config: LensembleConfig, params: Any, datasets: dict[str, ParticipantData]
+) -> float:
     return evaluate(config, params, datasets).union.k_step_error
 
 
@@ -77,8 +80,11 @@ def run_point(
     run = DilocoRun(config, datasets, outer)
     curve = [union_error(config, run.train_until(r), datasets) for r in range(1, fed.rounds + 1)]
     key = json.dumps(
-        [config.run.root_seed, len(ids)]
-        + sorted(o for o in overrides if not o.startswith(_OUTER_ONLY))
+        [
+            config.run.root_seed,
+            len(ids),
+            *sorted(o for o in overrides if not o.startswith(_OUTER_ONLY)),
+        ]
     )
     if key not in cache:
         local = {
@@ -149,7 +155,11 @@ def main() -> None:
     )
     if not args.table_only:
         seen = {(r["point"], r["n"], r["seed"]) for r in done}
-        cache: dict[str, dict[str, float]] = {}
+        # Baselines persist next to --out, so that a later invocation reuses them.
+        cache_file = args.out.with_suffix(".baselines.json")
+        cache: dict[str, dict[str, float]] = (
+            json.loads(cache_file.read_text()) if cache_file.exists() else {}
+        )
         with tempfile.TemporaryDirectory() as tmp:
             for point in args.point or ["default:"]:
                 name, overrides = parse_point(point)
@@ -168,6 +178,7 @@ def main() -> None:
                             ],
                         )
                         row = run_point(config, overrides, cache, args.fedavg)
+                        cache_file.write_text(json.dumps(cache, sort_keys=True))
                         row.update(point=name, overrides=overrides, n=n, seed=seed)
                         with args.out.open("a", encoding="utf-8") as f:
                             f.write(json.dumps(row, sort_keys=True) + "\n")
