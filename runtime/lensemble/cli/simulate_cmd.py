@@ -112,7 +112,11 @@ def simulate(
     from lensemble.simulation.report import write_report_png
     from lensemble.simulation.summary import summary
 
-    png = write_report_png(read_metrics(result.output_dir), result.output_dir / REPORT_FILE)
+    png = write_report_png(
+        read_metrics(result.output_dir),
+        result.output_dir / REPORT_FILE,
+        inner_steps=cfg.federation.inner_steps,
+    )
     if json_summary:
         sys.stdout.write(json.dumps(summary(result, png), sort_keys=True) + "\n")
     else:
@@ -300,8 +304,8 @@ def _verdicts(summary: dict[str, Any]) -> list[str]:
     if best is not None:
         verdict = "beats" if fed < best_err else "does NOT beat"
         lines.append(
-            f"Federated model {verdict} the best site alone ({best}) on the union of held-out "
-            f"data: {fed:.4f} vs {best_err:.4f} (mean site alone {mean:.4f})."
+            f"Federated {verdict} the best site alone ({best}) on the union: {fed:.4f} vs "
+            f"{best_err:.4f} (mean site alone {mean:.4f})."
         )
     oracle = summary["pooled_oracle_union_k_step_error"]
     if oracle:
