@@ -309,9 +309,11 @@ def _verdicts(summary: dict[str, Any]) -> list[str]:
         )
     oracle = summary["pooled_oracle_union_k_step_error"]
     if oracle:
+        oracle_best = summary["pooled_oracle_best_round_union_k_step_error"] or oracle
         lines.append(
-            f"Pooled-data oracle (no residency, same total inner steps): {oracle:.4f}; "
-            f"federated is {fed / oracle:.2f}x it."
+            f"Pooled-data oracle (no residency, same total inner steps): {oracle:.4f}, best "
+            f"round {oracle_best:.4f}; federated is {fed / oracle:.2f}x / {fed / oracle_best:.2f}x "
+            "it."
         )
     fedavg = summary["fedavg_union_k_step_error"]
     if fedavg is not None:

@@ -114,14 +114,20 @@ def best_single_site(local_only: dict[str, dict[str, Any]] | None) -> tuple[str,
     return pid, errors[pid]
 
 
-def best_round(metrics: list[RoundMetrics]) -> tuple[int, float] | None:
-    """The best evaluated round: the lowest union k-step error of the global model.
+def best_round(metrics: list[RoundMetrics], model: str = "federated") -> tuple[int, float] | None:
+    """The best evaluated round of ``model``: the lowest union k-step error.
+
+    Args:
+        metrics: The run's round metrics.
+        model: ``federated``, ``pooled_oracle`` or ``fedavg`` (a :class:`RoundMetrics` field).
 
     Returns:
         ``(rounds committed, error)``, the earliest round on ties; None if none was evaluated.
     """
     scored = [
-        (m.round + 1, float(m.federated["union"]["k_step_error"])) for m in metrics if m.federated
+        (m.round + 1, float(getattr(m, model)["union"]["k_step_error"]))
+        for m in metrics
+        if getattr(m, model)
     ]
     if not scored:
         return None
@@ -149,6 +155,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
     best, peak = best_single_site(result.final_local_only), best_round(result.metrics)
+    oracle_peak = best_round(result.metrics, "pooled_oracle")
     return {
         "config_hash": result.config_hash,
         "model_hash": result.model_hash,
@@ -162,6 +169,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "best_single_site": best[0] if best else None,
         "best_single_site_union_k_step_error": best[1] if best else None,
         "pooled_oracle_union_k_step_error": _union(result.final_pooled_oracle),
+        "pooled_oracle_best_round_union_k_step_error": oracle_peak[1] if oracle_peak else None,
         "fedavg_union_k_step_error": _union(result.final_fedavg),
         "federated_best_round": peak[0] if peak else None,
         "federated_best_round_union_k_step_error": peak[1] if peak else None,
