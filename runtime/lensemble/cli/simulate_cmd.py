@@ -238,8 +238,9 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
     best = summary["best_single_site"]
     k = final.get("k_steps", cfg.evaluation.k_steps)
     table = Table(
-        title=f"Held-out {k}-step latent error after {cfg.federation.rounds} rounds, lower is "
-        "better: each participant's own held-out episodes, then their union"
+        title=f"Held-out {k}-step latent error after {cfg.federation.rounds} rounds "
+        "(lower is better)",
+        caption="Rows: each participant's own held-out episodes, then their union.",
     )
     columns = [
         ("participant", "left", None),
