@@ -119,7 +119,13 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
     assert summary["hash_chain"] == expected["hash_chain"] and len(summary["hash_chain"]) == 3
     assert summary["model_hash"] == expected["model_hash"]
     assert summary["config_hash"] == expected["config_hash"]
-    for key in ("federated_union_k_step_error", "local_only_mean_union_k_step_error"):
+    for key in (
+        "federated_union_k_step_error",
+        "local_only_mean_union_k_step_error",
+        "best_single_site_union_k_step_error",
+        "pooled_oracle_union_k_step_error",
+        "fedavg_union_k_step_error",
+    ):
         assert summary[key] == expected[key] and summary[key] is not None
     assert summary["bytes_up"] == expected["bytes_up"]
     entries = [json.loads(line) for line in audit.read_text().splitlines()]

@@ -68,7 +68,8 @@ def simulate(
     """Train a world model with DiLoCo across the config's participants, deterministically.
 
     Writes ledger.jsonl, metrics.jsonl, checkpoints and report.png under the output folder and
-    prints held-out error and probe R^2, federated versus each participant training alone.
+    prints the held-out error of the federated model next to each participant training alone,
+    the best of them, the pooled-data oracle and the FedAvg ablation.
     """
     from lensemble.config import default_config_path
     from lensemble.federation.faults import parse_faults
@@ -114,7 +115,11 @@ def simulate(
     from lensemble.simulation.report import write_report_png
     from lensemble.simulation.summary import summary
 
-    png = write_report_png(read_metrics(result.output_dir), result.output_dir / REPORT_FILE)
+    png = write_report_png(
+        read_metrics(result.output_dir),
+        result.output_dir / REPORT_FILE,
+        inner_steps=cfg.federation.inner_steps,
+    )
     if json_summary:
         sys.stdout.write(json.dumps(summary(result, png), sort_keys=True) + "\n")
     else:
@@ -237,51 +242,51 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
         out.width = 120  # piped or captured: do not squeeze the table into 80 columns
     final = result.final or {}
     local = result.final_local_only
+    summary = summarise(result, png)
+    best = summary["best_single_site"]
     k = final.get("k_steps", cfg.evaluation.k_steps)
     table = Table(
-        title=f"Held-out evaluation after {cfg.federation.rounds} rounds "
-        f"({k}-step latent error: lower is better; probe R²: higher is better)"
+        title=f"Held-out {k}-step latent error after {cfg.federation.rounds} rounds "
+        "(lower is better)",
+        caption="Rows: each participant's own held-out episodes, then their union.",
     )
-    for column, justify in (
-        ("participant", "left"),
-        ("trust domain", "left"),
-        ("federated error", "right"),
-        ("local-only error", "right"),
-        ("federated R²", "right"),
-        ("local-only R²", "right"),
-    ):
+    columns = [
+        ("participant", "left", None),
+        ("federated", "right", final),
+        ("alone (own model)", "right", None),
+        (f"best site alone ({best})", "right", local.get(best) if best else None),
+        ("pooled-data oracle", "right", result.final_pooled_oracle),
+        ("FedAvg", "right", result.final_fedavg),
+        ("federated R²", "right", None),
+    ]
+    for column, justify, _ in columns:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
+
+    def err(report: dict[str, Any] | None, pid: str | None) -> str:
+        if not report:
+            return "-"
+        scores = report.get("union") if pid is None else report.get("participants", {}).get(pid)
+        return _num((scores or {}).get("k_step_error"))
+
     for pid in cfg.participant_ids:
-        fed_s = final.get("participants", {}).get(pid, {})
-        loc_s = local.get(pid, {}).get("participants", {}).get(pid, {}) if local else {}
         table.add_row(
             pid,
-            cfg.participant(pid).trust_domain,
-            _num(fed_s.get("k_step_error")),
-            _num(loc_s.get("k_step_error")),
-            _num(fed_s.get("probe_r2")),
-            _num(loc_s.get("probe_r2")),
+            err(final, pid),
+            err(local.get(pid), pid),
+            *(err(report, pid) for _, _, report in columns[3:6]),
+            _num(final.get("participants", {}).get(pid, {}).get("probe_r2")),
         )
-    summary = summarise(result, png)
-    union = final.get("union", {})
-    mean_r2 = sum(r["union"]["probe_r2"] for r in local.values()) / len(local) if local else None
     table.add_row(
         "[bold]union of all",
-        "(held-out, every participant)",
-        _num(union.get("k_step_error")),
+        err(final, None),
         _num(summary["local_only_mean_union_k_step_error"]) + " (mean)",
-        _num(union.get("probe_r2")),
-        _num(mean_r2) + " (mean)",
+        *(err(report, None) for _, _, report in columns[3:6]),
+        _num(final.get("union", {}).get("probe_r2")),
         end_section=True,
     )
     out.print(table)
-    fed_err, loc_err = union.get("k_step_error"), summary["local_only_mean_union_k_step_error"]
-    if fed_err is not None and loc_err is not None:
-        verdict = "better" if fed_err < loc_err else "NOT better"
-        out.print(
-            f"Federated model is {verdict} than training alone on the union of held-out data: "
-            f"{fed_err:.4f} vs {loc_err:.4f} (mean local-only)."
-        )
+    for line in _verdicts(summary):
+        out.print(line)
     resumed = summary["resumed_from_version"]
     before = f", {resumed} of them before the resume" if resumed is not None else ""
     out.print(
@@ -295,6 +300,43 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
     if png:
         files.append(png.name)
     out.print(f"Wrote {', '.join(str(result.output_dir / f) for f in files)}")
+
+
+def _verdicts(summary: dict[str, Any]) -> list[str]:
+    """One sentence per comparison of the final global model with a baseline, on the union."""
+    fed = summary["federated_union_k_step_error"]
+    if fed is None:
+        return []
+    lines = []
+    best, best_err = summary["best_single_site"], summary["best_single_site_union_k_step_error"]
+    mean = summary["local_only_mean_union_k_step_error"]
+    if best is not None:
+        verdict = "beats" if fed < best_err else "does NOT beat"
+        lines.append(
+            f"Federated {verdict} the best site alone ({best}) on the union: {fed:.4f} vs "
+            f"{best_err:.4f} (mean site alone {mean:.4f})."
+        )
+    oracle = summary["pooled_oracle_union_k_step_error"]
+    if oracle:
+        oracle_best = summary["pooled_oracle_best_round_union_k_step_error"] or oracle
+        lines.append(
+            f"Pooled-data oracle (no residency, same total inner steps): {oracle:.4f}, best "
+            f"round {oracle_best:.4f}; federated is {fed / oracle:.2f}x / {fed / oracle_best:.2f}x "
+            "it."
+        )
+    fedavg = summary["fedavg_union_k_step_error"]
+    if fedavg is not None:
+        lines.append(f"FedAvg (outer lr 1, no momentum): {fedavg:.4f}.")
+    peak, peak_err = (
+        summary["federated_best_round"],
+        summary["federated_best_round_union_k_step_error"],
+    )
+    if peak is not None and peak_err:
+        lines.append(
+            f"Best round {peak} ({peak_err:.4f}); the final model is within "
+            f"{100 * (fed / peak_err - 1):.1f}% of it."
+        )
+    return lines
 
 
 def _num(value: float | None) -> str:

@@ -511,6 +511,17 @@ class EvaluationConfig(_Section):
         description="Also train each participant alone for the same inner steps and report "
         "its held-out error next to the federated model's.",
     )
+    pooled_oracle: bool = Field(
+        True,
+        description="Also train the pooled-data oracle: one model on every participant's "
+        "training data with the federation's total inner steps (N x H per round), what "
+        "training would reach without residency (simulation only).",
+    )
+    fedavg_ablation: bool = Field(
+        True,
+        description="Also run the same federation with plain averaging (outer lr 1, no "
+        "momentum), the ablation of DiLoCo's outer optimizer (simulation only).",
+    )
     probe_ridge: float = Field(
         1e-3, ge=0.0, description="Ridge penalty of the linear probe latent -> true state."
     )

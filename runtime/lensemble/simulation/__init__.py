@@ -7,8 +7,10 @@ package puts them together for a run on one machine and reports on it:
   over the deterministic in-process transport;
 - :mod:`~lensemble.simulation.local_processes`: one process per role on loopback, over the
   network transport with TLS;
-- :mod:`~lensemble.simulation.evaluation`: held-out scores of the global model and of the
-  local-only baseline (each participant training alone);
+- :mod:`~lensemble.simulation.baselines`: what the federation is judged against: the
+  pooled-data oracle and the FedAvg ablation (next to each participant training alone);
+- :mod:`~lensemble.simulation.evaluation`: held-out scores of the global model and of every
+  baseline;
 - :mod:`~lensemble.simulation.summary`: round metrics, the run's result and its JSON summary;
 - :mod:`~lensemble.simulation.output`: what a run writes where, and what a new run replaces;
 - :mod:`~lensemble.simulation.report`: the report plot.

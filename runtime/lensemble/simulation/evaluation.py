@@ -1,8 +1,10 @@
-"""Held-out scores of a run on one machine: the global model and the local-only baseline.
+"""Held-out scores of a run on one machine: the global model and its baselines.
 
-The local-only baseline is each participant training alone for the same inner steps per
-committed round (:class:`lensemble.model.inner_loop.LocalOnlyRun`); next to the global model's
-scores it shows what federation buys.
+The baselines (:mod:`lensemble.simulation.baselines`) are each participant training alone for
+the same inner steps per committed round, the pooled-data oracle (one model on everyone's
+training data with the same total inner steps) and the FedAvg ablation (outer learning rate 1,
+no momentum); next to the global model's scores they show what federation buys, and what it
+leaves on the table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
 
     from lensemble.config import LensembleConfig
     from lensemble.data.trajectories import ParticipantData
+    from lensemble.simulation.summary import RoundMetrics
 
 
 class Evaluation:
@@ -31,6 +34,7 @@ class Evaluation:
     ) -> None:
         from lensemble.data.trajectories import load_or_collect
         from lensemble.model.inner_loop import LocalOnlyRun
+        from lensemble.simulation.baselines import FEDAVG, DilocoRun, PooledRun
 
         self.config = config
         self.datasets = dict(
@@ -42,6 +46,9 @@ class Evaluation:
             if config.evaluation.local_only_baseline
             else {}
         )
+        ev = config.evaluation
+        self.pooled = PooledRun(config, self.datasets) if ev.pooled_oracle else None
+        self.fedavg = DilocoRun(config, self.datasets, FEDAVG) if ev.fedavg_ablation else None
 
     def federated(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """``EvalReport.to_dict()`` of the global model ``params``."""
@@ -62,3 +69,38 @@ class Evaluation:
             pid: evaluate(self.config, run.train_until(rounds), self.datasets).to_dict()
             for pid, run in self.baselines.items()
         }
+
+    def pooled_oracle(self, rounds: int) -> dict[str, Any] | None:
+        """``EvalReport.to_dict()`` of the pooled-data oracle after ``rounds`` (trained first).
+
+        None when ``evaluation.pooled_oracle`` is off.
+        """
+        from lensemble.eval.heldout import evaluate
+
+        if self.pooled is None:
+            return None
+        report: dict[str, Any] = evaluate(
+            self.config, self.pooled.train_until(rounds), self.datasets
+        ).to_dict()
+        return report
+
+    def fedavg_ablation(self, rounds: int) -> dict[str, Any] | None:
+        """``EvalReport.to_dict()`` of the FedAvg federation after ``rounds`` (trained first).
+
+        None when ``evaluation.fedavg_ablation`` is off.
+        """
+        from lensemble.eval.heldout import evaluate
+
+        if self.fedavg is None:
+            return None
+        report: dict[str, Any] = evaluate(
+            self.config, self.fedavg.train_until(rounds), self.datasets
+        ).to_dict()
+        return report
+
+    def score(self, line: RoundMetrics, params: Mapping[str, torch.Tensor], rounds: int) -> None:
+        """Fill ``line`` with the global model's scores and every enabled baseline's."""
+        line.federated = self.federated(params)
+        line.local_only = self.local_only(rounds) or None
+        line.pooled_oracle = self.pooled_oracle(rounds)
+        line.fedavg = self.fedavg_ablation(rounds)

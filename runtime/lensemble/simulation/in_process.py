@@ -3,7 +3,7 @@
 Each participant collects its own trajectories (its own physics), keeps them in its own folder,
 and trains a world model from the global parameters every round; the coordinator commits the
 DiLoCo outer step. Every ``evaluation.every_rounds`` rounds and after the last one, the global
-model is scored next to the local-only baseline (:mod:`lensemble.simulation.evaluation`). Nothing
+model is scored next to its baselines (:mod:`lensemble.simulation.evaluation`). Nothing
 crosses the transport except model payloads and pseudo-gradients.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.federation.checkpoint import CheckpointStore
@@ -111,31 +110,32 @@ def _run(
         )
     transport = InProcessTransport(participants, faults)
     metrics: list[RoundMetrics] = []
-    final: dict[str, Any] | None = None
-    final_local: dict[str, dict[str, Any]] = {}
+    scored: RoundMetrics | None = None
     while coordinator.version < fed.rounds:
         record = coordinator.run_round(transport)
         line = RoundMetrics.of(record)
         last = coordinator.version == fed.rounds
         if last or (record.round + 1) % ev.every_rounds == 0:
-            final = line.federated = evaluation.federated(coordinator.params)
-            if ev.local_only_baseline:
-                final_local = line.local_only = evaluation.local_only(coordinator.version)
+            evaluation.score(line, coordinator.params, coordinator.version)
+            scored = line
         append_metrics(out, line)
         metrics.append(line)
         if on_metrics is not None:
             on_metrics(line)
     transport.finish()
-    if final is None:  # resumed a finished run: evaluate what is there
-        final = evaluation.federated(coordinator.params)
+    if scored is None:  # resumed a finished run: evaluate what is there
+        scored = RoundMetrics(coordinator.version - 1, coordinator.model_hash, [], None, 0, 0, 0, 0)
+        evaluation.score(scored, coordinator.params, coordinator.version)
     return SimulationResult(
         config_hash=config_hash(config),
         # The ledger holds the whole run, including what came before a resume.
         records=coordinator.ledger.records() if coordinator.ledger else coordinator.records,
         metrics=metrics,
         model_hash=coordinator.model_hash,
-        final=final,
-        final_local_only=final_local,
+        final=scored.federated,
+        final_local_only=scored.local_only or {},
+        final_pooled_oracle=scored.pooled_oracle,
+        final_fedavg=scored.fedavg,
         output_dir=out,
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,

@@ -209,24 +209,21 @@ def _summarise(
 ) -> SimulationResult:
     checkpoint = CheckpointStore(out).load()
     committed = [r for r in records if r.state == "closed"]
-    final: dict[str, Any] | None = None
-    local_only: dict[str, dict[str, Any]] = {}
-    if checkpoint is not None and evaluate_final:
-        evaluation = Evaluation(config)
-        final = evaluation.federated(checkpoint.params)
-        local_only = evaluation.local_only(len(committed))
     metrics = [RoundMetrics.of(r) for r in committed]
-    if metrics:
-        metrics[-1].federated = final
-        metrics[-1].local_only = local_only or None
+    scored = RoundMetrics(-1, "", [], None, 0, 0, 0.0, 0.0)
+    if checkpoint is not None and evaluate_final:
+        scored = metrics[-1] if metrics else scored
+        Evaluation(config).score(scored, checkpoint.params, len(committed))
     write_metrics(out, metrics)
     return SimulationResult(
         config_hash=config_hash(config),
         records=records,
         metrics=metrics,
         model_hash=checkpoint.model_hash if checkpoint is not None else "",
-        final=final,
-        final_local_only=local_only,
+        final=scored.federated,
+        final_local_only=scored.local_only or {},
+        final_pooled_oracle=scored.pooled_oracle,
+        final_fedavg=scored.fedavg,
         output_dir=out,
         wall_s=wall_s,
         resumed_from=resumed_from,

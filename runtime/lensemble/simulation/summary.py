@@ -9,6 +9,9 @@ from typing import Any
 
 from lensemble.federation.ledger import RoundRecord, committed_chain
 
+# The fields of RoundMetrics that hold held-out scores rather than the ledger's lineage.
+_SCORES = ("federated", "local_only", "pooled_oracle", "fedavg")
+
 
 @dataclass
 class RoundMetrics:
@@ -27,6 +30,10 @@ class RoundMetrics:
             evaluated round, else None.
         local_only: Held-out scores of each local-only model, by participant, on an evaluated
             round with the baseline on, else None.
+        pooled_oracle: Held-out scores of the pooled-data oracle on an evaluated round with it
+            on, else None.
+        fedavg: Held-out scores of the FedAvg ablation on an evaluated round with it on, else
+            None.
     """
 
     round: int
@@ -39,12 +46,14 @@ class RoundMetrics:
     non_compute_s: float
     federated: dict[str, Any] | None = None
     local_only: dict[str, dict[str, Any]] | None = None
+    pooled_oracle: dict[str, Any] | None = None
+    fedavg: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, record: RoundRecord) -> RoundMetrics:
         """The metrics line of a committed round's ledger record, not yet evaluated."""
         # Every field but the scores is the ledger record's field of the same name.
-        lineage = [f.name for f in fields(cls) if f.name not in ("federated", "local_only")]
+        lineage = [f.name for f in fields(cls) if f.name not in _SCORES]
         return cls(**{name: getattr(record, name) for name in lineage})
 
     def to_json(self) -> str:
@@ -64,6 +73,8 @@ class SimulationResult:
         model_hash: Hash of the final global model ("" if none was committed).
         final: Final evaluation of the global model (``EvalReport.to_dict()``).
         final_local_only: Final evaluation of each local-only model, by participant.
+        final_pooled_oracle: Final evaluation of the pooled-data oracle, if trained.
+        final_fedavg: Final evaluation of the FedAvg ablation, if trained.
         output_dir: Where files were written.
         wall_s: Wall time of this process (seconds).
         resumed_from: Model version (rounds committed before) this process resumed from; None
@@ -76,6 +87,8 @@ class SimulationResult:
     model_hash: str
     final: dict[str, Any] | None
     final_local_only: dict[str, dict[str, Any]] = field(default_factory=dict)
+    final_pooled_oracle: dict[str, Any] | None = None
+    final_fedavg: dict[str, Any] | None = None
     output_dir: Path = Path()
     wall_s: float = 0.0
     resumed_from: int | None = None
@@ -89,6 +102,42 @@ def mean_local_only_union(local_only: dict[str, dict[str, Any]] | None) -> float
     return sum(values) / len(values)
 
 
+def best_single_site(local_only: dict[str, dict[str, Any]] | None) -> tuple[str, float] | None:
+    """The participant whose local-only model has the lowest union k-step error, and that error.
+
+    Ties go to the first id in sorted order; None without local-only scores.
+    """
+    if not local_only:
+        return None
+    errors = {pid: float(r["union"]["k_step_error"]) for pid, r in sorted(local_only.items())}
+    pid = min(errors, key=errors.__getitem__)
+    return pid, errors[pid]
+
+
+def best_round(metrics: list[RoundMetrics], model: str = "federated") -> tuple[int, float] | None:
+    """The best evaluated round of ``model``: the lowest union k-step error.
+
+    Args:
+        metrics: The run's round metrics.
+        model: ``federated``, ``pooled_oracle`` or ``fedavg`` (a :class:`RoundMetrics` field).
+
+    Returns:
+        ``(rounds committed, error)``, the earliest round on ties; None if none was evaluated.
+    """
+    scored = [
+        (m.round + 1, float(getattr(m, model)["union"]["k_step_error"]))
+        for m in metrics
+        if getattr(m, model)
+    ]
+    if not scored:
+        return None
+    return min(scored, key=lambda item: (item[1], item[0]))
+
+
+def _union(report: dict[str, Any] | None) -> float | None:
+    return None if not report else float(report["union"]["k_step_error"])
+
+
 def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]:
     """The run's one-object summary (what ``lensemble simulate --json`` prints).
 
@@ -98,11 +147,15 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
 
     Returns:
         JSON-ready dict: hashes, the committed hash chain, round and attempt counts, the union
-        k-step error and probe R^2 of the final model and the mean local-only error, bytes moved
+        k-step error and probe R^2 of the final model; the union error of each baseline (mean
+        local-only, the best single site and its id, the pooled-data oracle, FedAvg; None when
+        not trained); the best evaluated round of this process and its union error; bytes moved
         (bytes), wall time (seconds) and where the files are.
     """
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
+    best, peak = best_single_site(result.final_local_only), best_round(result.metrics)
+    oracle_peak = best_round(result.metrics, "pooled_oracle")
     return {
         "config_hash": result.config_hash,
         "model_hash": result.model_hash,
@@ -113,6 +166,13 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
         "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),
         "local_only_mean_union_k_step_error": mean_local_only_union(result.final_local_only),
+        "best_single_site": best[0] if best else None,
+        "best_single_site_union_k_step_error": best[1] if best else None,
+        "pooled_oracle_union_k_step_error": _union(result.final_pooled_oracle),
+        "pooled_oracle_best_round_union_k_step_error": oracle_peak[1] if oracle_peak else None,
+        "fedavg_union_k_step_error": _union(result.final_fedavg),
+        "federated_best_round": peak[0] if peak else None,
+        "federated_best_round_union_k_step_error": peak[1] if peak else None,
         "bytes_up": sum(r.bytes_up for r in result.records),
         "bytes_down": sum(r.bytes_down for r in result.records),
         "wall_s": round(result.wall_s, 3),

@@ -1,0 +1,137 @@
+"""The baselines a federated run is judged against, trained next to it on one machine.
+
+- **local-only**: each participant trains alone (:class:`lensemble.model.inner_loop.LocalOnlyRun`);
+  the best of them is the bar a consortium member compares with.
+- **pooled-data oracle** (:class:`PooledRun`): one model trained on the union of every
+  participant's training episodes with the same total inner steps as the federation
+  (``N * H`` per round): what training would reach if residency did not matter.
+- **FedAvg** (:class:`DilocoRun` with :data:`FEDAVG`): the same federation with the outer
+  optimizer reduced to plain averaging (outer learning rate 1, no momentum), the ablation of
+  DiLoCo's outer Nesterov step.
+
+Every baseline starts from the federated run's initial parameters, draws its batches from seeds
+derived from ``run.root_seed``, and trains incrementally: ``train_until(r)`` continues from the
+rounds already trained, so evaluating a baseline every round costs no more than training it once.
+Only this harness builds them: it reads every participant's data, which stands for each
+participant training inside its own trust domain (and, for the oracle, for a world without
+residency).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from lensemble.federation.diloco import OuterStep, canonical_mean, pseudo_gradient, zeros_like
+from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
+
+if TYPE_CHECKING:
+    from lensemble.config import LensembleConfig
+    from lensemble.data.trajectories import ParticipantData
+
+Params = dict[str, torch.Tensor]
+
+#: FedAvg as a DiLoCo outer step: the new global model is the mean of the local models.
+FEDAVG = OuterStep(lr=1.0, momentum=0.0, nesterov=False)
+
+#: The pooled oracle's learner id; it seeds the oracle's batches.
+POOLED_ID = "pooled-oracle"
+
+
+def pooled_data(datasets: Mapping[str, ParticipantData]) -> ParticipantData:
+    """Every participant's training episodes in one set (sorted id order), held-out ones too.
+
+    Raises:
+        ValueError: ``datasets`` is empty.
+    """
+    from lensemble.data.trajectories import ParticipantData, Trajectories
+
+    if not datasets:
+        raise ValueError("pooled_data() needs at least one participant's data")
+    ids = sorted(datasets)
+
+    def cat(split: str) -> Trajectories:
+        parts = [getattr(datasets[p], split) for p in ids]
+        return Trajectories(
+            torch.cat([t.obs for t in parts]),
+            torch.cat([t.actions for t in parts]),
+            torch.cat([t.states for t in parts]),
+        )
+
+    first = datasets[ids[0]]
+    return ParticipantData(
+        participant_id=POOLED_ID,
+        train=cat("train"),
+        holdout=cat("holdout"),
+        spec=first.spec,
+        cache_path=first.cache_path,
+    )
+
+
+class PooledRun:
+    """The pooled-data oracle: one learner on everyone's training data, ``N * H`` steps a round.
+
+    Args:
+        config: The run's config (``federation.inner_steps``, the inner optimizer, the model).
+        datasets: Participant id -> its data; ``N = len(datasets)``.
+    """
+
+    def __init__(self, config: LensembleConfig, datasets: Mapping[str, ParticipantData]) -> None:
+        self.learner = WorldModelLearner(config, POOLED_ID, pooled_data(datasets))
+        self.params: Params = initial_global_parameters(config)
+        self.steps = config.federation.inner_steps * len(datasets)
+        self.rounds = 0
+
+    def train_until(self, rounds: int) -> Params:
+        """Train the rounds not trained yet, up to ``rounds`` in all; return the parameters."""
+        for round_index in range(self.rounds, rounds):
+            self.params = self.learner.train_round(self.params, round_index, self.steps).params
+        self.rounds = max(self.rounds, rounds)
+        return self.params
+
+
+class DilocoRun:
+    """A fault-free DiLoCo federation of every participant, in memory, with a given outer step.
+
+    The arithmetic is the coordinator's (:func:`~lensemble.federation.diloco.pseudo_gradient`,
+    :func:`~lensemble.federation.diloco.canonical_mean`, :class:`OuterStep`), without the
+    ledger, checkpoints or transport; with the config's own outer step it reproduces the
+    federated run's global models when no fault is injected.
+
+    Args:
+        config: The run's config.
+        datasets: Participant id -> its data.
+        outer: The outer step (:data:`FEDAVG` for the FedAvg ablation).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        datasets: Mapping[str, ParticipantData],
+        outer: OuterStep,
+    ) -> None:
+        self.learners = {pid: WorldModelLearner(config, pid, datasets[pid]) for pid in datasets}
+        self.params: Params = {
+            k: v.to(torch.float32) for k, v in initial_global_parameters(config).items()
+        }
+        self.momentum = zeros_like(self.params)
+        self.outer = outer
+        self.steps = config.federation.inner_steps
+        self.rounds = 0
+
+    def train_until(self, rounds: int) -> Params:
+        """Run the rounds not run yet, up to ``rounds`` in all; return the global parameters."""
+        for round_index in range(self.rounds, rounds):
+            deltas = {
+                pid: pseudo_gradient(
+                    self.params, learner.train_round(self.params, round_index, self.steps).params
+                )
+                for pid, learner in sorted(self.learners.items())
+            }
+            self.params, self.momentum = self.outer.apply(
+                self.params, canonical_mean(deltas), self.momentum
+            )
+        self.rounds = max(self.rounds, rounds)
+        return self.params
