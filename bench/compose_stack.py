@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def ledger(path: Path) -> list[dict[str, Any]]:
     lines = path.read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("state") == "closed"]
+    records = [line["record"] for line in map(json.loads, lines)]  # ledger v2
+    return [r for r in records if r.get("state") == "closed"]
 
 
 def run_compose(rounds: int, work: Path) -> tuple[dict[str, float], list[dict[str, Any]]]:

@@ -143,7 +143,8 @@ class Up:
     @property
     def ledger(self) -> list[dict[str, Any]]:
         path = self.stack / "ledger.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [line["record"] for line in lines]  # ledger v2: the round record per line
 
     @property
     def chain(self) -> list[str]:

@@ -395,7 +395,11 @@ def test_a_finished_run_copies_the_ledger_and_reports_the_final_hash(
         {"round": 1, "state": "aborted", "model_hash": "sha256:aa"},
         {"round": 1, "state": "closed", "model_hash": "sha256:bb"},
     ]
-    ledger = "".join(json.dumps(line) + "\n" for line in lines).encode() + b"{torn"
+    # Ledger v2 lines wrap each round record with its chain fields (docs/run-record.md).
+    wrapped = [
+        {"ledger": "lensemble-ledger-v2", "seq": i, "record": r} for i, r in enumerate(lines)
+    ]
+    ledger = "".join(json.dumps(line) + "\n" for line in wrapped).encode() + b"{torn"
     engine = FakeEngine(
         healthy_stack(cfg), files={("coordinator", "/var/lib/lensemble/ledger.jsonl"): ledger}
     )

@@ -365,15 +365,17 @@ class StackRun:
 def committed_hashes(ledger: bytes) -> list[str]:
     """Model hashes of the committed (``closed``) rounds of a ledger, in order.
 
-    Lines that are not JSON objects with a string ``model_hash`` are skipped: the ledger is
-    read only to report the run, never trusted for anything else.
+    A line wraps its round record under ``record`` (ledger v2, docs/run-record.md). Lines that
+    are not JSON objects with a string ``model_hash`` are skipped: the ledger is read only to
+    report the run, never trusted for anything else (``lensemble verify`` checks it).
     """
     hashes: list[str] = []
     for raw in ledger.splitlines():
         try:
-            record = json.loads(raw)
+            line = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
+        record = line.get("record") if isinstance(line, dict) else None
         if isinstance(record, dict) and record.get("state") == "closed":
             value = record.get("model_hash")
             if isinstance(value, str):
