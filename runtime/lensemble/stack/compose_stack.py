@@ -305,7 +305,10 @@ def wait_ready(
                 continue
             ready[name] = line
             del pending[name]
-            echo(f"ready: {name} ({line.endpoint}), {state.health or state.status}")
+            # A container that already finished its run says so: its last healthcheck may have
+            # run while it was leaving, which is not a failure.
+            shown = "exited" if state.finished else (state.health or state.status)
+            echo(f"ready: {name} ({line.endpoint}), {shown}")
         if not pending:
             return ready
         if clock() >= deadline:
