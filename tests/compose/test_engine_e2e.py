@@ -195,9 +195,14 @@ def simulated_chain(output: Path, *sets: str, faults: str = "") -> list[str]:
 
 
 def drops(ledger: list[dict[str, Any]]) -> str:
-    """The --faults that exclude the same participants from the same rounds as ``ledger``."""
-    closed = [r for r in ledger if r["state"] == "closed"]
-    return ",".join(f"drop:{p}@{r['round']}" for r in closed for p in sorted(r["excluded"]))
+    """The --faults that exclude the same participants from the same attempts as ``ledger``.
+
+    Aborted attempts count too: a round that lost quorum on the engine (say, one participant
+    still restarting and another cut off) is aborted and retried in the simulation as well.
+    """
+    return ",".join(
+        f"drop:{p}@{r['round']}.{r['attempt']}" for r in ledger for p in sorted(r["excluded"])
+    )
 
 
 def test_up_runs_to_completion_and_commits_the_simulation_chain(tmp_path: Path) -> None:
