@@ -32,9 +32,10 @@ from tests.support.tools import require
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROUNDS = 8
-#: Rounds long enough (75 inner steps) for several scrapes (every 5 s) during the run, and a
+#: Rounds long enough (600 inner steps: rounds close as soon as everyone has submitted) for
+#: several scrapes (every 5 s) during the run, and a
 #: round timeout that a loaded 2-core machine does not reach.
-ROUND_SETS = ["--set", "federation.inner_steps=75", "--set", "federation.round_timeout_s=120"]
+ROUND_SETS = ["--set", "federation.inner_steps=600", "--set", "federation.round_timeout_s=120"]
 #: A sample scraped this close to a commit (seconds) may show either count.
 AMBIGUOUS_S = 0.5
 PARTICIPANTS = ["alpine", "coastal", "delta", "highland"]
