@@ -27,10 +27,14 @@ import torch
 from lensemble.config.sizing import CHECKPOINTS_KEPT
 from lensemble.durable import atomic_write, check_free_space, remove
 from lensemble.errors import IntegrityError, PayloadError
+from lensemble.federation.checkpoint_audit import (
+    MOMENTUM_PREFIX,
+    recorded_version_of,
+    require_momentum,
+)
 from lensemble.federation.payload import decode, encode, model_hash, tensor_digest
 from lensemble.federation.signing import Signer
 
-MOMENTUM_PREFIX = "momentum::"
 KEEP = CHECKPOINTS_KEPT  # the coordinator volume is sized for it (config.sizing)
 _MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _INNER_FILE = re.compile(r"^inner-r(\d{6})-a(\d{3})\.safetensors$")
@@ -201,17 +205,8 @@ class CheckpointStore:
             for k, v in decoded.tensors.items()
             if k.startswith(MOMENTUM_PREFIX)
         }
-        if set(momentum) != set(params):
-            missing = sorted(set(params) ^ set(momentum))
-            raise IntegrityError(
-                f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
-                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
-                remediation="the file was modified; restore it or start a new run folder.",
-            )
-        try:
-            recorded_version = int(meta.get("version", "-1"))
-        except ValueError:
-            recorded_version = -1
+        require_momentum(path, set(params), set(momentum))
+        recorded_version = recorded_version_of(meta)
         expected = meta.get("model_hash", "")
         actual = model_hash(params, recorded_version, meta.get("parent_hash", ""))
         if actual != expected or recorded_version != version:

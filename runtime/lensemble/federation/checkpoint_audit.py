@@ -115,17 +115,8 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
         ) from None
     params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
     momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
-    missing = sorted(set(params) ^ {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
-    if missing:
-        raise IntegrityError(
-            f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
-            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
-            remediation="the file was modified; restore it or start a new run folder.",
-        )
-    try:
-        recorded_version = int(meta.get("version", "-1"))
-    except ValueError:
-        recorded_version = -1
+    require_momentum(path, set(params), {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
+    recorded_version = recorded_version_of(meta)
     expected = meta.get("model_hash", "")
     parent = meta.get("parent_hash", "")
     suffix = struct.pack("<Q", recorded_version if recorded_version >= 0 else 0) + parent.encode()
@@ -154,3 +145,31 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
             "backup or start a new run folder.",
         )
     return AuditedCheckpoint(version, expected, parent, record, recorded_state)
+
+
+def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:
+    """Refuse a checkpoint whose outer-momentum tensors do not match its parameters one to one.
+
+    Args:
+        path: The checkpoint (named in the error).
+        params: Parameter names.
+        momentum: Momentum tensor names with their prefix removed.
+
+    Raises:
+        IntegrityError: A parameter lacks its momentum, or a momentum its parameter.
+    """
+    missing = sorted(params ^ momentum)
+    if missing:
+        raise IntegrityError(
+            f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
+            remediation="the file was modified; restore it or start a new run folder.",
+        )
+
+
+def recorded_version_of(meta: dict[str, str]) -> int:
+    """The model version a checkpoint's metadata records; -1 when absent or not an integer."""
+    try:
+        return int(meta.get("version", "-1"))
+    except ValueError:
+        return -1
