@@ -165,6 +165,78 @@ class DataConfig(_Section):
     )
 
 
+# -------------------------------------------------------------------------------- rank layout
+class RankLayout(_Section):
+    """How one participant's inner loop is spread over processes (ranks).
+
+    A participant with more than one rank runs its inner loop under torch's elastic launcher
+    (``torch.distributed.run``, the library behind ``torchrun``) with the model sharded by FSDP2
+    (``torch.distributed.fsdp.fully_shard``); rank 0 alone talks to the coordinator. One rank
+    (the default) is a single process, exactly as before.
+    """
+
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Nodes (hosts or pods) the participant's ranks span (count).",
+    )
+    processes_per_node: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Ranks per node (count); one per GPU with nccl.",
+    )
+    backend: Literal["gloo", "nccl"] = Field(
+        "gloo",
+        description="torch.distributed backend: gloo on CPU, nccl on NVIDIA GPUs.",
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="FSDP2 mixed precision: none (fp32 throughout) or bf16 (bf16 compute, "
+        "fp32 gradient reduction; GPUs with nccl only).",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Times the launcher restarts the participant's rank group after a rank "
+        "fails (count); the participant rejoins from the next round.",
+    )
+    rendezvous_port: int = Field(
+        29400,
+        ge=1,
+        le=65535,
+        description="TCP port of the participant's rank rendezvous (c10d store on rank 0).",
+    )
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the participant's group: ``nodes * processes_per_node`` (count)."""
+        return self.nodes * self.processes_per_node
+
+
+class RankLayoutOverride(_Section):
+    """Per-participant changes to ``federation.ranks``; unset fields keep the federation default."""
+
+    nodes: int | None = Field(None, ge=1, le=64, description="See federation.ranks.nodes.")
+    processes_per_node: int | None = Field(
+        None, ge=1, le=64, description="See federation.ranks.processes_per_node."
+    )
+    backend: Literal["gloo", "nccl"] | None = Field(
+        None, description="See federation.ranks.backend."
+    )
+    mixed_precision: Literal["none", "bf16"] | None = Field(
+        None, description="See federation.ranks.mixed_precision."
+    )
+    max_restarts: int | None = Field(
+        None, ge=0, le=100, description="See federation.ranks.max_restarts."
+    )
+    rendezvous_port: int | None = Field(
+        None, ge=1, le=65535, description="See federation.ranks.rendezvous_port."
+    )
+
+
 # -------------------------------------------------------------------------------- federation
 class ParticipantSpec(_Section):
     """One participant: an organisation that trains on its own data in its own trust domain."""
@@ -196,6 +268,11 @@ class ParticipantSpec(_Section):
         default_factory=dict,
         description="Physics overrides for this participant's environment, e.g. "
         "{g: 9.0, m: 1.2, l: 0.8} for Pendulum-v1 (units of the environment).",
+    )
+    ranks: RankLayoutOverride | None = Field(
+        None,
+        description="This participant's rank layout, field by field over federation.ranks "
+        "(e.g. {processes_per_node: 2}).",
     )
 
 
@@ -346,6 +423,11 @@ class FederationConfig(_Section):
         description="Elements per int8 scale; 0 means one scale per tensor (count).",
     )
     robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
+    ranks: RankLayout = Field(
+        default_factory=RankLayout,
+        description="Default rank layout of every participant's inner loop; a participant's "
+        "own ranks override it field by field.",
+    )
     aggregation: Literal["plain", "masking", "tee"] = Field(
         "plain",
         description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "
@@ -705,6 +787,17 @@ class LensembleConfig(_Section):
                 return p
         raise KeyError(participant_id)
 
+    def rank_layout(self, participant_id: str) -> RankLayout:
+        """The participant's rank layout: ``federation.ranks`` with its own overrides applied.
+
+        Raises:
+            KeyError: No participant has that id.
+        """
+        own = self.participant(participant_id).ranks
+        if own is None:
+            return self.federation.ranks
+        return self.federation.ranks.model_copy(update=own.model_dump(exclude_none=True))
+
     @property
     def trust_domains(self) -> list[str]:
         """Distinct trust domains, sorted."""
@@ -858,6 +951,8 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
             f"{cfg.data.holdout_fraction} of {cfg.data.episodes} episodes leaves no train or no "
             "held-out episode; choose a fraction that keeps at least one of each.",
         )
+    out.extend(_rank_layout_problems(cfg, train_episodes=cfg.data.episodes - held))
+
     if cfg.data.window >= cfg.data.episode_steps:
         bad(
             "data.window",
@@ -961,4 +1056,55 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
                     f"is missing for participant '{p.id}'; sovereign-prod pins every "
                     "participant to an explicit region, e.g. region: eu-central-1.",
                 )
+    return out
+
+
+def _rank_layout_problems(cfg: LensembleConfig, *, train_episodes: int) -> list[ConfigProblem]:
+    """Rules on the rank layouts: ``federation.ranks`` once, then each participant's override."""
+    out: list[ConfigProblem] = []
+    gpus = cfg.deployment.resources.participant.gpu
+    cuda_image = bool(CUDA_TAG.search(cfg.deployment.image.tag))
+    checks: list[tuple[str, str, RankLayout]] = [
+        ("federation.ranks", "every participant", cfg.federation.ranks)
+    ]
+    for i, p in enumerate(cfg.federation.participants):
+        if p.ranks is not None:
+            own = cfg.rank_layout(p.id)
+            checks.append((f"federation.participants[{i}].ranks", f"participant '{p.id}'", own))
+    for where, who, layout in checks:
+        if layout.world_size > max(train_episodes, 1):
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.processes_per_node",
+                    message=f"{layout.world_size} ranks for {who} but only {train_episodes} "
+                    "training episodes to shard among them; use at most "
+                    f"{train_episodes} ranks or raise data.episodes.",
+                )
+            )
+        if layout.backend == "nccl" and not cuda_image:
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.backend",
+                    message=f"'nccl' for {who} needs a CUDA image, but deployment.image.tag "
+                    f"'{cfg.deployment.image.tag}' names none; use a '-cuNNN' tag or backend "
+                    "'gloo'.",
+                )
+            )
+        if layout.backend == "nccl" and gpus < layout.processes_per_node:
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.processes_per_node",
+                    message=f"{layout.processes_per_node} nccl ranks per node for {who} need "
+                    "as many GPUs, but deployment.resources.participant.gpu is "
+                    f"{gpus}; raise the gpu count or lower processes_per_node.",
+                )
+            )
+        if layout.mixed_precision == "bf16" and layout.backend != "nccl":
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.mixed_precision",
+                    message=f"'bf16' for {who} is GPU mixed precision and needs backend "
+                    "'nccl'; use 'none' on CPU (or model.dtype: bfloat16).",
+                )
+            )
     return out
