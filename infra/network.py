@@ -9,9 +9,10 @@ import pulumi
 import pulumi_aws as aws
 
 #: Interface endpoints nodes need in a private cluster: image pulls (ecr.api, ecr.dkr),
-#: credentials (sts; eks-auth serves EKS Pod Identity), logs, and ec2 for the node bootstrap.
+#: credentials (sts; eks-auth serves EKS Pod Identity), logs, ec2 for the node bootstrap, and kms
+#: (the coordinator MACs its run record with a KMS key; sovereign-prod has no other route out).
 #: S3 is a gateway endpoint (image layers and participant buckets).
-INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ec2", "eks-auth")
+INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "ec2", "eks-auth", "kms")
 HTTPS = 443
 
 

@@ -27,6 +27,7 @@ def stack_overrides(
     image_repository: str | None = None,
     coordinator_ingress_cidrs: Sequence[str] = (),
     coordinator_cidrs: Sequence[str] = (),
+    run_record_kms_key_id: str | None = None,
 ) -> dict[str, Any]:
     """The values layered over the rendered ones.
 
@@ -38,6 +39,8 @@ def stack_overrides(
             admits them (``coordinator.service``, ``networkPolicy.participantPeers``).
         coordinator_cidrs: The coordinator's addresses, the participants' only egress besides
             DNS (``networkPolicy.coordinatorPeers``).
+        run_record_kms_key_id: The run's KMS MAC key; the coordinator signs its run record with
+            it (``coordinator.runRecord.kmsKeyId``).
 
     Returns:
         A values mapping (empty when the stack owns nothing).
@@ -59,6 +62,8 @@ def stack_overrides(
             }
         }
         policy["participantPeers"] = _peers(coordinator_ingress_cidrs)
+    if run_record_kms_key_id:
+        out.setdefault("coordinator", {})["runRecord"] = {"kmsKeyId": run_record_kms_key_id}
     if coordinator_cidrs:
         policy["coordinatorPeers"] = _peers(coordinator_cidrs)
     if policy:

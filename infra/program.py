@@ -365,6 +365,33 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
         for td in domains
     }
 
+    # Sovereign-prod signs its run record with a per-run KMS MAC key (docs/run-record.md); the
+    # coordinator's release is given the key, so it signs from its first round.
+    record_key: RunRecordKey | None = None
+    if role != "participant" and env == "sovereign-prod":
+        record_key = RunRecordKey(
+            "run-record",
+            RunRecordKeyArgs(
+                run_name=config.run.name,
+                partition=partition,
+                cluster_name=cluster.name,
+                namespace=coordinator_namespace(config),
+                service_account=coordinator_name(config),
+                tags=tags,
+            ),
+            opts=pulumi.ResourceOptions(provider=provider),
+        )
+    coordinator_overrides: pulumi.Input[dict[str, Any]] = {}
+    if helm:
+        coordinator_overrides = pulumi.Output.from_input(
+            record_key.key_arn if record_key is not None else ""
+        ).apply(
+            lambda key_arn: stack_overrides(
+                namespaces_by_pulumi=True,
+                coordinator_ingress_cidrs=settings.coordinator_ingress_cidrs,
+                run_record_kms_key_id=key_arn or None,
+            )
+        )
     release = LensembleReleaseArgs(
         kubernetes=cluster.kubernetes,
         config=config,
@@ -372,12 +399,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
         trust_domain=None,
         release_name=config.run.name,
         namespace=coordinator_namespace(config),
-        overrides=stack_overrides(
-            namespaces_by_pulumi=True,
-            coordinator_ingress_cidrs=settings.coordinator_ingress_cidrs,
-        )
-        if helm
-        else {},
+        overrides=coordinator_overrides,
         deploy_with=settings.deploy_with,
         kustomize_dir=_kustomize_dir(config, settings),
         depends_on=(*created, *trust_domains.values()),
@@ -403,20 +425,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
     LensembleRelease("release", release)
 
     extra: dict[str, Any] = {"clusterName": cluster.name, "region": region}
-    if role != "participant" and env == "sovereign-prod":
-        # Sovereign-prod signs its run record with a per-run KMS MAC key (docs/run-record.md).
-        record_key = RunRecordKey(
-            "run-record",
-            RunRecordKeyArgs(
-                run_name=config.run.name,
-                partition=partition,
-                cluster_name=cluster.name,
-                namespace=coordinator_namespace(config),
-                service_account=coordinator_name(config),
-                tags=tags,
-            ),
-            opts=pulumi.ResourceOptions(provider=provider),
-        )
+    if record_key is not None:
         extra["runRecordKeyArn"] = record_key.key_arn
         extra["runRecordAuditorRoleArn"] = record_key.auditor_role_arn
     if network.nat_public_ip is not None:

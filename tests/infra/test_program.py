@@ -34,8 +34,12 @@ def expected_release(capture, stack):
     """
     config = stack_lensemble_config(stack)
     role = capture.exports["role"]
-    overrides = {"namespaces": {"create": False}}
+    overrides: dict = {"namespaces": {"create": False}}
     if role != "participant":
+        if "runRecordKeyArn" in capture.exports:  # sovereign-prod signs its run record
+            overrides["coordinator"] = {
+                "runRecord": {"kmsKeyId": capture.exports["runRecordKeyArn"]}
+            }
         return config, role, None, config.deployment.namespace.name, overrides
     [domain] = capture.of_type("lensemble:aws:ParticipantTrustDomain")
     [repository] = capture.of_type("aws:ecr/repository:Repository")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.infra.conftest import STACKS
 from tests.infra.expected import as_list, statements
@@ -60,3 +61,34 @@ def test_sovereign_prod_creates_one_mac_key_with_split_rights(captured):
 def test_participants_staging_and_local_make_no_mac_key(captured, stack):
     """Participants never sign; staging and local sign with an HMAC key file if at all."""
     assert captured(stack).of_type(COMPONENT) == []
+
+
+def _coordinator_env(capture) -> dict[str, str]:
+    from tests.infra.test_chart_fit import rendered
+
+    [coordinator] = [
+        d
+        for d in rendered(capture)
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "coordinator"
+    ]
+    [container] = coordinator["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def test_the_sovereign_coordinator_is_given_its_run_record_key(captured):
+    """The release carries the key Pulumi made, so the coordinator signs from round one."""
+    capture = captured("sovereign-prod")
+    [release] = capture.of_type("kubernetes:helm.sh/v3:Release")
+    overrides = yaml.safe_load(release.inputs["valueYamlFiles"][1].text)
+    key_arn = capture.exports["runRecordKeyArn"]
+    assert overrides["coordinator"]["runRecord"] == {"kmsKeyId": key_arn}
+    assert _coordinator_env(capture)["LENSEMBLE_LEDGER_KMS_KEY_ID"] == key_arn
+
+
+def test_staging_coordinator_is_not_given_a_kms_key(captured):
+    capture = captured("staging")
+    [release] = capture.of_type("kubernetes:helm.sh/v3:Release")
+    overrides = yaml.safe_load(release.inputs["valueYamlFiles"][1].text) or {}
+    assert "runRecord" not in overrides.get("coordinator", {})
+    assert "LENSEMBLE_LEDGER_KMS_KEY_ID" not in _coordinator_env(capture)

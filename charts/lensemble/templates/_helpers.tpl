@@ -217,6 +217,21 @@ seccompProfile:
   value: "true"
 {{- end -}}
 
+{{/* The run-record signing key of the coordinator (docs/run-record.md): KMS or a mounted HMAC key. */}}
+{{- define "lensemble.runRecordEnv" -}}
+{{- $rr := .Values.coordinator.runRecord -}}
+{{- if and $rr.kmsKeyId $rr.keySecret -}}
+{{- fail "coordinator.runRecord: set kmsKeyId or keySecret, not both (the coordinator signs with one key)" -}}
+{{- end -}}
+{{- if $rr.kmsKeyId -}}
+- name: LENSEMBLE_LEDGER_KMS_KEY_ID
+  value: {{ $rr.kmsKeyId | quote }}
+{{- else if $rr.keySecret -}}
+- name: LENSEMBLE_LEDGER_KEY_FILE
+  value: /etc/lensemble/run-record/key
+{{- end -}}
+{{- end -}}
+
 {{/* Ports every process serves; the coordinator also serves gRPC. */}}
 {{- define "lensemble.ports" -}}
 {{- $net := .root.Values.config.network -}}

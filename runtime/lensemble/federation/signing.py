@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from lensemble.errors import ToolMissing, UsageError
+from lensemble.errors import LensembleError, ToolMissing, UsageError
 
 KEY_FILE_ENV = "LENSEMBLE_LEDGER_KEY_FILE"
 KEY_ENV = "LENSEMBLE_LEDGER_KEY"
@@ -106,11 +106,30 @@ class KmsSigner:
         self._client = client
 
     def mac(self, message: str) -> str:
-        """KMS ``GenerateMac`` of ``message``, hex."""
-        out = self._client.generate_mac(
-            KeyId=self.key_id, Message=message.encode(), MacAlgorithm="HMAC_SHA_256"
-        )
+        """KMS ``GenerateMac`` of ``message``, hex.
+
+        Raises:
+            ToolMissing: KMS refused or could not be reached (the error names the key and the
+                permission to check).
+        """
+        try:
+            out = self._client.generate_mac(
+                KeyId=self.key_id, Message=message.encode(), MacAlgorithm="HMAC_SHA_256"
+            )
+        except Exception as exc:
+            raise self._kms_failed("GenerateMac", exc) from None
         return bytes(out["Mac"]).hex()
+
+    def _kms_failed(self, operation: str, exc: Exception) -> LensembleError:
+        """A person-readable error for a failed KMS call; our own bugs stay tracebacks."""
+        if not type(exc).__module__.startswith("botocore"):
+            raise exc
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code") or type(exc).__name__
+        return ToolMissing(
+            f"AWS KMS {operation} on the run-record key {self.key_id} failed ({code});",
+            remediation=f"check that this role may call kms:{operation} on that key and that "
+            "the network reaches KMS (a kms VPC endpoint in a private cluster).",
+        )
 
     def verify(self, message: str, mac_hex: str) -> bool:
         """KMS ``VerifyMac`` (auditors) or a fresh ``GenerateMac`` compared; False if wrong."""
@@ -125,10 +144,11 @@ class KmsSigner:
             )
         except ValueError:
             return False
-        except Exception as exc:  # botocore's KMSInvalidMacException: a wrong MAC
-            if type(exc).__name__ == "KMSInvalidMacException":
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+            if "KMSInvalidMacException" in (type(exc).__name__, code):  # a wrong MAC
                 return False
-            raise
+            raise self._kms_failed("VerifyMac", exc) from None
         return bool(out.get("MacValid"))
 
 

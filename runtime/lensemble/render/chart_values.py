@@ -351,10 +351,29 @@ class PDBValues(_Knobs):
     enabled: bool = Field(True, description="Refuse voluntary eviction of the coordinator.")
 
 
+class RunRecordValues(_Knobs):
+    """The key the coordinator signs its run record with (docs/run-record.md); one at most."""
+
+    kms_key_id: str = Field(
+        "",
+        max_length=2048,
+        description="AWS KMS HMAC_256 key (ARN or alias) as LENSEMBLE_LEDGER_KMS_KEY_ID; the "
+        "Pulumi program sets it in sovereign-prod. Empty: no KMS signing.",
+    )
+    key_secret: str = Field(
+        "",
+        pattern=r"^$|^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+        description="Secret in the coordinator's namespace whose `key` entry (32+ bytes) is "
+        "the HMAC key, mounted as LENSEMBLE_LEDGER_KEY_FILE. Empty: no HMAC signing.",
+    )
+
+
 class CoordinatorValues(_Knobs):
     """Coordinator placement and Service."""
 
     service: ServiceValues = Field(default_factory=ServiceValues)
+    run_record: RunRecordValues = Field(default_factory=RunRecordValues)
     pod_disruption_budget: PDBValues = Field(default_factory=PDBValues)
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Extra tolerations.")
