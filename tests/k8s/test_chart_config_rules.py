@@ -132,6 +132,12 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], str]] = [
         [("federation.participants[0].env_params.m", -1.0)],
         "federation.participants[0].env_params.m",
     ),
+    (
+        "kueue-without-queue",
+        "helm-staging",
+        [("deployment.gang_scheduling.scheduler", "kueue")],
+        "deployment.gang_scheduling.queue",
+    ),
     ("prod-token-auth", "helm-sovereign-prod", [("network.auth", "insecure")], "network.auth"),
     (
         "prod-no-confidential-compute",

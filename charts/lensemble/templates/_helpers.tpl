@@ -296,8 +296,12 @@ readinessProbe:
 {{- if has "coordinator" $all -}}
 {{- fail "config.federation.participants: a trust domain named 'coordinator' collides with the coordinator's objects; rename it." -}}
 {{- end -}}
-{{- if and (eq .Values.gangScheduling.scheduler "kueue") (not .Values.gangScheduling.queue) -}}
+{{- if and (eq (include "lensemble.gangScheduler" .) "kueue") (not (include "lensemble.gangQueue" .)) -}}
+{{- if .Values.gangScheduling.scheduler -}}
 {{- fail "gangScheduling.queue: kueue needs the LocalQueue name; set gangScheduling.queue." -}}
+{{- else -}}
+{{- fail "config.deployment.gang_scheduling.queue: kueue admits pods through a LocalQueue, but none is named; set config.deployment.gang_scheduling.queue." -}}
+{{- end -}}
 {{- end -}}
 {{- include "lensemble.validateConfig" . -}}
 {{- end -}}
