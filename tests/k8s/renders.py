@@ -106,7 +106,7 @@ CASES: dict[str, Case] = {
         ),
         knobs=(("gangScheduling", {"scheduler": "volcano", "queue": "research"}),),
     ),
-    # Multi-rank participants (docs/how-to/multi-rank.md). In local, coastal joins alpine's
+    # Multi-rank participants (docs/how-to/multi-rank-deployment.md). In local, coastal joins alpine's
     # trust domain and spans 2 nodes of 2 ranks: every participant of that trust domain becomes
     # its own StatefulSet, admitted by Volcano or Kueue as its own pod group.
     **{

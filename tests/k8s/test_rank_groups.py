@@ -1,5 +1,5 @@
 """Multi-rank participants on Kubernetes: pod groups, the rendezvous Service, gang admission and
-the NetworkPolicy among one participant's ranks (docs/how-to/multi-rank.md)."""
+the NetworkPolicy among one participant's ranks (docs/how-to/multi-rank-deployment.md)."""
 
 from __future__ import annotations
 

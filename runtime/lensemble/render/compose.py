@@ -436,7 +436,6 @@ def render_compose(
     coordinator_gpus = config.deployment.resources.coordinator.gpu
     # The coordinator only averages; it runs the CPU image unless the config gives it GPUs.
     coordinator_image = config.deployment.image
-    shared = {"certs_dir": certs_dir, "config_name": config_name}
     services: dict[str, Any] = {
         COORDINATOR: _service(
             config,
@@ -449,7 +448,8 @@ def render_compose(
             ),
             profiles=list(PROFILES),
             gpus=coordinator_gpus,
-            **shared,
+            certs_dir=certs_dir,
+            config_name=config_name,
         )
     }
     by_id = {p.id: p for p in config.federation.participants}
@@ -464,7 +464,8 @@ def render_compose(
                 image=images[profile],
                 profiles=[profile],
                 gpus=gpu_devices(pod) if profile == "gpu" else 0,
-                **shared,
+                certs_dir=certs_dir,
+                config_name=config_name,
             )
     services[PROMETHEUS] = prometheus_service(
         [participant_network(pid) for pid in config.participant_ids]

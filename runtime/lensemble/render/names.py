@@ -71,7 +71,7 @@ def rank_group_name(config: LensembleConfig, participant_id: str) -> str:
     """StatefulSet and headless (rendezvous) Service of one participant's own pod group.
 
     A trust domain with a multi-rank participant runs each of its participants as its own
-    StatefulSet (``docs/how-to/multi-rank.md``).
+    StatefulSet (``docs/how-to/multi-rank-deployment.md``).
 
     Returns:
         :func:`safe_name` of ``<run.name>-<participant id>``.
