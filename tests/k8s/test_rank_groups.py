@@ -117,6 +117,11 @@ def test_kueue_admits_each_participant_group_alone() -> None:
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "lensemble"
     assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == sts["metadata"]["name"]
     assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    # The StatefulSet is this participant's group alone (Kueue's statefulset integration).
+    assert sts["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lensemble"
+    assert [
+        d["metadata"]["name"] for d in _of(docs, "StatefulSet") if _scheduling_keys(d["metadata"])
+    ] == [sts["metadata"]["name"]]
     groups = {
         d["spec"]["template"]["metadata"]["labels"].get("kueue.x-k8s.io/pod-group-name")
         for d in _of(docs, "StatefulSet")
