@@ -71,6 +71,7 @@ class NodePool:
         labels: Kubernetes node labels.
         taints: Kubernetes node taints.
         confidential: Launch with AMD SEV-SNP; the instance type must be SEV-SNP capable.
+        gpu: NVIDIA GPU nodes: the EKS AMI with the NVIDIA driver and device plugin.
     """
 
     name: str
@@ -79,6 +80,7 @@ class NodePool:
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     confidential: bool = False
+    gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -343,7 +345,7 @@ class Cluster(pulumi.ComponentResource):
                 cluster_name=cluster.name,
                 node_role_arn=node_role.arn,
                 subnet_ids=list(args.subnet_ids),
-                ami_type="AL2023_x86_64_STANDARD",
+                ami_type="AL2023_x86_64_NVIDIA" if pool.gpu else "AL2023_x86_64_STANDARD",
                 launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                     id=template.id, version=template.latest_version.apply(str)
                 ),

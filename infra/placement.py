@@ -8,6 +8,7 @@ resources so they read as the rules they are.
 from __future__ import annotations
 
 from infra.cluster import NodePool, Taint, TaintEffect
+from infra.sizing import NodeGroupSize, node_group_size
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.render.names import CONFIDENTIAL_LABEL, POOL_LABEL, TEE_LABEL, TRUST_DOMAIN_LABEL
@@ -50,10 +51,8 @@ def trust_domain_region(config: LensembleConfig, trust_domain: str) -> str:
     return regions.pop() if regions else config.deployment.cloud.region
 
 
-def participant_pool(
-    config: LensembleConfig, trust_domain: str, size: int, instance_type: str
-) -> NodePool:
-    """The node group of one trust domain.
+def participant_pool(config: LensembleConfig, trust_domain: str, size: NodeGroupSize) -> NodePool:
+    """The node group of one trust domain, of ``size`` (:func:`infra.sizing.node_group_size`).
 
     Labelled and tainted as ``deployment.trust_domains`` says, and labelled with
     ``lensemble.dev/trust-domain`` in any case.
@@ -69,10 +68,11 @@ def participant_pool(
             taints.append(Taint(key=toleration.key, value=value, effect=effect))
     return NodePool(
         name=trust_domain,
-        instance_type=instance_type,
-        size=size,
+        instance_type=size.instance_type,
+        size=size.nodes,
         labels=labels,
         taints=tuple(taints),
+        gpu=size.gpu,
     )
 
 
@@ -83,13 +83,20 @@ def node_pools(
     with_coordinator: bool,
     system_instance_type: str,
     coordinator_instance_type: str,
-    participant_instance_type: str,
-    participant_nodes: int,
+    participant_instance_type: str | None,
+    participant_nodes: int | None,
+    stack: str = "",
 ) -> tuple[NodePool, ...]:
     """Every node group of a cluster.
 
     A system group; a confidential (AMD SEV-SNP) coordinator group when the cluster runs the
-    coordinator and ``deployment.confidential_compute`` is set; one group per trust domain.
+    coordinator and ``deployment.confidential_compute`` is set; one group per trust domain,
+    sized from the config's rank layouts unless the stack sets the instance type or node count
+    (:func:`infra.sizing.node_group_size`).
+
+    Raises:
+        ConfigError: A trust domain's pods fit no instance type, or a stack setting is too
+            small for them.
     """
     pools = [NodePool("system", system_instance_type, SYSTEM_NODES, {POOL_LABEL: "system"})]
     if with_coordinator and config.deployment.confidential_compute:
@@ -106,7 +113,17 @@ def node_pools(
             )
         )
     pools += [
-        participant_pool(config, td, participant_nodes, participant_instance_type)
+        participant_pool(
+            config,
+            td,
+            node_group_size(
+                config,
+                td,
+                stack=stack,
+                instance_type=participant_instance_type,
+                nodes=participant_nodes,
+            ),
+        )
         for td in trust_domains
     ]
     return tuple(pools)

@@ -316,6 +316,7 @@ def deploy_aws(config: LensembleConfig, settings: StackSettings) -> Deployment:
                 coordinator_instance_type=settings.coordinator_instance_type,
                 participant_instance_type=settings.participant_instance_type,
                 participant_nodes=settings.participant_nodes,
+                stack=settings.stack,
             ),
             tags=tags,
         ),

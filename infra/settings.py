@@ -77,8 +77,10 @@ class StackSettings:
         kubernetes_version: EKS control-plane version.
         system_instance_type: Instance type of the system node group.
         coordinator_instance_type: Instance type of the confidential coordinator node group.
-        participant_instance_type: Instance type of each participant node group.
-        participant_nodes: Nodes per participant node group (count).
+        participant_instance_type: Instance type of each participant node group; None sizes
+            it from the config's rank layouts (:mod:`infra.sizing`).
+        participant_nodes: Nodes per participant node group (count); None sizes it from the
+            config's rank layouts.
     """
 
     stack: str
@@ -99,8 +101,8 @@ class StackSettings:
     kubernetes_version: str
     system_instance_type: str
     coordinator_instance_type: str
-    participant_instance_type: str
-    participant_nodes: int
+    participant_instance_type: str | None
+    participant_nodes: int | None
 
     @property
     def stack_file(self) -> str:
@@ -194,8 +196,8 @@ def read_settings() -> StackSettings:
     zones = cfg.get_int("availabilityZones", 3)
     if not 2 <= zones <= 3:
         raise _problem(stack, "availabilityZones", f"{zones} is outside 2..3; choose 2 or 3.")
-    nodes = cfg.get_int("participantNodes", 1)
-    if nodes < 1:
+    nodes = cfg.get_int("participantNodes")
+    if nodes is not None and nodes < 1:
         raise _problem(stack, "participantNodes", f"{nodes} is below 1; give at least 1.")
     return StackSettings(
         stack=stack,
@@ -216,7 +218,7 @@ def read_settings() -> StackSettings:
         kubernetes_version=cfg.get("kubernetesVersion", "1.33"),
         system_instance_type=cfg.get("systemInstanceType", "m6i.large"),
         coordinator_instance_type=cfg.get("coordinatorInstanceType", "m6a.xlarge"),
-        participant_instance_type=cfg.get("participantInstanceType", "m6i.xlarge"),
+        participant_instance_type=cfg.get("participantInstanceType"),
         participant_nodes=nodes,
     )
 

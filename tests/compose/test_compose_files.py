@@ -67,3 +67,21 @@ def test_committed_container_config_has_the_source_hash() -> None:
     assert config_hash(load_config(COMMITTED_CONFIG)) == config_hash(source)
     # Freshness is tests/test_generated.py's; the header names the command that regenerates.
     assert "python scripts/regenerate.py" in COMMITTED.read_text(encoding="utf-8")
+
+
+def test_docker_compose_accepts_a_multi_rank_participant(tmp_path: Path) -> None:
+    require("docker-compose")
+    cfg = load_config(
+        REPO / "config/local.yaml",
+        ["federation.transport=network", "federation.participants[1].ranks.processes_per_node=2"],
+    )
+    normalised = compose_config(write_compose(cfg, tmp_path / "compose.yaml").compose)
+    assert_topology(normalised, cfg)
+    cpu = normalised["services"]["participant-coastal"]
+    gpu = normalised["services"]["participant-coastal-gpu"]
+    # 512 MiB of shared memory per rank (Compose v2 writes bytes, docker-compose 1.29 keeps "m").
+    shm = str(cpu["shm_size"])
+    assert (int(shm[:-1]) * 2**20 if shm.endswith("m") else int(shm)) == 2 * 512 * 2**20
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert int(device["count"]) == 2
+    assert "shm_size" not in normalised["services"]["participant-alpine"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from lensemble.config import LensembleConfig
 from lensemble.render.compose import compose_cpus, compose_memory
+from lensemble.render.ranks import rank_pod
 
 PROFILES = ("cpu", "gpu")
 
@@ -124,11 +125,15 @@ def assert_hardened(name: str, service: dict[str, Any], cfg: LensembleConfig) ->
     assert uid.isdigit() and int(uid) != 0, name
     assert service["restart"].startswith("on-failure")
     assert service["stop_signal"] == "SIGTERM"
-    role = (
-        cfg.deployment.resources.coordinator
-        if identity == "coordinator"
-        else cfg.deployment.resources.participant
-    )
+    # A participant's container holds all its ranks: per-rank CPU and memory times the ranks.
+    if identity == "coordinator":
+        cpu, memory = (
+            cfg.deployment.resources.coordinator.cpu,
+            cfg.deployment.resources.coordinator.memory,
+        )
+    else:
+        pod = rank_pod(cfg, identity)
+        cpu, memory = pod.cpu, pod.memory
     limits = service["deploy"]["resources"]["limits"]
-    assert float(limits["cpus"]) == float(compose_cpus(role.cpu))
-    assert limits["memory"] == compose_memory(role.memory)
+    assert float(limits["cpus"]) == float(compose_cpus(cpu))
+    assert limits["memory"] == compose_memory(memory)

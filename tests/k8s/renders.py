@@ -20,6 +20,12 @@ from tests.support.tools import require
 REPO = Path(__file__).resolve().parents[2]
 ENVS = ("local", "staging", "sovereign-prod")
 PROD_DOMAINS = ("org-berlin", "org-dublin", "org-paris", "org-stockholm")
+#: config/local.yaml with coastal in alpine's trust domain, on 2 nodes of 2 ranks each.
+RANKED_LOCAL = (
+    "federation.participants[1].trust_domain=alpine-labs",
+    "federation.participants[1].ranks.nodes=2",
+    "federation.participants[1].ranks.processes_per_node=2",
+)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,36 @@ CASES: dict[str, Case] = {
             "deployment.image.tag=0.1.0-cu126",
         ),
         knobs=(("gangScheduling", {"scheduler": "volcano", "queue": "research"}),),
+    ),
+    # Multi-rank participants (docs/how-to/multi-rank-deployment.md). In local, coastal joins alpine's
+    # trust domain and spans 2 nodes of 2 ranks: every participant of that trust domain becomes
+    # its own StatefulSet, admitted by Volcano or Kueue as its own pod group.
+    **{
+        f"helm-local-ranks-{scheduler}": Case(
+            "local",
+            overrides=(
+                *RANKED_LOCAL,
+                f"deployment.gang_scheduling.scheduler={scheduler}",
+                f"deployment.gang_scheduling.queue={queue}",
+            ),
+        )
+        for scheduler, queue in (("volcano", "research"), ("kueue", "lensemble"))
+    },
+    # One node of 2 nccl ranks per participant: one pod with 2 GPUs.
+    "helm-sovereign-prod-ranks-gpu": Case(
+        "sovereign-prod",
+        overrides=(
+            "deployment.resources.participant.gpu=2",
+            "deployment.image.tag=0.1.0-cu126",
+            "federation.ranks.backend=nccl",
+            "federation.ranks.processes_per_node=2",
+        ),
+    ),
+    # The overlay over a chart render with every participant on 2 nodes of 2 ranks.
+    "kustomize-staging-ranks": Case(
+        "staging",
+        path="kustomize",
+        overrides=("federation.ranks.nodes=2", "federation.ranks.processes_per_node=2"),
     ),
 }
 

@@ -132,6 +132,44 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], str]] = [
         [("federation.participants[0].env_params.m", -1.0)],
         "federation.participants[0].env_params.m",
     ),
+    # The rank-layout rules (config.schema._rank_layout_problems), federation-wide and per
+    # participant.
+    (
+        "more-ranks-than-episodes",
+        "helm-staging",
+        [("federation.ranks.nodes", 64), ("federation.ranks.processes_per_node", 64)],
+        "federation.ranks.processes_per_node",
+    ),
+    (
+        "nccl-without-cuda",
+        "helm-staging",
+        [("federation.ranks.backend", "nccl")],
+        "federation.ranks.backend",
+    ),
+    (
+        "nccl-ranks-without-gpus",
+        "helm-sovereign-prod-ranks-gpu",
+        [("deployment.resources.participant.gpu", 1)],
+        "federation.ranks.processes_per_node",
+    ),
+    (
+        "bf16-on-gloo",
+        "helm-staging",
+        [("federation.ranks.mixed_precision", "bf16")],
+        "federation.ranks.mixed_precision",
+    ),
+    (
+        "participant-rendezvous-on-health-port",
+        "helm-local-ranks-volcano",
+        [("federation.participants[1].ranks.rendezvous_port", 50052)],
+        "federation.participants[1].ranks.rendezvous_port",
+    ),
+    (
+        "kueue-without-queue",
+        "helm-staging",
+        [("deployment.gang_scheduling.scheduler", "kueue")],
+        "deployment.gang_scheduling.queue",
+    ),
     ("prod-token-auth", "helm-sovereign-prod", [("network.auth", "insecure")], "network.auth"),
     (
         "prod-no-confidential-compute",

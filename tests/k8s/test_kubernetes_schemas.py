@@ -1,7 +1,7 @@
 """Every rendered document is valid against the Kubernetes OpenAPI schemas (strict).
 
 Checked with kubernetes-validate for Kubernetes 1.33 and for the newest version it ships, on
-every case (Helm and Kustomize). Custom resources (cert-manager, Prometheus Operator) have no
+every case (Helm and Kustomize). Custom resources (cert-manager, Prometheus Operator, Volcano) have no
 schema there; they are listed explicitly so that nothing else can slip through unchecked.
 """
 
@@ -21,6 +21,7 @@ CUSTOM_KINDS = {
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"),
 }
 
 

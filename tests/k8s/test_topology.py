@@ -19,6 +19,7 @@ from lensemble.render.helm_values import participants_by_trust_domain, pod_confi
 from lensemble.render.k8s_policy import workloads
 from lensemble.render.names import participant_namespace
 from lensemble.render.prometheus import alert_rules_text
+from lensemble.render.ranks import PARTICIPANT_LABEL, POD_INDEX_LABEL, rank_pod
 from tests.k8s.renders import CASES, ENVS, config_of, render
 
 Docs = list[dict[str, Any]]
@@ -50,26 +51,51 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+def _participant_of(doc: dict[str, Any]) -> str | None:
+    """The participant a StatefulSet of its own runs (rankGroups), else None."""
+    return (doc["metadata"].get("labels") or {}).get(PARTICIPANT_LABEL)
+
+
 @pytest.mark.parametrize("case", ALL_MODE)
 def test_one_statefulset_per_trust_domain_with_its_participants(case: str) -> None:
+    """One StatefulSet per trust domain, or one per participant where a participant has ranks."""
     cfg = config_of(case)
     expected = participants_by_trust_domain(cfg)
+    grouped = {
+        p.trust_domain for p in cfg.federation.participants if rank_pod(cfg, p.id).multi_rank
+    }
     statefulsets = _of(render(case), "StatefulSet")
-    found = {}
+    found: dict[str, list[str]] = {}
     for sts in statefulsets:
         td = sts["metadata"]["labels"]["lensemble.dev/trust-domain"]
         meta, _ = _pod(sts)
         env = _env(_container(sts))
         assert env["LENSEMBLE_TRUST_DOMAIN"] == td
         assert env["LENSEMBLE_ROLE"] == "participant"
-        assert env["LENSEMBLE_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
         assert sts["metadata"]["namespace"] == participant_namespace(cfg, td)
-        # Pod <name>-<i> is the trust domain's i-th participant in config order.
-        assert meta["annotations"]["lensemble.dev/participants"] == ",".join(expected[td])
-        found[td] = sts["spec"]["replicas"]
-    assert found == {td: len(ids) for td, ids in expected.items()}
-    assert sum(found.values()) == len(cfg.federation.participants)
+        pid = _participant_of(sts)
+        if pid is None:
+            assert td not in grouped
+            assert env["LENSEMBLE_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+            # Pod <name>-<i> is the trust domain's i-th participant in config order.
+            assert meta["annotations"]["lensemble.dev/participants"] == ",".join(expected[td])
+            assert sts["spec"]["replicas"] == len(expected[td])
+            found[td] = list(expected[td])
+        else:
+            # Its own StatefulSet: the id in the environment, the pod ordinal is the node rank.
+            assert td in grouped
+            assert "LENSEMBLE_POD_NAME" not in env
+            assert env["LENSEMBLE_PARTICIPANT_ID"] == pid
+            assert env["LENSEMBLE_NODE_RANK"] == {
+                "fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}
+            }
+            assert sts["spec"]["replicas"] == cfg.rank_layout(pid).nodes
+            assert meta["labels"][PARTICIPANT_LABEL] == pid
+            found.setdefault(td, []).append(pid)
+    assert {td: sorted(ids) for td, ids in found.items()} == {
+        td: sorted(ids) for td, ids in expected.items()
+    }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -108,6 +134,9 @@ def test_ports_probes_and_resources_match_the_config(case: str) -> None:
         role = doc["metadata"]["labels"]["app.kubernetes.io/component"]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         expected = {"health": net.health_port, "metrics": net.metrics_port}
+        pid = _participant_of(doc)
+        if pid is not None and cfg.rank_layout(pid).nodes > 1:
+            expected["rendezvous"] = cfg.rank_layout(pid).rendezvous_port
         assert ports == ({"grpc": net.port, **expected} if role == "coordinator" else expected)
         assert container["livenessProbe"]["grpc"] == {"port": net.health_port}
         assert container["startupProbe"]["grpc"] == {"port": net.health_port}
@@ -115,7 +144,9 @@ def test_ports_probes_and_resources_match_the_config(case: str) -> None:
             "port": net.health_port,
             "service": "lensemble.Readiness",
         }
-        want = getattr(cfg.deployment.resources, role)
+        want: Any = getattr(cfg.deployment.resources, role)
+        if pid is not None:  # a pod of several ranks: the per-rank resources times its ranks
+            want = rank_pod(cfg, pid)
         resources = container["resources"]
         if CASES[case].env != "local" or CASES[case].path == "helm":
             assert resources["requests"]["cpu"] == want.cpu
@@ -170,6 +201,8 @@ def test_each_pod_mounts_only_its_own_identities_tls(case: str) -> None:
         )
         if role == "coordinator":
             assert identities == ["coordinator"]
+        elif PARTICIPANT_LABEL in meta["labels"]:
+            assert identities == [meta["labels"][PARTICIPANT_LABEL]]
         else:
             td = meta["labels"]["lensemble.dev/trust-domain"]
             assert identities == sorted(expected[td])
@@ -188,6 +221,7 @@ def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case:
     policies = _of(docs, "NetworkPolicy")
     for td in cfg.trust_domains:
         ns = participant_namespace(cfg, td)
+        # Rank-to-rank policies (one participant's own pods) are test_rank_groups.py's.
         egress = [
             rule
             for p in policies
@@ -196,6 +230,7 @@ def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case:
                 "lensemble.dev/trust-domain"
             )
             == td
+            and PARTICIPANT_LABEL not in p["spec"]["podSelector"].get("matchLabels", {})
             for rule in p["spec"].get("egress", [])
         ]
         (rule,) = egress

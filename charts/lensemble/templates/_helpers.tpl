@@ -311,8 +311,12 @@ readinessProbe:
 {{- if has "coordinator" $all -}}
 {{- fail "config.federation.participants: a trust domain named 'coordinator' collides with the coordinator's objects; rename it." -}}
 {{- end -}}
-{{- if and (eq .Values.gangScheduling.scheduler "kueue") (not .Values.gangScheduling.queue) -}}
+{{- if and (eq (include "lensemble.gangScheduler" .) "kueue") (not (include "lensemble.gangQueue" .)) -}}
+{{- if .Values.gangScheduling.scheduler -}}
 {{- fail "gangScheduling.queue: kueue needs the LocalQueue name; set gangScheduling.queue." -}}
+{{- else -}}
+{{- fail "config.deployment.gang_scheduling.queue: kueue admits pods through a LocalQueue, but none is named; set config.deployment.gang_scheduling.queue." -}}
+{{- end -}}
 {{- end -}}
 {{- include "lensemble.validateConfig" . -}}
 {{- end -}}
@@ -347,6 +351,7 @@ field with constants are in values.schema.json (chart_values.config_rules).
 {{- if or (lt $held 1.0) (ge $held $episodes) -}}
 {{- fail (printf "config.data.holdout_fraction: %v of %v episodes leaves no train or no held-out episode; choose a fraction that keeps at least one of each." $c.data.holdout_fraction $c.data.episodes) -}}
 {{- end -}}
+{{- include "lensemble.validateRanks" (dict "root" . "train" (sub (int $episodes) (int $held))) -}}
 {{- if ge (int $c.data.window) (int $c.data.episode_steps) -}}
 {{- fail (printf "config.data.window: %v must be below config.data.episode_steps (%v); lower it." $c.data.window $c.data.episode_steps) -}}
 {{- end -}}
@@ -371,6 +376,49 @@ field with constants are in values.schema.json (chart_values.config_rules).
 {{- range $key, $_ := $c.deployment.trust_domains -}}
 {{- if not (has $key $domains) -}}
 {{- fail (printf "config.deployment.trust_domains.%s: '%s' is not the trust domain of any participant; use one of %s." $key $key (join ", " (uniq $domains))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The rank-layout rules of LensembleConfig (config/schema.py, _rank_layout_problems): on
+federation.ranks, then on each participant's layout (its ranks over federation.ranks).
+Call with (dict "root" $ "train" TRAINING-EPISODES).
+*/}}
+{{- define "lensemble.validateRanks" -}}
+{{- $c := .root.Values.config -}}
+{{- $fed := $c.federation -}}
+{{- $net := $c.network -}}
+{{- $train := int .train -}}
+{{- $gpus := int $c.deployment.resources.participant.gpu -}}
+{{- $cuda := regexMatch "(^|[-_.])cu[0-9]{3}([-_.]|$)" $c.deployment.image.tag -}}
+{{- $checks := list (dict "where" "config.federation.ranks" "who" "every participant" "layout" $fed.ranks) -}}
+{{- range $i, $p := $fed.participants -}}
+{{- if $p.ranks -}}
+{{- $layout := dict -}}
+{{- range $k, $v := $fed.ranks -}}{{- $_ := set $layout $k $v -}}{{- end -}}
+{{- range $k, $v := $p.ranks -}}{{- if not (kindIs "invalid" $v) -}}{{- $_ := set $layout $k $v -}}{{- end -}}{{- end -}}
+{{- $checks = append $checks (dict "where" (printf "config.federation.participants[%d].ranks" $i) "who" (printf "participant '%s'" $p.id) "layout" $layout) -}}
+{{- end -}}
+{{- end -}}
+{{- range $checks -}}
+{{- $l := .layout -}}
+{{- $ppn := int $l.processes_per_node -}}
+{{- $world := mul (int $l.nodes) $ppn -}}
+{{- if gt $world (max $train 1) -}}
+{{- fail (printf "%s.processes_per_node: %d ranks for %s but only %d training episodes to shard among them; use at most %d ranks or raise data.episodes." .where $world .who $train $train) -}}
+{{- end -}}
+{{- if and (eq $l.backend "nccl") (not $cuda) -}}
+{{- fail (printf "%s.backend: 'nccl' for %s needs a CUDA image, but deployment.image.tag '%s' names none; use a '-cuNNN' tag or backend 'gloo'." .where .who $c.deployment.image.tag) -}}
+{{- end -}}
+{{- if and (eq $l.backend "nccl") (lt $gpus $ppn) -}}
+{{- fail (printf "%s.processes_per_node: %d nccl ranks per node for %s need as many GPUs, but deployment.resources.participant.gpu is %d; raise the gpu count or lower processes_per_node." .where $ppn .who $gpus) -}}
+{{- end -}}
+{{- if and (gt $world 1) (has (int $l.rendezvous_port) (list (int $net.port) (int $net.health_port) (int $net.metrics_port))) -}}
+{{- fail (printf "%s.rendezvous_port: %d for %s is also a port the participant serves (network.port, health_port or metrics_port); choose another port (e.g. 29400)." .where (int $l.rendezvous_port) .who) -}}
+{{- end -}}
+{{- if and (eq $l.mixed_precision "bf16") (ne $l.backend "nccl") -}}
+{{- fail (printf "%s.mixed_precision: 'bf16' for %s is GPU mixed precision and needs backend 'nccl'; use 'none' on CPU (or model.dtype: bfloat16)." .where .who) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -29,6 +29,8 @@ from lensemble.config.physics import KNOWN_PHYSICS, generated_env_params
 from lensemble.errors import ConfigError, ConfigProblem
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: A DNS-1123 subdomain (Kubernetes object names such as queues): labels joined by dots.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: Names of roles and of what every deployment creates beside the participants: a participant
 #: with one of these ids would share a certificate folder, a token line or a Kubernetes name
 #: with them (``certs init`` would overwrite the coordinator's key pair).
@@ -710,6 +712,29 @@ class CloudConfig(_Section):
     )
 
 
+class GangSchedulingConfig(_Section):
+    """All-or-nothing admission of one participant's pods on Kubernetes, never of several.
+
+    Off by default. It applies to a participant whose ranks span several nodes (its pod group:
+    all ``nodes`` pods or none) and to a single participant pod asking for several GPUs.
+    Participants are never grouped together: the outer loop is elastic and commits a round
+    with a quorum.
+    """
+
+    scheduler: Literal["none", "kueue", "volcano"] = Field(
+        "none",
+        description="Batch scheduler that admits a participant's pods together: none, kueue "
+        "(pod-group labels; Kueue's pod integration) or volcano (a PodGroup per participant).",
+    )
+    queue: str = Field(
+        "",
+        pattern=r"^$|" + DNS1123_SUBDOMAIN,
+        max_length=253,
+        description="Kueue LocalQueue (required with kueue) or Volcano queue (default "
+        "'default') the participants' pods are admitted through.",
+    )
+
+
 class DeploymentConfig(_Section):
     """How the run is deployed: environment, image, resources, placement, cloud."""
 
@@ -724,6 +749,7 @@ class DeploymentConfig(_Section):
         description="Node placement per trust domain (keys are trust domain names).",
     )
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    gang_scheduling: GangSchedulingConfig = Field(default_factory=GangSchedulingConfig)
     confidential_compute: bool = Field(
         False,
         description="Run the coordinator on a confidential-compute node pool (AMD SEV-SNP).",
@@ -952,6 +978,13 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
             "held-out episode; choose a fraction that keeps at least one of each.",
         )
     out.extend(_rank_layout_problems(cfg, train_episodes=cfg.data.episodes - held))
+    gang = cfg.deployment.gang_scheduling
+    if gang.scheduler == "kueue" and not gang.queue:
+        bad(
+            "deployment.gang_scheduling.queue",
+            "kueue admits pods through a LocalQueue, but none is named; set "
+            "deployment.gang_scheduling.queue (e.g. queue: lensemble).",
+        )
 
     if cfg.data.window >= cfg.data.episode_steps:
         bad(
@@ -1097,6 +1130,20 @@ def _rank_layout_problems(cfg: LensembleConfig, *, train_episodes: int) -> list[
                     message=f"{layout.processes_per_node} nccl ranks per node for {who} need "
                     "as many GPUs, but deployment.resources.participant.gpu is "
                     f"{gpus}; raise the gpu count or lower processes_per_node.",
+                )
+            )
+        served = {
+            "network.port": cfg.network.port,
+            "network.health_port": cfg.network.health_port,
+            "network.metrics_port": cfg.network.metrics_port,
+        }
+        clash = [name for name, port in served.items() if port == layout.rendezvous_port]
+        if layout.world_size > 1 and clash:
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.rendezvous_port",
+                    message=f"{layout.rendezvous_port} for {who} is also {clash[0]}, and both "
+                    "listen on the participant's host; choose another port (e.g. 29400).",
                 )
             )
         if layout.mixed_precision == "bf16" and layout.backend != "nccl":

@@ -402,13 +402,48 @@ class ParticipantValues(_Knobs):
 
 
 class GangSchedulingValues(_Knobs):
-    """All-or-nothing admission inside one participant's pod, never across participants."""
+    """All-or-nothing admission of one participant's pods, never across participants.
 
-    scheduler: Literal["none", "kueue", "volcano"] = Field(
-        "none",
-        description="Batch scheduler; applies only when a participant asks for several GPUs.",
+    Empty fields take ``config.deployment.gang_scheduling``.
+    """
+
+    scheduler: Literal["", "none", "kueue", "volcano"] = Field(
+        "",
+        description="Batch scheduler; empty uses config.deployment.gang_scheduling.scheduler. "
+        "Applies to a participant whose ranks span several nodes (its pod group) and to a "
+        "participant pod asking for several GPUs.",
     )
-    queue: str = Field("", description="Kueue LocalQueue or Volcano queue name.")
+    queue: str = Field(
+        "",
+        description="Kueue LocalQueue or Volcano queue name; empty uses "
+        "config.deployment.gang_scheduling.queue.",
+    )
+
+
+class RankGroupValues(_Knobs):
+    """One participant as its own StatefulSet: ``nodes`` pods of ``processesPerNode`` ranks.
+
+    Computed from the config by ``lensemble render helm-values``
+    (:mod:`lensemble.render.ranks`); the chart computes nothing itself.
+    """
+
+    name: str = Field(
+        ...,
+        pattern=DNS1123_LABEL,
+        max_length=MAX_OBJECT_NAME,
+        description="StatefulSet and headless rendezvous Service of the participant.",
+    )
+    trust_domain: str = Field(..., pattern=DNS1123_LABEL, description="Its trust domain.")
+    nodes: int = Field(..., ge=1, le=64, description="Pods of the group (count).")
+    processes_per_node: int = Field(..., ge=1, le=64, description="Ranks per pod (count).")
+    rendezvous_port: int = Field(..., ge=1, le=65535, description="c10d rendezvous TCP port.")
+    rendezvous_host: str = Field(
+        ..., description="DNS name of node rank 0's pod (through the headless Service)."
+    )
+    cpu: str = Field(..., pattern=K8S_QUANTITY, description="CPU request of one pod.")
+    memory: str = Field(..., pattern=K8S_MEMORY, description="Memory of one pod.")
+    gpus: int = Field(..., ge=0, le=64, description="NVIDIA GPUs of one pod (count).")
+    shm_mib: int = Field(..., ge=1, description="Shared memory (/dev/shm) of one pod (MiB).")
 
 
 class HelmTestValues(_Knobs):
@@ -483,6 +518,11 @@ class ChartValues(_Knobs):
     coordinator: CoordinatorValues = Field(default_factory=CoordinatorValues)
     participant: ParticipantValues = Field(default_factory=ParticipantValues)
     gang_scheduling: GangSchedulingValues = Field(default_factory=GangSchedulingValues)
+    rank_groups: dict[str, RankGroupValues] = Field(
+        default_factory=dict,
+        description="Per participant id: its own StatefulSet. Every participant of a trust "
+        "domain with a multi-rank participant (lensemble render helm-values fills it).",
+    )
     tests: HelmTestValues = Field(default_factory=HelmTestValues)
     config: LensembleConfig = Field(
         ..., description="The LensembleConfig, fully resolved (lensemble render helm-values)."

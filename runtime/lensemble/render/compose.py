@@ -25,6 +25,12 @@ from the same ``LensembleConfig``. The rendered stack relies only on the process
 - containers run as the image's non-root user (UID 10001) with a read-only root filesystem, a
   tmpfs ``/tmp``, no capabilities, restart on failure (bounded) and the CPU and memory limits of
   ``deployment.resources``;
+- a participant with several ranks (``federation.ranks``, ``processes_per_node`` > 1) runs all
+  of them in its one container: ``lensemble participant`` starts the local ranks under torch's
+  elastic launcher (gloo in the ``cpu`` profile). Its limits are the per-rank CPU and memory
+  times the ranks, its shared memory (``shm_size``) grows with them, and in the ``gpu`` profile
+  it reserves one GPU per rank (:mod:`lensemble.render.ranks`). A group that spans several
+  hosts (``nodes`` > 1) cannot run on one machine's Compose stack and is refused;
 - the ``monitoring`` profile adds Prometheus (:mod:`lensemble.render.prometheus`): it joins
   every participant's network to scrape the metrics ports, loads the alert rules, and publishes
   its HTTP API on the host's loopback. Start it together with ``cpu`` or ``gpu``.
@@ -47,7 +53,7 @@ from typing import Any
 import yaml
 
 from lensemble.config import LensembleConfig, config_hash, dump_config
-from lensemble.config.schema import CUDA_TAG, ParticipantSpec, RoleResources
+from lensemble.config.schema import CUDA_TAG, ParticipantSpec
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.container import (
     CONFIG_PATH,
@@ -66,6 +72,7 @@ from lensemble.render.prometheus import (
     prometheus_config,
     prometheus_service,
 )
+from lensemble.render.ranks import RankPod, layout_field, rank_pod
 
 #: The coordinator's service name: its identity, so its certificate folder has the same name.
 COORDINATOR = COORDINATOR_IDENTITY
@@ -85,6 +92,7 @@ LABEL_ROLE = "dev.lensemble.role"
 LABEL_PARTICIPANT = "dev.lensemble.participant"
 LABEL_TRUST_DOMAIN = "dev.lensemble.trust-domain"
 LABEL_PROFILE = "dev.lensemble.profile"
+LABEL_RANKS = "dev.lensemble.ranks"
 
 #: A crashed process restarts (the coordinator resumes from its checkpoint volume); one that
 #: keeps failing stops after three restarts so the failure surfaces instead of looping.
@@ -131,8 +139,8 @@ def check_composable(config: LensembleConfig) -> None:
 
     Raises:
         ConfigError: The transport is not ``network``, authentication is ``token`` (no token
-            files are rendered for Compose), or a participant id would collide with another
-            participant's gpu service name.
+            files are rendered for Compose), a participant id would collide with another
+            participant's gpu service name, or a participant's ranks span several nodes.
     """
     problems: list[ConfigProblem] = []
     if config.federation.transport != "network":
@@ -161,6 +169,18 @@ def check_composable(config: LensembleConfig) -> None:
                     f"federation.participants[{i}].id",
                     f"'{p.id}' collides with the gpu service of participant '{base}' in Compose "
                     f"(participant-{p.id}); rename one of them.",
+                )
+            )
+    for pid in config.participant_ids:
+        layout = config.rank_layout(pid)
+        if layout.nodes > 1:
+            problems.append(
+                ConfigProblem(
+                    layout_field(config, pid, "nodes"),
+                    f"{layout.nodes} nodes for participant '{pid}', but Compose runs each "
+                    "participant in one container on one machine; set nodes: 1 and "
+                    f"processes_per_node: {layout.world_size} to run all its ranks in that "
+                    "container, or deploy it on Kubernetes.",
                 )
             )
     if problems:
@@ -273,6 +293,11 @@ def participant_volume(participant_id: str) -> str:
     return f"data-{participant_id}"
 
 
+def gpu_devices(pod: RankPod) -> int:
+    """GPUs a participant's gpu-profile container reserves: at least one, and one per rank."""
+    return max(1, pod.gpus, pod.ranks_per_pod)
+
+
 def _relative_dir(path: str) -> str:
     """A bind source as Compose wants it: relative paths start with ``./``."""
     posix = PurePosixPath(path)
@@ -281,9 +306,9 @@ def _relative_dir(path: str) -> str:
     return f"./{posix}"
 
 
-def _resources(role: RoleResources, gpus: int) -> dict[str, Any]:
+def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     resources: dict[str, Any] = {
-        "limits": {"cpus": compose_cpus(role.cpu), "memory": compose_memory(role.memory)}
+        "limits": {"cpus": compose_cpus(cpu), "memory": compose_memory(memory)}
     }
     if gpus > 0:
         resources["reservations"] = {
@@ -297,13 +322,14 @@ def _service(
     *,
     identity: str,
     participant: ParticipantSpec | None,
+    ranks: RankPod | None = None,
     image: str,
     profiles: list[str],
     gpus: int,
     certs_dir: str,
     config_name: str,
 ) -> dict[str, Any]:
-    """One container of the stack; ``participant`` is None for the coordinator."""
+    """One container of the stack; ``participant`` (and ``ranks``) is None for the coordinator."""
     net = config.network
     role = "coordinator" if participant is None else "participant"
     environment = {"LENSEMBLE_ROLE": role, "LENSEMBLE_CONFIG": CONFIG_PATH}
@@ -328,11 +354,13 @@ def _service(
     if participant is None:
         state = COORDINATOR_VOLUME
         networks = [participant_network(pid) for pid in config.participant_ids]
-        resources = config.deployment.resources.coordinator
+        role_resources = config.deployment.resources.coordinator
+        cpu, memory = role_resources.cpu, role_resources.memory
     else:
         state = participant_volume(participant.id)
         networks = [participant_network(participant.id)]
-        resources = config.deployment.resources.participant
+        pod = ranks if ranks is not None else rank_pod(config, participant.id)
+        cpu, memory = pod.cpu, pod.memory
         environment["LENSEMBLE_PARTICIPANT_ID"] = participant.id
         labels[LABEL_PARTICIPANT] = participant.id
         labels[LABEL_TRUST_DOMAIN] = participant.trust_domain
@@ -354,6 +382,10 @@ def _service(
         "volumes": volumes,
         "networks": networks,
     }
+    if ranks is not None and ranks.multi_rank:
+        # torch.distributed moves tensors between local ranks through /dev/shm (64 MiB default).
+        service["shm_size"] = f"{ranks.shm_mib}m"
+        labels[LABEL_RANKS] = str(ranks.world_size)
     if participant is not None:
         service["depends_on"] = {COORDINATOR: {"condition": "service_healthy"}}
     service.update(
@@ -368,7 +400,7 @@ def _service(
             "restart": RESTART_POLICY,
             "stop_signal": "SIGTERM",
             "stop_grace_period": f"{math.ceil(net.rpc_timeout_s) + STOP_GRACE_MARGIN_S}s",
-            "deploy": {"resources": _resources(resources, gpus)},
+            "deploy": {"resources": _resources(cpu, memory, gpus)},
             "labels": labels,
         }
     )
@@ -404,7 +436,6 @@ def render_compose(
     coordinator_gpus = config.deployment.resources.coordinator.gpu
     # The coordinator only averages; it runs the CPU image unless the config gives it GPUs.
     coordinator_image = config.deployment.image
-    shared = {"certs_dir": certs_dir, "config_name": config_name}
     services: dict[str, Any] = {
         COORDINATOR: _service(
             config,
@@ -417,21 +448,24 @@ def render_compose(
             ),
             profiles=list(PROFILES),
             gpus=coordinator_gpus,
-            **shared,
+            certs_dir=certs_dir,
+            config_name=config_name,
         )
     }
-    participant_gpus = max(1, config.deployment.resources.participant.gpu)
     by_id = {p.id: p for p in config.federation.participants}
     for profile in PROFILES:
         for pid in config.participant_ids:
+            pod = rank_pod(config, pid)
             services[participant_service(pid, profile)] = _service(
                 config,
                 identity=pid,
                 participant=by_id[pid],
+                ranks=pod,
                 image=images[profile],
                 profiles=[profile],
-                gpus=participant_gpus if profile == "gpu" else 0,
-                **shared,
+                gpus=gpu_devices(pod) if profile == "gpu" else 0,
+                certs_dir=certs_dir,
+                config_name=config_name,
             )
     services[PROMETHEUS] = prometheus_service(
         [participant_network(pid) for pid in config.participant_ids]

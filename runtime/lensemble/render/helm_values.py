@@ -25,8 +25,10 @@ from lensemble.render.names import (
     coordinator_service,
     participant_name,
     participant_namespace,
+    rank_group_name,
     tls_secret_name,
 )
+from lensemble.render.ranks import rank_pods
 
 #: Hosts a participant in another pod cannot dial: rewritten to the coordinator's Service.
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}  # noqa: S104
@@ -172,7 +174,67 @@ def render_helm_values(
         "names": object_names(config),
         "config": view.model_dump(mode="json"),
         "persistence": {"coordinator": {"size": coordinator_volume_size(config)}},
+        "rankGroups": rank_groups(config),
     }
+
+
+def rank_groups(config: LensembleConfig) -> dict[str, Any]:
+    """The chart's ``rankGroups:`` value: participants that run as their own StatefulSet.
+
+    A trust domain with a multi-rank participant renders every one of its participants this
+    way (``nodes`` pods of ``processes_per_node`` ranks each); the participant id then comes
+    from the pod's environment, not from a shared StatefulSet's pod ordinal. Other trust
+    domains keep their one StatefulSet.
+
+    Returns:
+        Participant id -> ``name``, ``trustDomain``, ``nodes``, ``processesPerNode``,
+        ``rendezvousPort``, ``rendezvousHost`` (node rank 0's pod through the headless
+        Service), ``cpu``, ``memory``, ``gpus`` and ``shmMib`` of one pod; empty when every
+        participant has one rank.
+
+    Raises:
+        ConfigError: A group's name would be another trust domain's workload or the
+            coordinator's.
+    """
+    pods = rank_pods(config)
+    grouped = {p.trust_domain for p in config.federation.participants if pods[p.id].multi_rank}
+    taken = {coordinator_name(config): "the coordinator"} | {
+        participant_name(config, td): f"trust domain '{td}'"
+        for td in config.trust_domains
+        if td not in grouped
+    }
+    out: dict[str, Any] = {}
+    for i, p in enumerate(config.federation.participants):
+        if p.trust_domain not in grouped:
+            continue
+        name = rank_group_name(config, p.id)
+        if name in taken:
+            raise ConfigError(
+                [
+                    ConfigProblem(
+                        f"federation.participants[{i}].id",
+                        f"'{p.id}' runs as its own StatefulSet '{name}' (its trust domain has "
+                        f"a multi-rank participant), which is already the name of "
+                        f"{taken[name]}; rename the participant.",
+                    )
+                ]
+            )
+        taken[name] = f"participant '{p.id}'"
+        pod = pods[p.id]
+        namespace = participant_namespace(config, p.trust_domain)
+        out[p.id] = {
+            "name": name,
+            "trustDomain": p.trust_domain,
+            "nodes": pod.nodes,
+            "processesPerNode": pod.ranks_per_pod,
+            "rendezvousPort": pod.layout.rendezvous_port,
+            "rendezvousHost": f"{name}-0.{name}.{namespace}.svc",
+            "cpu": pod.cpu,
+            "memory": pod.memory,
+            "gpus": pod.gpus,
+            "shmMib": pod.shm_mib,
+        }
+    return out
 
 
 def object_names(config: LensembleConfig) -> dict[str, Any]:

@@ -52,6 +52,7 @@ _KIND_ORDER = (
     "Service",
     "Certificate",
     "Deployment",
+    "PodGroup",
     "StatefulSet",
     "PodDisruptionBudget",
     "ServiceMonitor",

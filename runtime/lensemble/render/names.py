@@ -67,6 +67,18 @@ def participant_name(config: LensembleConfig, trust_domain: str) -> str:
     return safe_name(f"{config.run.name}-{trust_domain}")
 
 
+def rank_group_name(config: LensembleConfig, participant_id: str) -> str:
+    """StatefulSet and headless (rendezvous) Service of one participant's own pod group.
+
+    A trust domain with a multi-rank participant runs each of its participants as its own
+    StatefulSet (``docs/how-to/multi-rank-deployment.md``).
+
+    Returns:
+        :func:`safe_name` of ``<run.name>-<participant id>``.
+    """
+    return safe_name(f"{config.run.name}-{participant_id}")
+
+
 def coordinator_namespace(config: LensembleConfig) -> str:
     """Namespace of the coordinator (``deployment.namespace.name``)."""
     return config.deployment.namespace.name

@@ -1,0 +1,56 @@
+"""Deployment rules that multi-rank participants add: gang admission and the rendezvous port."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lensemble.config import load_config
+from lensemble.errors import ConfigError
+
+
+def test_gang_admission_is_off_by_default(in_repo: Path) -> None:
+    for env in ("local", "staging", "sovereign-prod"):
+        gang = load_config(f"config/{env}.yaml").deployment.gang_scheduling
+        assert (gang.scheduler, gang.queue) == ("none", "")
+
+
+def test_kueue_without_a_queue_names_the_field(in_repo: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config("config/staging.yaml", ["deployment.gang_scheduling.scheduler=kueue"])
+    (problem,) = raised.value.problems
+    assert problem.path == "deployment.gang_scheduling.queue"
+    assert "set deployment.gang_scheduling.queue" in problem.message
+
+
+def test_volcano_takes_its_default_queue(in_repo: Path) -> None:
+    cfg = load_config("config/staging.yaml", ["deployment.gang_scheduling.scheduler=volcano"])
+    assert cfg.deployment.gang_scheduling.queue == ""
+
+
+def test_a_queue_that_is_no_kubernetes_name_is_refused(in_repo: Path) -> None:
+    with pytest.raises(ConfigError, match=r"deployment\.gang_scheduling\.queue"):
+        load_config("config/staging.yaml", ["deployment.gang_scheduling.queue=Team_A"])
+
+
+@pytest.mark.parametrize("port_field", ["health_port", "metrics_port"])
+def test_a_rendezvous_port_on_a_served_port_is_refused(in_repo: Path, port_field: str) -> None:
+    cfg = load_config("config/staging.yaml")
+    port = getattr(cfg.network, port_field)
+    with pytest.raises(ConfigError) as raised:
+        load_config(
+            "config/staging.yaml",
+            ["federation.ranks.processes_per_node=2", f"federation.ranks.rendezvous_port={port}"],
+        )
+    (problem,) = raised.value.problems
+    assert problem.path == "federation.ranks.rendezvous_port"
+    assert f"network.{port_field}" in problem.message
+
+
+def test_a_single_rank_never_listens_for_a_rendezvous(in_repo: Path) -> None:
+    cfg = load_config("config/staging.yaml")
+    same = load_config(
+        "config/staging.yaml", [f"federation.ranks.rendezvous_port={cfg.network.health_port}"]
+    )
+    assert same.federation.ranks.rendezvous_port == cfg.network.health_port
