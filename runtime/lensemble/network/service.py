@@ -315,6 +315,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             payload,
             header.payload_hash,
             header.attempt,
+            hash_checked=True,  # _assemble hashed it while streaming and compared
         )
         outcome = transport.submit(submission, header.compute_s, self.rpc_timeout_s)
         if isinstance(outcome, Rejection):
