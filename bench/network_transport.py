@@ -1,22 +1,39 @@
-"""The network transport's cost: round overhead, stream throughput, and the chunk size.
+"""The network transport's cost: round latency and overhead, stream throughput, the chunk size.
 
-Three tables, all measured in the same run on this machine:
+Four tables, all measured in the same run on this machine:
 
+0. **Round period** (``--latency 1M``), N = 4, no compute, one coordinator and four participant
+   processes on loopback, with mutual TLS and in plaintext: the seconds between two consecutive
+   commits (the ledger's ``closed_at``). It covers everything a steady-state round costs: the
+   previous round's checkpoint and ledger line (both fsync'd before the next opening), the
+   opening and its announcement, every FetchModel stream, the participants' decode and hash
+   check, their (no) training, seal, inner-state snapshot and hash, every SubmitUpdate stream,
+   validation, reduction, outer step and the new model hash. The first round (joining) is left
+   out.
 1. **Round non-compute overhead**, N = 4 participants, 10M and 100M float32 parameters, learners
    that do no compute (one scaled copy), so the round is overhead: network transport (one
    coordinator and four participant *processes* on loopback, mutual TLS) against the in-process
    transport with the same config. ``non-compute`` is the ledger's ``wall_s - compute_s``: model
-   encode and checkpoint, FetchModel streams, decode and hash checks, pseudo-gradient and seal,
-   SubmitUpdate streams, validation, canonical mean, outer step. Median over the rounds.
+   encode, FetchModel streams, decode and hash checks, pseudo-gradient and seal, SubmitUpdate
+   streams, validation, canonical mean, outer step (the ledger's clock stops before the
+   checkpoint and the ledger line: table 0 includes them). Median over the rounds.
 2. **Throughput on loopback** (MB/s of payload bytes) of ``FetchModel`` (coordinator ->
-   participant) and ``SubmitUpdate`` (participant -> coordinator, up to the verdict of a judge that
-   accepts at once, so only the transport is timed), with and without TLS, against the floor: a
-   raw TCP socket copy of the same bytes between the same two processes.
+   participant: from the call until the whole payload is in one buffer) and ``SubmitUpdate``
+   (participant -> coordinator: from the call until the verdict of a judge that accepts at once,
+   so the coordinator's streaming hash check is included), with and without TLS, against two
+   floors measured between the same kind of two processes: a raw TCP socket copy and a raw TLS
+   socket copy (Python ``ssl``, mutual auth with the same ECDSA P-256 certificates) of the same
+   bytes. Connection set-up and the TLS handshake are outside every clock.
 3. **Chunk size** (``network.chunk_bytes``) sweep of both streams over mTLS: the measurement
    behind the default.
 
     python bench/network_transport.py                  # 10M and 100M (needs ~16 GB RAM)
     python bench/network_transport.py --params 10M     # quicker
+    python bench/network_transport.py --params 10M --latency 1M --skip-rounds --skip-chunks
+
+Participant processes run torch with one intra-op thread (four share this machine's cores with
+the coordinator, and do no training); the coordinator process always does
+(``lensemble.network.process.COORDINATOR_TORCH_THREADS``).
 """
 
 from __future__ import annotations
