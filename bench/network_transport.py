@@ -1,35 +1,57 @@
-"""The network transport's cost: round overhead, stream throughput, and the chunk size.
+"""The network transport's cost: round latency and overhead, stream throughput, the chunk size.
 
-Three tables, all measured in the same run on this machine:
+Four tables, all measured in the same run on this machine:
 
+0. **Round period** (``--latency 1M``), N = 4, no compute, one coordinator and four participant
+   processes on loopback, with mutual TLS and in plaintext: the seconds between two consecutive
+   commits (the ledger's ``closed_at``). It covers everything a steady-state round costs: the
+   previous round's checkpoint and ledger line (both fsync'd before the next opening), the
+   opening and its announcement, every FetchModel stream, the participants' decode and hash
+   check, their (no) training, seal, inner-state snapshot and hash, every SubmitUpdate stream,
+   validation, reduction, outer step and the new model hash. The first round (joining) is left
+   out.
 1. **Round non-compute overhead**, N = 4 participants, 10M and 100M float32 parameters, learners
    that do no compute (one scaled copy), so the round is overhead: network transport (one
    coordinator and four participant *processes* on loopback, mutual TLS) against the in-process
    transport with the same config. ``non-compute`` is the ledger's ``wall_s - compute_s``: model
-   encode and checkpoint, FetchModel streams, decode and hash checks, pseudo-gradient and seal,
-   SubmitUpdate streams, validation, canonical mean, outer step. Median over the rounds.
+   encode, FetchModel streams, decode and hash checks, pseudo-gradient and seal, SubmitUpdate
+   streams, validation, canonical mean, outer step (the ledger's clock stops before the
+   checkpoint and the ledger line: table 0 includes them). Median over the rounds.
 2. **Throughput on loopback** (MB/s of payload bytes) of ``FetchModel`` (coordinator ->
-   participant) and ``SubmitUpdate`` (participant -> coordinator, up to the verdict of a judge that
-   accepts at once, so only the transport is timed), with and without TLS, against the floor: a
-   raw TCP socket copy of the same bytes between the same two processes.
+   participant: from the call until the whole payload is in one buffer) and ``SubmitUpdate``
+   (participant -> coordinator: from the call until the verdict of a judge that accepts at once,
+   so the coordinator's streaming hash check is included), with and without TLS, against two
+   floors measured between the same kind of two processes: a raw TCP socket copy and a raw TLS
+   socket copy (Python ``ssl``, mutual auth with the same ECDSA P-256 certificates) of the same
+   bytes. Connection set-up and the TLS handshake are outside every clock.
 3. **Chunk size** (``network.chunk_bytes``) sweep of both streams over mTLS: the measurement
    behind the default.
 
     python bench/network_transport.py                  # 10M and 100M (needs ~16 GB RAM)
     python bench/network_transport.py --params 10M     # quicker
+    python bench/network_transport.py --params 10M --latency 1M --skip-rounds --skip-chunks
+
+Participant processes run torch with one intra-op thread (four share this machine's cores with
+the coordinator, and do no training); the coordinator process always does
+(``lensemble.network.process.COORDINATOR_TORCH_THREADS``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
+import resource
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +62,7 @@ from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.ledger import Ledger
+from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Verdict
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec, bytes_hash, manifest
@@ -52,6 +74,8 @@ HERE = Path(__file__).resolve()
 IDS = ("p0", "p1", "p2", "p3")
 TENSORS = 8
 MiB = 1 << 20
+#: Where a coordinator process of this bench writes its peak RSS (set by bench/peer_flower.py).
+RSS_FILE_ENV = "LENSEMBLE_BENCH_RSS_FILE"
 
 
 def parse_count(text: str) -> int:
@@ -84,10 +108,11 @@ class ScaleLearner:
 
 
 def config_mapping(
-    tmp: Path, rounds: int, chunk_bytes: int = MiB, tls: bool = True
+    tmp: Path, rounds: int, chunk_bytes: int | None = None, tls: bool = True
 ) -> dict[str, Any]:
+    """The bench's config: N = 4 on loopback; ``chunk_bytes`` None keeps the config default."""
     certs = tmp / "certs"
-    return {
+    mapping: dict[str, Any] = {
         "run": {"name": "bench", "output_dir": str(tmp / "run")},
         "federation": {
             "participants": [{"id": p} for p in IDS],
@@ -110,11 +135,13 @@ def config_mapping(
                 "key_file": str(certs / "{identity}" / "tls.key"),
             },
             "max_message_bytes": 2048 * MiB,
-            "chunk_bytes": chunk_bytes,
             "rpc_timeout_s": 120,
         },
         "observability": {"log_format": "json"},
     }
+    if chunk_bytes is not None:
+        mapping["network"]["chunk_bytes"] = chunk_bytes
+    return mapping
 
 
 def write_config(tmp: Path, mapping: dict[str, Any]) -> tuple[Path, LensembleConfig]:
@@ -126,10 +153,11 @@ def write_config(tmp: Path, mapping: dict[str, Any]) -> tuple[Path, LensembleCon
 
 
 # --------------------------------------------------------------------- 1. round overhead
-def network_round(total: int, rounds: int) -> list[float]:
+def network_round(total: int, rounds: int, tls: bool = True) -> list[RoundRecord]:
+    """The ledger records of a network run: one coordinator and four participant processes."""
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        path, _ = write_config(tmp, config_mapping(tmp, rounds))
+        path, _ = write_config(tmp, config_mapping(tmp, rounds, tls=tls))
         program = [sys.executable, str(HERE), "_proc", "--params", str(total)]
         with LocalFederation(path, [], tmp / "logs", program=program) as fed:
             coordinator = fed.start_coordinator()
@@ -138,8 +166,19 @@ def network_round(total: int, rounds: int) -> list[float]:
                 raise SystemExit(f"coordinator failed: {coordinator.last_error()}")
             for p in participants:
                 p.wait(120)
-        records = Ledger(tmp / "run" / "ledger.jsonl").records()
-        return [r.non_compute_s for r in records]
+        return Ledger(tmp / "run" / "ledger.jsonl").records()
+
+
+def round_periods(records: list[RoundRecord]) -> list[float]:
+    """Seconds between consecutive commits (``closed_at``): everything a round costs.
+
+    One period covers the previous round's checkpoint and ledger line, the opening and its
+    announcement, every FetchModel, the participants' decode, (no) training and seal, every
+    SubmitUpdate, validation, the reduction, the outer step and the new model's hash. The
+    first round is left out (it includes the participants joining).
+    """
+    stamps = [datetime.fromisoformat(r.closed_at) for r in records if r.state == "closed"]
+    return [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
 
 
 def in_process_round(total: int, rounds: int) -> list[float]:
@@ -187,13 +226,30 @@ def serve(config_path: Path, payload_bytes: int) -> None:
             transport.reply(submission, Verdict(Reason.ACCEPTED, "ok", 0))
 
 
-def tcp_peer(port: int, payload_bytes: int) -> None:
-    """Raw TCP floor: send the payload to the first client, then read one back and ack."""
+def _tls_context(certs: Path | None, server: bool) -> ssl.SSLContext | None:
+    """Python ``ssl`` with the run's own certificate kind (ECDSA P-256, mutual auth), or None."""
+    if certs is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    identity = "coordinator" if server else IDS[0]
+    context.load_cert_chain(certs / identity / "tls.crt", certs / identity / "tls.key")
+    context.load_verify_locations(certs / "ca.crt")
+    context.verify_mode = ssl.CERT_REQUIRED  # mutual TLS, as the gRPC transport runs it
+    return context
+
+
+def socket_peer(port: int, payload_bytes: int, certs: Path | None) -> None:
+    """Raw socket floor: send the payload to the first client, then read one back and ack.
+
+    ``certs``: a ``lensemble certs init`` folder for a TLS socket (mutual auth), None for TCP.
+    """
     payload = os.urandom(payload_bytes)
+    context = _tls_context(certs, server=True)
     with socket.create_server(("127.0.0.1", port)) as listener:
         sys.stdout.write("ready\n")
         sys.stdout.flush()
-        conn, _ = listener.accept()
+        raw, _ = listener.accept()
+        conn = context.wrap_socket(raw, server_side=True) if context is not None else raw
         with conn:
             conn.sendall(payload)
             _receive(conn, payload_bytes)
@@ -219,7 +275,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 
 
 def grpc_throughput(
-    tmp: Path, payload_bytes: int, chunk_bytes: int, tls: bool
+    tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool
 ) -> tuple[float, float]:
     from lensemble.network.participant_client import CoordinatorClient
     from lensemble.network.proto import lensemble_pb2 as pb
@@ -257,11 +313,22 @@ def grpc_throughput(
     return mb / statistics.median(fetch_s), mb / statistics.median(submit_s)
 
 
-def tcp_throughput(payload_bytes: int) -> tuple[float, float]:
+def socket_throughput(payload_bytes: int, certs: Path | None = None) -> tuple[float, float]:
+    """MB/s down and up of a raw socket copy between two processes (TLS when ``certs``).
+
+    Down: from the client's first read until the whole payload is in one buffer (the peer
+    starts sending at once). Up: from the first byte sent until the peer acknowledged the whole
+    payload. The TLS handshake happens before either clock starts, as it does for gRPC (the
+    channel is connected by Join before FetchModel and SubmitUpdate are timed).
+    """
     port = free_port()
-    peer = _spawn("_tcp", str(port), str(payload_bytes))
+    extra = [str(certs)] if certs is not None else []
+    peer = _spawn("_sock", str(port), str(payload_bytes), *extra)
+    context = _tls_context(certs, server=False)
     try:
-        with socket.create_connection(("127.0.0.1", port)) as conn:
+        raw = socket.create_connection(("127.0.0.1", port))
+        conn = context.wrap_socket(raw, server_hostname="127.0.0.1") if context is not None else raw
+        with conn:
             start = time.perf_counter()
             buffer = _receive(conn, payload_bytes)
             down = time.perf_counter() - start
@@ -295,7 +362,14 @@ def _proc(argv: list[str]) -> None:
     theta0 = make_params(args.params)
     if args.role == "coordinator":
         run_coordinator(config, theta0, ports)
+        rss_file = os.environ.get(RSS_FILE_ENV)
+        if rss_file:  # peak RSS of this coordinator process, for bench/peer_flower.py
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            Path(rss_file).write_text(json.dumps({"peak_rss_mb": peak}))
     else:
+        # Four no-compute participants share this machine with the coordinator: one torch
+        # thread each, like numpy in the peer's clients (bench/peer_flower.py).
+        torch.set_num_threads(1)
         run_participant(config, args.id, lambda: ScaleLearner(args.id), theta0, ports)
 
 
@@ -304,38 +378,66 @@ def main() -> None:
     parser.add_argument("--params", default="10M,100M", help="model sizes, e.g. 10M,100M")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-rounds", action="store_true")
+    parser.add_argument("--skip-chunks", action="store_true")
+    parser.add_argument("--latency", default="", help="table 0 at this size, e.g. 1M")
+    parser.add_argument("--latency-rounds", type=int, default=11)
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="network.chunk_bytes for table 2 (default: config)"
+    )
     args = parser.parse_args()
     sizes = [parse_count(s) for s in args.params.split(",")]
+
+    if args.latency:
+        print(
+            f"0. Round period at {args.latency} params, N = 4, no compute, loopback: seconds "
+            f"between consecutive commits (median over {args.latency_rounds - 1} rounds)"
+        )
+        print(f"{'transport':>10} {'median':>7} {'min':>6} {'max':>6}")
+        latency_params = parse_count(args.latency)
+        for tls in (True, False):
+            periods = round_periods(network_round(latency_params, args.latency_rounds, tls=tls))
+            print(
+                f"{'mTLS' if tls else 'plain':>10} {statistics.median(periods):>7.3f} "
+                f"{min(periods):>6.3f} {max(periods):>6.3f}"
+            )
+        print()
 
     if not args.skip_rounds:
         print("1. Round non-compute overhead, N = 4 (median over rounds, seconds)")
         print(f"{'params':>8} {'MB/model':>9} {'in-process':>11} {'network mTLS':>13} {'ratio':>6}")
         for total in sizes:
             local = statistics.median(in_process_round(total, args.rounds))
-            remote = statistics.median(network_round(total, args.rounds))
+            remote = statistics.median(r.non_compute_s for r in network_round(total, args.rounds))
             print(
                 f"{total / 1e6:>7.0f}M {total * 4 / 1e6:>9.0f} {local:>11.2f} {remote:>13.2f} "
                 f"{remote / local:>6.2f}"
             )
         print()
 
-    print("2. Throughput on loopback (MB/s; chunk 1 MiB; median of 3)")
+    print("2. Throughput on loopback (MB/s of payload; median of 3; ratio = gRPC mTLS / raw TLS)")
     print(
-        f"{'MB':>6} {'TCP down':>9} {'TCP up':>8} {'Fetch TLS':>10} {'Submit TLS':>11} "
-        f"{'Fetch plain':>12} {'Submit plain':>13}"
+        f"{'MB':>6} {'TCP down':>9} {'TCP up':>8} {'TLS down':>9} {'TLS up':>8} "
+        f"{'Fetch mTLS':>11} {'Submit mTLS':>12} {'Fetch plain':>12} {'Submit plain':>13} "
+        f"{'Fetch/TLS':>10} {'Submit/TLS':>11}"
     )
     for total in sizes:
         payload = total * 4
-        tcp_down, tcp_up = tcp_throughput(payload)
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            fetch_tls, submit_tls = grpc_throughput(Path(a), payload, MiB, tls=True)
-            fetch_plain, submit_plain = grpc_throughput(Path(b), payload, MiB, tls=False)
+            fetch_tls, submit_tls = grpc_throughput(Path(a), payload, args.chunk, tls=True)
+            fetch_plain, submit_plain = grpc_throughput(Path(b), payload, args.chunk, tls=False)
+            tcp = [socket_throughput(payload) for _ in range(3)]
+            tls = [socket_throughput(payload, Path(a) / "certs") for _ in range(3)]
+        tcp_down, tcp_up = (statistics.median(x) for x in zip(*tcp, strict=True))
+        tls_down, tls_up = (statistics.median(x) for x in zip(*tls, strict=True))
         print(
-            f"{payload / 1e6:>6.0f} {tcp_down:>9.0f} {tcp_up:>8.0f} {fetch_tls:>10.0f} "
-            f"{submit_tls:>11.0f} {fetch_plain:>12.0f} {submit_plain:>13.0f}"
+            f"{payload / 1e6:>6.0f} {tcp_down:>9.0f} {tcp_up:>8.0f} {tls_down:>9.0f} "
+            f"{tls_up:>8.0f} {fetch_tls:>11.0f} {submit_tls:>12.0f} {fetch_plain:>12.0f} "
+            f"{submit_plain:>13.0f} {fetch_tls / tls_down:>10.2f} {submit_tls / tls_up:>11.2f}"
         )
     print()
 
+    if args.skip_chunks:
+        return
     payload = sizes[0] * 4
     print(f"3. Chunk size (network.chunk_bytes), {payload / 1e6:.0f} MB payload, mTLS (MB/s)")
     print(f"{'chunk':>8} {'Fetch':>7} {'Submit':>7}")
@@ -350,7 +452,8 @@ if __name__ == "__main__":
         _proc(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "_serve":
         serve(Path(sys.argv[2]), int(sys.argv[3]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "_tcp":
-        tcp_peer(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_sock":
+        certs = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+        socket_peer(int(sys.argv[2]), int(sys.argv[3]), certs)
     else:
         main()

@@ -442,7 +442,8 @@ class Coordinator:
         if early is not None:
             return early
         assert col is not None  # admit_attempt admits only into the open attempt
-        digest = bytes_hash(sub.payload)
+        # The network transport hashed the bytes while they streamed in and compared them.
+        digest = sub.payload_hash if sub.hash_checked else bytes_hash(sub.payload)
         if digest != sub.payload_hash:
             return self._verdict(
                 Reason.HASH_MISMATCH,

@@ -43,6 +43,9 @@ class Submission:
         payload_hash: ``sha256:<hex>`` of ``payload`` as the sender declared it.
         attempt: Attempt of that round the update was trained for (the coordinator admits
             only the open ``(round_index, attempt)``, see ``coordinator.admit_attempt``).
+        hash_checked: True when the transport hashed ``payload`` as it arrived and found
+            ``payload_hash`` (the network transport does, while streaming), so the coordinator
+            does not hash the same bytes again.
     """
 
     sender: str
@@ -50,6 +53,7 @@ class Submission:
     payload: bytes
     payload_hash: str
     attempt: int
+    hash_checked: bool = False
 
 
 class Reason(StrEnum):

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +53,6 @@ from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.transport_errors import ShutdownRequested
 
 _log = logging.getLogger("lensemble.network.coordinator")
-
-#: How often blocking waits of the coordinator's thread look at the stop flag (seconds).
-POLL_S = 0.2
 
 #: gRPC status of each rejection reason (``Reason`` values and transport reasons).
 STATUS_OF_REASON: dict[str, grpc.StatusCode] = {
@@ -141,8 +138,10 @@ class GrpcCoordinatorTransport:
         self.expected = frozenset(config.participant_ids)
         self.metrics = metrics or Metrics()
         self.session = secrets.token_hex(8)
+        # One condition for every state change: a waiter wakes on the event itself, never on a
+        # polling interval (each change below notifies; see _wake_in for the one timed wake).
         self._cond = threading.Condition()
-        self._queue: queue.Queue[_Pending] = queue.Queue()
+        self._inbox: deque[_Pending] = deque()
         self._pending: dict[int, _Pending] = {}
         self._joined: set[str] = set()
         self._left: set[str] = set()
@@ -187,7 +186,7 @@ class GrpcCoordinatorTransport:
         with self._cond:
             while not self.expected <= self._joined and self.now() < end:
                 self._check_stop()
-                self._cond.wait(min(POLL_S, max(0.0, end - self.now())))
+                self._cond.wait(max(0.0, end - self.now()))
             self._check_stop()
             joined = set(self._joined)
         outcome = "starting rounds" if len(joined) >= quorum else f"below quorum ({quorum})"
@@ -232,25 +231,39 @@ class GrpcCoordinatorTransport:
             ShutdownRequested: :meth:`request_stop` was called; the open round is abandoned
                 (nothing was committed; a restarted coordinator reopens it).
         """
-        while True:
-            self._check_stop()
-            remaining = until_s - self.now()
-            if remaining <= 0:
-                return None
-            if self._queue.empty() and self._nobody_to_wait_for():
-                return None
-            try:
-                pending = self._queue.get(timeout=min(POLL_S, remaining))
-            except queue.Empty:
-                continue
-            with self._cond:
-                self._pending[id(pending.submission)] = pending
-                self._up += len(pending.submission.payload)
-                self._compute = max(self._compute, pending.compute_s)
-                deadline = self._opening.deadline_s if self._opening else until_s
-            self.metrics.submission_arrived(pending.submission.sender, deadline - self.now())
-            pending.received_at = time.perf_counter()
-            return pending.submission
+        with self._cond:
+            while True:
+                self._check_stop()
+                remaining = until_s - self.now()
+                if remaining <= 0:
+                    return None
+                if self._inbox:
+                    pending = self._inbox.popleft()
+                    break
+                if self._nobody_to_wait_for():
+                    return None
+                self._cond.wait(self._wake_in(remaining))
+            self._pending[id(pending.submission)] = pending
+            self._up += len(pending.submission.payload)
+            self._compute = max(self._compute, pending.compute_s)
+            deadline = self._opening.deadline_s if self._opening else until_s
+        self.metrics.submission_arrived(pending.submission.sender, deadline - self.now())
+        pending.received_at = time.perf_counter()
+        return pending.submission
+
+    def _wake_in(self, remaining: float) -> float:
+        """How long :meth:`receive` may sleep (seconds; the caller holds the lock).
+
+        Until ``remaining`` runs out, or until the earliest grace period of a participant it
+        waits for ends: the one change of liveness that no call announces.
+        """
+        now = self.now()
+        graces = [
+            self._grace_until[p] - now
+            for p in self.expected - self._missed - self._judged
+            if self._present.get(p, 0) == 0 and self._grace_until.get(p, 0.0) > now
+        ]
+        return min([remaining, *graces])
 
     def reply(self, submission: Submission, verdict: Verdict) -> None:
         """Hand the verdict to the gRPC handler waiting for it."""
@@ -378,6 +391,7 @@ class GrpcCoordinatorTransport:
             self._present.pop(participant, None)
             if not broken:
                 self._grace_until[participant] = self.now() + self.grace_s
+                self._cond.notify_all()  # receive() now wakes when this grace ends
                 return
             self._grace_until.pop(participant, None)
             if participant in self._left:
@@ -442,12 +456,10 @@ class GrpcCoordinatorTransport:
         return self._stopping
 
     def _drain(self) -> list[_Pending]:
-        out = []
-        while True:
-            try:
-                out.append(self._queue.get_nowait())
-            except queue.Empty:
-                return out
+        with self._cond:
+            out = list(self._inbox)
+            self._inbox.clear()
+            return out
 
     def _refuse_pending(self, pending: _Pending, reason: str, message: str) -> None:
         pending.outcome = Rejection(reason, message, self.collecting_round)
@@ -463,7 +475,7 @@ class GrpcCoordinatorTransport:
         end = self.now() + timeout_s
         with self._cond:
             while not self._joined <= self._left and self.now() < end:
-                self._cond.wait(min(POLL_S, max(0.0, end - self.now())))
+                self._cond.wait(max(0.0, end - self.now()))
             return self._joined <= self._left
 
     # ------------------------------------------------------------ state for the handlers
@@ -583,7 +595,7 @@ class GrpcCoordinatorTransport:
                 remaining = until_s - self.now()
                 if remaining <= 0 or self._stopping:
                     return None
-                self._cond.wait(min(POLL_S, remaining))
+                self._cond.wait(remaining)
 
     def model_payload(self, model_hash: str) -> bytes | None:
         """The open round's model payload when ``model_hash`` is its hash, else None."""
@@ -659,7 +671,8 @@ class GrpcCoordinatorTransport:
                 current_round=self.collecting_round,
             )
             if verdict is None:
-                self._queue.put(pending)
+                self._inbox.append(pending)
+                self._cond.notify_all()
         if verdict is not None:
             return _as_outcome(verdict)
         if not pending.done.wait(timeout_s) or pending.outcome is None:

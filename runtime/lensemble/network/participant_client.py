@@ -50,7 +50,7 @@ from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
 from lensemble.network.service import keepalive_ms, message_options, presence_window_s
-from lensemble.network.streams import Assembler, chunk_count, chunks
+from lensemble.network.streams import Assembler, chunk_count, chunks, with_bytes_field
 from lensemble.network.transport_errors import (
     AccessDenied,
     CoordinatorUnreachable,
@@ -61,6 +61,14 @@ _log = logging.getLogger("lensemble.network.participant")
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
+#: Field number of ``UpdateChunk.data`` (its last field, lensemble.proto).
+UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
+#: Full method name of SubmitUpdate, as gRPC routes it.
+SUBMIT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Coordinator'].full_name}/SubmitUpdate"
+
+
+def _passthrough(frame: bytes) -> bytes:
+    return frame
 
 
 class Failure(StrEnum):
@@ -192,6 +200,12 @@ class CoordinatorClient:
             else grpc.insecure_channel(self.target, options=options)
         )
         self.stub = pb_grpc.CoordinatorStub(self.channel)  # type: ignore[no-untyped-call]
+        # SubmitUpdate sends frames built by streams.with_bytes_field (serializer: as is).
+        self._submit_update = self.channel.stream_unary(
+            SUBMIT_METHOD,
+            request_serializer=_passthrough,
+            response_deserializer=pb.SubmitReply.FromString,
+        )
         self.session = ""
         net = config.network
         self.timeout_s = net.rpc_timeout_s
@@ -269,7 +283,8 @@ class CoordinatorClient:
                 if assembler is None:
                     what = f"the model of round {announcement.round_index}"
                     limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
-                    assembler = Assembler(chunk.total_bytes, limit, what)
+                    # Not hashed: the decoded model is checked against its model hash.
+                    assembler = Assembler(chunk.total_bytes, limit, what, hashed=False)
                 assembler.add(chunk.data)
                 self.metrics.bytes_in.inc(len(chunk.data))
         finally:
@@ -292,18 +307,16 @@ class CoordinatorClient:
             compute_s=contribution.compute_s,
         )
 
-        def stream() -> Iterator[pb.UpdateChunk]:
-            for index, view in enumerate(chunks(payload, self.chunk_bytes)):
-                data = bytes(view)
-                self.metrics.bytes_out.inc(len(data))
-                yield (
-                    pb.UpdateChunk(header=header, data=data)
-                    if index == 0
-                    else pb.UpdateChunk(data=data)
-                )
+        def stream() -> Iterator[bytes]:
+            # Serialized UpdateChunk frames: the header, then one copy of each chunk.
+            prefix = pb.UpdateChunk(header=header).SerializeToString()
+            for view in chunks(payload, self.chunk_bytes):
+                self.metrics.bytes_out.inc(len(view))
+                yield with_bytes_field(prefix, UPDATE_DATA_FIELD, view)
+                prefix = b""
 
         deadline = self.timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
-        reply: pb.SubmitReply = self.stub.SubmitUpdate(
+        reply: pb.SubmitReply = self._submit_update(
             stream(), timeout=deadline, metadata=self.metadata
         )
         return reply

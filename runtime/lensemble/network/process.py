@@ -65,6 +65,12 @@ _log = logging.getLogger("lensemble.network.process")
 
 #: Longest wait for a participant's worker to notice a stop before the process exits (seconds).
 PARTICIPANT_STOP_GRACE_S = 5.0
+#: Torch intra-op threads of the coordinator process. Its tensor work (validation, reduction,
+#: outer step, hashing) is element-wise and memory-bound, while its gRPC threads need the cores
+#: for TLS and streaming: OpenMP workers spinning between small ops cost more than they save
+#: (bench/network_transport.py table 0: a 1M round took 0.6 s with torch's default threads
+#: on 2 shared cores, 0.34 s with one).
+COORDINATOR_TORCH_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,7 @@ def _serve_coordinator(
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = None
+    torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
         _check_certificates(config, COORDINATOR_IDENTITY)

@@ -35,7 +35,19 @@ from lensemble.network.peer_text import JOIN_LIMITS, oversized_field
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import Authenticator
-from lensemble.network.streams import Assembler, TooLarge, chunk_count, chunks, grpc_message_limit
+from lensemble.network.streams import (
+    Assembler,
+    TooLarge,
+    chunk_count,
+    chunks,
+    grpc_message_limit,
+    with_bytes_field,
+)
+
+#: Field number of ``ModelChunk.data`` (its last field, lensemble.proto).
+MODEL_DATA_FIELD = pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number
+#: The service's full name, as gRPC routes it.
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 
 
 def keepalive_ms(config: LensembleConfig) -> int:
@@ -216,8 +228,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
             after = (opening.round_index, opening.attempt)
 
-    def FetchModel(self, request: pb.FetchModelRequest, context: Any) -> Iterator[pb.ModelChunk]:
-        """Stream the open round's model payload in chunks of ``network.chunk_bytes``."""
+    def FetchModel(self, request: pb.FetchModelRequest, context: Any) -> Iterator[bytes]:
+        """Stream the open round's model payload in chunks of ``network.chunk_bytes``.
+
+        Yields serialized ``ModelChunk`` messages (the handler's serializer passes them
+        through, see :func:`add_service`); the first also names the hash and total size.
+        """
         self._authorize(context, request.participant_id, "FetchModel")
         self._check_session(context, request.session, "FetchModel")
         payload = self.transport.model_payload(request.model_hash)
@@ -233,15 +249,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         extend_deadline(
             context, self.rpc_timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
         )
-        for index, view in enumerate(chunks(payload, self.chunk_bytes)):
+        first = pb.ModelChunk(model_hash=request.model_hash, total_bytes=len(payload))
+        prefix = first.SerializeToString()
+        for view in chunks(payload, self.chunk_bytes):
             if not context.is_active():
                 return
-            if index == 0:
-                yield pb.ModelChunk(
-                    model_hash=request.model_hash, total_bytes=len(payload), data=bytes(view)
-                )
-            else:
-                yield pb.ModelChunk(data=bytes(view))
+            # Serialized ModelChunk frames (see serve_frames): one copy of the chunk each.
+            yield with_bytes_field(prefix, MODEL_DATA_FIELD, view)
+            prefix = b""
             self.transport.count_down(len(view))
 
     def SubmitUpdate(
@@ -300,6 +315,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             payload,
             header.payload_hash,
             header.attempt,
+            hash_checked=True,  # _assemble hashed it while streaming and compared
         )
         outcome = transport.submit(submission, header.compute_s, self.rpc_timeout_s)
         if isinstance(outcome, Rejection):
@@ -429,6 +445,43 @@ def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
     ]
 
 
+def _passthrough(frame: bytes) -> bytes:
+    return frame
+
+
+class _Handlers:
+    """Receives the method handlers the generated ``add_CoordinatorServicer_to_server`` makes."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_service(service: CoordinatorService, server: Any) -> None:
+    """Register ``service`` on ``server`` as the generated code does, FetchModel's frames as is.
+
+    ``FetchModel`` yields serialized ``ModelChunk`` frames (:func:`streams.with_bytes_field`),
+    so its response serializer passes bytes through; every other method keeps the generated
+    protobuf handlers.
+    """
+    collected = _Handlers()
+    pb_grpc.add_CoordinatorServicer_to_server(service, collected)  # type: ignore[no-untyped-call]
+    handlers = collected.handlers
+    generated = handlers["FetchModel"]
+    handlers["FetchModel"] = grpc.unary_stream_rpc_method_handler(
+        service.FetchModel,
+        request_deserializer=generated.request_deserializer,
+        response_serializer=_passthrough,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 def start_coordinator_server(
     transport: GrpcCoordinatorTransport,
     authenticator: Authenticator,
@@ -473,7 +526,7 @@ def start_coordinator_server(
         options=server_options(config),
         maximum_concurrent_rpcs=size,
     )
-    pb_grpc.add_CoordinatorServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    add_service(service, server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = bind_port(server, target, credentials, "the coordinator's gRPC service")
     server.start()

@@ -5,6 +5,11 @@ receiver knows the declared total from the first chunk and refuses at once when 
 cap (:mod:`lensemble.network.payload_limits`); it then refuses as soon as the bytes received
 exceed the declared total, so it never holds more than ``min(declared, limit)`` bytes of one
 stream.
+
+Outgoing chunk messages are framed here (:func:`with_bytes_field`) rather than by protobuf's
+serializer, which copies a large ``bytes`` field at well under memory speed (about 0.7 GB/s
+against 3 GB/s for one join on this machine): the frames are byte-identical to
+``SerializeToString`` of the same message. Incoming messages are parsed by protobuf.
 """
 
 from __future__ import annotations
@@ -30,6 +35,42 @@ class TooLarge(PayloadError):
 def grpc_message_limit(chunk_bytes: int) -> int:
     """Largest single gRPC message (bytes) a process accepts: one chunk plus framing."""
     return max(chunk_bytes, MIN_MESSAGE_LIMIT) + FRAME_OVERHEAD
+
+
+#: Protobuf wire type of a length-delimited field (``bytes``, ``string``, messages).
+_LENGTH_DELIMITED = 2
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative integer."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def with_bytes_field(prefix: bytes, field_number: int, data: bytes | memoryview) -> bytes:
+    """A serialized message: ``prefix`` (its other fields) followed by one ``bytes`` field.
+
+    Equal to ``SerializeToString()`` of the message whose other fields serialize to ``prefix``
+    and whose field ``field_number`` holds ``data``, provided that field is the message's last
+    (protobuf writes fields in number order and skips an empty ``bytes`` field), with one copy
+    of ``data`` instead of protobuf's several.
+
+    Args:
+        prefix: The message without the field, serialized by protobuf.
+        field_number: Number of the ``bytes`` field (the highest of the message).
+        data: The field's value (a view is not copied until the frame is built).
+
+    Returns:
+        The frame, ready for a gRPC call whose serializer passes bytes through.
+    """
+    if not len(data):
+        return prefix
+    tag = _varint(field_number << 3 | _LENGTH_DELIMITED)
+    return b"".join((prefix, tag, _varint(len(data)), data))
 
 
 def chunks(data: bytes, chunk_bytes: int) -> Iterator[memoryview]:
@@ -66,13 +107,15 @@ class Assembler:
         declared: Total bytes announced by the sender.
         limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
         what: Names the payload in error messages, e.g. ``"the update from alpine"``.
+        hashed: Hash the bytes while they arrive (:attr:`payload_hash`); False where nobody
+            reads that hash (a model download is verified by its model hash after decoding).
 
     Raises:
         TooLarge: ``declared`` exceeds ``limit`` (raised by the constructor, before any
             buffering).
     """
 
-    def __init__(self, declared: int, limit: int, what: str) -> None:
+    def __init__(self, declared: int, limit: int, what: str, *, hashed: bool = True) -> None:
         if declared > limit:
             raise TooLarge(
                 f"{what} declares {declared} bytes, above the {limit}-byte cap of this run "
@@ -83,7 +126,7 @@ class Assembler:
         self.declared = declared
         self.what = what
         self._received = 0
-        self._hash = hashlib.sha256()
+        self._hash = hashlib.sha256() if hashed else None
         self._buffer = io.BytesIO()
         if declared:
             # One allocation of the final size; getvalue() then returns this very buffer.
@@ -109,12 +152,19 @@ class Assembler:
                 remediation="the sender is broken or hostile; the stream was refused.",
             )
         self._buffer.write(data)
-        self._hash.update(data)
+        if self._hash is not None:
+            self._hash.update(data)
         self._received += len(data)
 
     @property
     def payload_hash(self) -> str:
-        """``"sha256:<hex>"`` of the bytes received so far (the whole payload once finished)."""
+        """``"sha256:<hex>"`` of the bytes received so far (the whole payload once finished).
+
+        Raises:
+            RuntimeError: The assembler was made with ``hashed=False`` (our bug).
+        """
+        if self._hash is None:
+            raise RuntimeError(f"{self.what} was assembled without hashing.")
         return "sha256:" + self._hash.hexdigest()
 
     def finish(self) -> bytes:
