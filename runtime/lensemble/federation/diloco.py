@@ -73,10 +73,11 @@ def canonical_mean(deltas: Mapping[str, Mapping[str, torch.Tensor]]) -> Params:
     count = torch.tensor(float(len(order)), dtype=torch.float32)
     mean: Params = {}
     for name in names:
+        # In place: one accumulator per tensor, the same float32 additions in the same order.
         acc = torch.zeros_like(deltas[order[0]][name], dtype=torch.float32)
         for pid in order:
-            acc = acc + deltas[pid][name].to(torch.float32)
-        mean[name] = acc / count
+            acc.add_(deltas[pid][name].to(torch.float32))
+        mean[name] = acc.div_(count)
     return mean
 
 
