@@ -187,7 +187,7 @@ class SpooledUpdate:
         else:
             assert entry.data is not None
             self._source = io.BytesIO(entry.data)
-        self._buffer = bytearray(block * 8)
+        self._buffer = bytearray(0)  # grows to the largest read (one block of wire values)
 
     def _where(self) -> str:
         return str(self._entry.path) if self._entry.path is not None else "memory"
