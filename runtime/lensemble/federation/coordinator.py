@@ -294,6 +294,7 @@ class Coordinator:
         self._collection: _Collection | None = None
         self._closed: ClosedAttempt | None = None
         self._payload_cache: tuple[int, bytes] | None = None
+        self._commit_s: float | None = None  # checkpoint + ledger line of the last commit
         # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
         self._spool.reset()
@@ -673,9 +674,12 @@ class Coordinator:
             new_hash=new_hash,
         )
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
+        commit_start = time.perf_counter()
         checkpoint = self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)
         self._finish(record, transport, checkpoint=checkpoint)
+        # The line cannot time its own checkpoint and append; the next line reports them.
+        self._commit_s = time.perf_counter() - commit_start
         return record
 
     def _abort(
@@ -728,6 +732,7 @@ class Coordinator:
         defences = {**defences, "rejected": rejected}
         defences.setdefault("precommit", None)
         wall = time.perf_counter() - wall_start
+        extra = {} if self._commit_s is None else {"previous_commit_s": round(self._commit_s, 6)}
         return RoundRecord(
             round=machine.round_index,
             attempt=machine.attempt,
@@ -744,6 +749,7 @@ class Coordinator:
             compute_s=round(traffic.compute_s, 6),
             non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
             config_hash=self.config_hash,
+            extra=extra,
             updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
             aggregator=f"canonical-{self.config.federation.robustness.aggregator}",
             software=f"lensemble {__version__}",
