@@ -20,10 +20,12 @@ payload bytes are kept in memory instead (same reader, same checks).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,13 @@ from lensemble.federation.payload import Decoded, TensorRange, dtype_token
 from lensemble.federation.quantization import SCALE_SUFFIX, WIRE_DTYPES
 
 _log = logging.getLogger("lensemble.federation.spool")
+
+
+@functools.cache
+def _hashing_thread() -> ThreadPoolExecutor:
+    """The one thread that hashes blocks read back (FIFO, so each stream stays in order)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="lensemble-spool-hash")
+
 
 #: Name of a spilled payload: acceptance order, so no sender text reaches a path.
 _FILE = "update-{index:04d}.safetensors"
@@ -187,7 +196,11 @@ class SpooledUpdate:
         else:
             assert entry.data is not None
             self._source = io.BytesIO(entry.data)
-        self._buffer = bytearray(0)  # grows to the largest read (one block of wire values)
+        # Two buffers in turn: SHA-256 of one block runs on the hashing thread while the next
+        # block is read and reduced (hashlib releases the GIL), in the order the bytes came.
+        self._buffers = [bytearray(0), bytearray(0)]
+        self._pending: list[Future[None] | None] = [None, None]
+        self._turn = 0
 
     def _where(self) -> str:
         return str(self._entry.path) if self._entry.path is not None else "memory"
@@ -202,9 +215,12 @@ class SpooledUpdate:
 
     def _take(self, n: int) -> memoryview:
         """The next ``n`` bytes (a view of the reusable buffer, valid until the next call)."""
-        if n > len(self._buffer):
-            self._buffer = bytearray(n)
-        view = memoryview(self._buffer)[:n]
+        turn = self._turn
+        self._turn ^= 1
+        self._wait(turn)  # its previous block is hashed before it is overwritten
+        if n > len(self._buffers[turn]):
+            self._buffers[turn] = bytearray(n)
+        view = memoryview(self._buffers[turn])[:n]
         got = 0
         while got < n:
             k = self._source.readinto(view[got:])
@@ -213,9 +229,15 @@ class SpooledUpdate:
                     f"it ends after {self._read + got} bytes, not {self._entry.size}"
                 )
             got += k
-        self._hash.update(view)
+        self._pending[turn] = _hashing_thread().submit(self._hash.update, view)
         self._read += n
         return view
+
+    def _wait(self, turn: int) -> None:
+        pending = self._pending[turn]
+        if pending is not None:
+            pending.result()
+            self._pending[turn] = None
 
     def blocks(self) -> Iterator[tuple[str, int, torch.Tensor]]:
         """Yield ``(tensor name, first element, float32 block)`` for every parameter tensor.
@@ -263,6 +285,8 @@ class SpooledUpdate:
                 SHA-256 of what was read differs from the accepted payload's.
         """
         try:
+            self._wait(0)
+            self._wait(1)
             if self._read != self._entry.size:
                 raise self._broken(
                     f"{self._read} of its {self._entry.size} bytes were read (layout changed)"
