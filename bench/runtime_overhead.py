@@ -41,6 +41,8 @@ at a time; building it is reported as compute and left out of the overhead):
 
     nice -n 19 python bench/runtime_overhead.py                    # 10M, N = 4 and 16
     nice -n 19 python bench/runtime_overhead.py --sizes 10,100     # adds 100M (~9 GB of disk)
+    # short of disk: the spool (N x 400 MB at 100M) on tmpfs, checkpoints still on disk
+    nice -n 19 python bench/runtime_overhead.py --sizes 10,100 --spool-scratch /dev/shm
 """
 
 from __future__ import annotations
@@ -161,8 +163,12 @@ class SyntheticTransport:
         pass
 
 
-def child(total: int, n: int, rounds: int, folder: Path) -> dict[str, float]:
-    """One coordinator, ``rounds`` rounds of ``n`` updates of ``total`` parameters."""
+def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[str, float]:
+    """One coordinator, ``rounds`` rounds of ``n`` updates of ``total`` parameters.
+
+    Checkpoints and ledger go to ``folder``; the update spool to ``spool`` (a link from the
+    state folder, so that it can live on another filesystem when the disk is short).
+    """
     from lensemble.config.load import validate_mapping
     from lensemble.federation.coordinator import Coordinator
     from lensemble.federation.payload import bytes_hash, decode, encode
@@ -182,6 +188,9 @@ def child(total: int, n: int, rounds: int, folder: Path) -> dict[str, float]:
     copy, digest = floors(theta0)
     mb = total * 4 / MB
     out: dict[str, float] = {"copy": copy, "hash": digest}
+    spool.mkdir(parents=True, exist_ok=True)
+    (folder / "state" / "coordinator").mkdir(parents=True)
+    (folder / "state" / "coordinator" / "spool").symlink_to(spool / "round")
     coordinator = Coordinator(config, theta0, output_dir=folder / "state", signer=None)
     del theta0
     transport = SyntheticTransport(config, base)
@@ -195,37 +204,41 @@ def child(total: int, n: int, rounds: int, folder: Path) -> dict[str, float]:
     out["round_ledger_s"] = statistics.median(ledger_nc)
     out["round_floor_s"] = (n + 3) * mb * (1 / copy + 1 / digest)
     # The aggregation step alone, as the coordinator runs it at close (mean, no clipping).
-    spool = UpdateSpool(folder / "spool")
+    spilled = UpdateSpool(spool / "aggregation")
     norms = {}
     for i, pid in enumerate(ids):
         payload = encode({k: v * (1.0 + 0.01 * i) for k, v in base.items()}, {})
-        spool.add(pid, payload, bytes_hash(payload), decode(payload, copy=False))
+        spilled.add(pid, payload, bytes_hash(payload), decode(payload, copy=False))
         norms[pid] = 1.0
         del payload
     shapes = {k: tuple(v.shape) for k, v in base.items()}
     screening = decide(norms, config.federation.robustness)
     robust = config.federation.robustness
     agg = best_of(
-        lambda: aggregate_spooled(spool, screening, shapes, robust, scheme="none", chunk=0),
+        lambda: aggregate_spooled(spilled, screening, shapes, robust, scheme="none", chunk=0),
         repeat=2,
     )
-    spool.reset()
+    spilled.reset()
     out["spool_agg"] = n * mb / agg
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
     return out
 
 
-def run_child(total: int, n: int, rounds: int, scratch: Path) -> dict[str, float]:
+def run_child(
+    total: int, n: int, rounds: int, scratch: Path, spool_scratch: Path
+) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix=f"rt-{total}-{n}-", dir=scratch))
+    spool = Path(tempfile.mkdtemp(prefix=f"rt-spool-{total}-{n}-", dir=spool_scratch))
     try:
         result = subprocess.run(
-            [sys.executable, __file__, "--child", f"{total},{n},{rounds},{folder}"],
+            [sys.executable, __file__, "--child", f"{total},{n},{rounds},{folder},{spool}"],
             check=True,
             capture_output=True,
             text=True,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(spool, ignore_errors=True)
     parsed: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
     return parsed
 
@@ -268,12 +281,15 @@ def main() -> None:
     parser.add_argument("--sizes", default="10", help="millions of parameters, comma-separated")
     parser.add_argument("--participants", default="4,16", help="N values, comma-separated")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per child (median)")
-    parser.add_argument("--scratch", type=Path, default=None, help="folder for state and spool")
+    parser.add_argument("--scratch", type=Path, default=None, help="folder for the state")
+    parser.add_argument(
+        "--spool-scratch", type=Path, default=None, help="folder for the update spool"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        total, n, rounds, folder = args.child.split(",", 3)
-        print(json.dumps(child(int(total), int(n), int(rounds), Path(folder))))
+        total, n, rounds, folder, spool = args.child.split(",", 4)
+        print(json.dumps(child(int(total), int(n), int(rounds), Path(folder), Path(spool))))
         return
     torch.set_num_threads(1)
     scratch = args.scratch or Path(tempfile.gettempdir())
@@ -301,7 +317,7 @@ def main() -> None:
     )
     for size in (int(s) for s in args.sizes.split(",")):
         for n in (int(x) for x in args.participants.split(",")):
-            r = run_child(size * 1_000_000, n, args.rounds, scratch)
+            r = run_child(size * 1_000_000, n, args.rounds, scratch, args.spool_scratch or scratch)
             mb = size * 4
             both = 1 / (1 / r["copy"] + 1 / r["hash"])
             print(
