@@ -13,6 +13,7 @@ import torch
 from lensemble.config.schema import RobustnessConfig
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation import robustness
+from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.payload import bytes_hash, decode, encode, manifest
 from lensemble.federation.quantization import dequantize, quantize
 from lensemble.federation.robustness import (
@@ -177,3 +178,11 @@ def test_decode_applies_safetensors_layout_rules(offsets: list[int], message: st
     else:
         with pytest.raises(PayloadError, match=message):
             decode(data)
+
+
+def test_the_mean_starts_from_positive_zero_as_a_sum_from_zeros_does() -> None:
+    d = {"a": {"w": torch.tensor([-0.0, -0.0, 1.0])}, "b": {"w": torch.tensor([-0.0, 0.0, -1.0])}}
+    got = canonical_mean(d)["w"]
+    want = (torch.zeros(3) + d["a"]["w"] + d["b"]["w"]) / 2
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert got.view(torch.int32)[0].item() == 0  # +0.0, not -0.0
