@@ -1,6 +1,10 @@
 """The coordinator's hot path against the machine's floors, and its peak memory, in one run.
 
-Everything is measured in the same run, each figure next to its floor for the same bytes:
+Everything is measured in the same run, each figure next to its floor for the same bytes, and
+every duration on the same clock: by default this process's CPU time (all threads), so that a
+shared machine's load does not decide the ratios (``--clock wall`` for wall time; it then also
+counts waiting for the disk). Floors are measured before and after the figures; the faster
+pass is used, which can only make a ratio look worse:
 
 - **copy floor**: ``numpy.copyto`` of the model's float32 bytes into a preallocated array
   (reads and writes every byte once: memory bandwidth as Python sees it);
