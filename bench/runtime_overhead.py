@@ -1,25 +1,64 @@
-"""Runtime overhead of a round, and throughput of its steps, against a memory-bandwidth floor.
+"""The coordinator's hot path against the machine's floors, and its peak memory, in one run.
 
-For models of 1M, 10M and 100M float32 parameters and N = 4 and 16 participants, with learners
-that do no compute (they return precomputed parameters), so the whole round is overhead:
+Everything is measured in the same run, each figure next to its floor for the same bytes, and
+every duration on the same clock: by default this process's CPU time (all threads), so that a
+shared machine's load does not decide the ratios (``--clock wall`` for wall time; it then also
+counts waiting for the disk). Floors are measured before and after the figures; the faster
+pass is used, which can only make a ratio look worse:
 
-- ``round ms``: non-compute wall time of one committed round over the in-process transport
-  (model payload encode, per participant: decode + hash check + pseudo-gradient + quantize +
-  residency seal; coordinator: hash check + decode + architecture check per submission, canonical
-  mean, outer step, new model hash, atomic checkpoint, ledger line).
-- throughput (MB/s of float32 parameter bytes) of serialization (safetensors encode + decode),
-  of the canonical-order aggregation over N pseudo-gradients, and of the model hash;
-- the floor: a plain numpy copy of the same bytes, measured in the same run; every throughput is
-  also given as a ratio to that floor (1.0 = as fast as copying memory).
+- **copy floor**: ``numpy.copyto`` of the model's float32 bytes into a preallocated array
+  (reads and writes every byte once: memory bandwidth as Python sees it);
+- **hash floor**: ``hashlib.sha256`` over the same bytes (SHA-256 has its own ceiling, below
+  memory bandwidth; the hashing figure is given against both floors).
 
-    python bench/runtime_overhead.py            # 1M and 10M, N = 4 and 16
-    python bench/runtime_overhead.py --big      # adds 100M (needs ~14 GB RAM for N = 16)
+Per model size (float32 parameters, 1M-element tensors), in this process:
+
+- ``encode``: :func:`~lensemble.federation.payload.encode` of the model (the one copy that
+  builds the payload); ``parse``: :func:`~lensemble.federation.payload.decode` with
+  ``copy=False``, as the coordinator judges an update (header checks, tensors are views);
+  ``serialize`` = both together, MB of parameters / (encode s + parse s).
+- ``hash``: :func:`~lensemble.federation.payload.tensor_digest` of the model (the model hash).
+- ``reduce``: :func:`~lensemble.federation.diloco.canonical_mean` over 4 in-memory updates
+  (MB of updates summed / s): the reduction itself, in place.
+
+Per model size and number of participants N, in a fresh child process (so that its peak RSS is
+the coordinator's own: no participant runs in it), a :class:`~lensemble.federation.coordinator.
+Coordinator` with its state folder on disk runs rounds against a synthetic transport that
+builds each update only when the coordinator asks for the next submission (one update alive
+at a time; building it is reported as compute and left out of the overhead):
+
+- ``spool agg``: the coordinator's aggregation as it runs at round close, i.e.
+  :func:`~lensemble.federation.robustness.aggregate_spooled` (mean) over N spilled updates:
+  read back from the spool, re-hashed, accumulated; MB of updates / s, against the copy floor
+  and against the copy + hash floor of those bytes.
+- ``round``: one committed round's non-compute time as the ledger's ``non_compute_s`` reports
+  it (open, judge every update: hash, parse, dequantize, norm, spill; close: screen, read back
+  and reduce, outer step, pre-commit check, model hash) **plus** the checkpoint write and the
+  ledger append that follow it (timed around ``run_round``; the ledger's figure leaves them
+  out because it is taken before they happen). Its floor is what a round cannot avoid
+  touching: every update hashed once and read once (N x model bytes, hash + copy), the model
+  payload built and hashed (1 x, copy + hash) and the checkpoint's parameters and momentum
+  copied and hashed (2 x, copy + hash): ``(N + 3) x model bytes x (1/copy + 1/hash)``.
+- ``peak RSS``: the child's ``VmHWM`` (peak resident set), with what it should be made of: the
+  global model, the outer momentum, the cached model payload, the new model and momentum of the
+  outer step, the reduction's accumulator, and the transport's update being built (its base
+  and payload).
+
+    nice -n 19 python bench/runtime_overhead.py                    # 10M, N = 4 and 16
+    nice -n 19 python bench/runtime_overhead.py --sizes 10,100     # adds 100M (~9 GB of disk)
+    # short of disk: the spool (N x 400 MB at 100M) on tmpfs, checkpoints still on disk
+    nice -n 19 python bench/runtime_overhead.py --sizes 10,100 --spool-scratch /dev/shm
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -28,14 +67,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lensemble.config.load import validate_mapping
-from lensemble.federation.coordinator import Coordinator
-from lensemble.federation.diloco import canonical_mean
-from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.participant import Participant
-from lensemble.federation.payload import decode, encode, manifest, tensor_digest
-from lensemble.learner import LocalRound
-
+MB = 1e6
+#: What every duration is measured on: this process's CPU time (all its threads), so that the
+#: figures and their floors compare work, not how much of a shared machine the run got; or
+#: wall time (``--clock wall``) on a quiet machine.
+CLOCK: Callable[[], float] = time.process_time
 TENSOR = 1 << 20  # parameters per tensor: a model is a stack of 1M-element tensors
 
 
@@ -49,92 +85,290 @@ def make_params(total: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-class NoComputeLearner:
-    """Returns fixed local parameters: every measured second is overhead."""
-
-    def __init__(self, local: Mapping[str, torch.Tensor]) -> None:
-        self.local = dict(local)
-
-    def train_round(self, global_params, round_index, steps):  # type: ignore[no-untyped-def]
-        return LocalRound(self.local, 0.0, 0.0)
-
-    def inner_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_inner_state(self, state) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-
 def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return min(times)
 
 
-def round_overhead_ms(total: int, n: int, quantization: str) -> float:
+def floors(params: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+    """(copy floor, hash floor) in MB/s over the float32 bytes of ``params``."""
+    flat = np.concatenate([t.numpy() for t in params.values()])
+    dest = np.empty_like(flat)
+    mb = flat.nbytes / MB
+    copy = mb / best_of(lambda: np.copyto(dest, flat))
+    digest = mb / best_of(lambda: hashlib.sha256(flat.data).digest())
+    return copy, digest
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (``VmHWM``).
+
+    Not ``ru_maxrss``: that survives ``exec`` and would report the parent's peak when the
+    parent was larger.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line (Linux only)")
+
+
+# ----------------------------------------------------------------------- the child: one coordinator
+class SyntheticTransport:
+    """Delivers N updates (theta_t - (theta_t - eps_i)), built one at a time on request."""
+
+    def __init__(self, config, base: Mapping[str, torch.Tensor]) -> None:  # type: ignore[no-untyped-def]
+        self.ids = sorted(p.id for p in config.federation.participants)
+        self.config = config
+        self.base = base
+        self.compute = self.compute_clock = 0.0
+        self.up = self.down = 0
+        self.pending: list[str] = []
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait_for_participants(self, quorum: int, timeout_s: float) -> set[str]:
+        return set(self.ids)
+
+    def open_round(self, opening, model_payload: bytes) -> None:  # type: ignore[no-untyped-def]
+        self.opening = opening
+        self.down += len(model_payload) * len(self.ids)
+        self.pending = list(reversed(self.ids))  # arrival order: reverse of canonical
+
+    def receive(self, until_s: float):  # type: ignore[no-untyped-def]
+        from lensemble.federation.messages import Submission
+        from lensemble.federation.payload import bytes_hash, encode
+
+        if not self.pending:
+            return None
+        start, cpu = time.perf_counter(), CLOCK()
+        pid = self.pending.pop()
+        i = self.ids.index(pid)
+        fed = self.config.federation
+        payload = encode(
+            {k: v * (1.0 + 0.01 * i) for k, v in self.base.items()},
+            {
+                "kind": "pseudo-gradient",
+                "round": str(self.opening.round_index),
+                "attempt": str(self.opening.attempt),
+                "participant": pid,
+                "quantization": fed.quantization,
+                "int8_chunk": str(fed.int8_chunk),
+                "base_hash": self.opening.model_hash,
+            },
+        )
+        digest = bytes_hash(payload)  # the participant's declared hash: its side, not ours
+        self.compute += time.perf_counter() - start
+        self.compute_clock += CLOCK() - cpu
+        self.up += len(payload)
+        return Submission(pid, self.opening.round_index, payload, digest, self.opening.attempt)
+
+    def reply(self, submission, verdict) -> None:  # type: ignore[no-untyped-def]
+        assert verdict.accepted, verdict
+
+    def round_closed(self, record) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def take_traffic(self):  # type: ignore[no-untyped-def]
+        from lensemble.federation.transport import Traffic
+
+        traffic = Traffic(self.down, self.up, self.compute)
+        self.compute, self.up, self.down = 0.0, 0, 0
+        return traffic
+
+    def finish(self) -> None:
+        pass
+
+
+def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[str, float]:
+    """One coordinator, ``rounds`` rounds of ``n`` updates of ``total`` parameters.
+
+    Checkpoints and ledger go to ``folder``; the update spool to ``spool`` (a link from the
+    state folder, so that it can live on another filesystem when the disk is short).
+    """
+    from lensemble.config.load import validate_mapping
+    from lensemble.federation.coordinator import Coordinator
+    from lensemble.federation.payload import bytes_hash, decode, encode
+    from lensemble.federation.robustness import aggregate_spooled, decide
+    from lensemble.federation.spool import UpdateSpool
+
+    torch.set_num_threads(1)
     ids = [f"p{i:02d}" for i in range(n)]
     config = validate_mapping(
         {
-            "federation": {
-                "participants": [{"id": pid} for pid in ids],
-                "rounds": 2,
-                "quorum": n,
-                "quantization": quantization,
-            },
+            "federation": {"participants": [{"id": pid} for pid in ids], "quorum": n},
             "network": {"max_message_bytes": 1 << 34},
         }
     )
     theta0 = make_params(total)
-    arch = manifest(theta0)
-    noise = make_params(total, seed=1)
-    local = {k: theta0[k] - 1e-3 * noise[k] for k in theta0}
-    del noise
-    with tempfile.TemporaryDirectory() as tmp:
-        participants = {
-            pid: Participant(config, pid, NoComputeLearner(local), arch, None) for pid in ids
-        }
-        coordinator = Coordinator(config, theta0, output_dir=Path(tmp))
-        transport = InProcessTransport(participants)
-        records = [coordinator.run_round(transport) for _ in range(2)]
-    return statistics.median(r.non_compute_s for r in records) * 1000
+    base = {k: 1e-3 * v for k, v in make_params(total, seed=1).items()}
+    copy, digest = floors(theta0)
+    mb = total * 4 / MB
+    out: dict[str, float] = {"copy": copy, "hash": digest}
+    spool.mkdir(parents=True, exist_ok=True)
+    (folder / "state" / "coordinator").mkdir(parents=True)
+    (spool / "round").mkdir()
+    (folder / "state" / "coordinator" / "spool").symlink_to(spool / "round")
+    coordinator = Coordinator(config, theta0, output_dir=folder / "state", signer=None)
+    del theta0
+    transport = SyntheticTransport(config, base)
+    rounds_total, ledger_nc = [], []
+    for _ in range(rounds):
+        start, built = CLOCK(), transport.compute_clock
+        record = coordinator.run_round(transport)
+        rounds_total.append(CLOCK() - start - (transport.compute_clock - built))
+        ledger_nc.append(record.non_compute_s)
+    out["round_s"] = statistics.median(rounds_total)
+    out["round_ledger_s"] = statistics.median(ledger_nc)
+    # Floors again after the rounds; the faster of the two (a shared machine's load varies).
+    again = floors(make_params(total, seed=2))
+    copy, digest = max(copy, again[0]), max(digest, again[1])
+    out["copy"], out["hash"] = copy, digest
+    out["round_floor_s"] = (n + 3) * mb * (1 / copy + 1 / digest)
+    # The aggregation step alone, as the coordinator runs it at close (mean, no clipping).
+    spilled = UpdateSpool(spool / "aggregation")
+    norms = {}
+    for i, pid in enumerate(ids):
+        payload = encode({k: v * (1.0 + 0.01 * i) for k, v in base.items()}, {})
+        spilled.add(pid, payload, bytes_hash(payload), decode(payload, copy=False))
+        norms[pid] = 1.0
+        del payload
+    shapes = {k: tuple(v.shape) for k, v in base.items()}
+    screening = decide(norms, config.federation.robustness)
+    robust = config.federation.robustness
+    agg = best_of(
+        lambda: aggregate_spooled(spilled, screening, shapes, robust, scheme="none", chunk=0),
+        repeat=2,
+    )
+    spilled.reset()
+    out["spool_agg"] = n * mb / agg
+    out["rss_mb"] = peak_rss_bytes() / MB
+    return out
+
+
+def run_child(
+    total: int, n: int, rounds: int, scratch: Path, spool_scratch: Path
+) -> dict[str, float]:
+    folder = Path(tempfile.mkdtemp(prefix=f"rt-{total}-{n}-", dir=scratch))
+    spool = Path(tempfile.mkdtemp(prefix=f"rt-spool-{total}-{n}-", dir=spool_scratch))
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--clock",
+                "wall" if CLOCK is time.perf_counter else "cpu",
+                "--child",
+                f"{total},{n},{rounds},{folder},{spool}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(spool, ignore_errors=True)
+    parsed: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return parsed
+
+
+# ----------------------------------------------------------------------- the parent: the table
+def in_process(total: int) -> dict[str, float]:
+    from lensemble.federation.diloco import canonical_mean
+    from lensemble.federation.payload import decode, encode, tensor_digest
+
+    before = floors(make_params(total, seed=2))
+    params = make_params(total)
+    mb = total * 4 / MB
+    data = encode(params, {})
+
+    def parse() -> object:
+        return decode(data, copy=False)
+
+    t_encode = best_of(lambda: encode(params, {}))
+    t_parse = best_of(parse)
+    t_hash = best_of(lambda: tensor_digest(params))
+    deltas = {f"p{i}": {k: v + i for k, v in params.items()} for i in range(4)}
+
+    def mean() -> object:
+        return canonical_mean(deltas)
+
+    reduce = 4 * mb / best_of(mean, repeat=2)
+    copy, digest = floors(params)  # right after the figures (and before them, above)
+    copy, digest = max(copy, before[0]), max(digest, before[1])  # the faster: conservative
+    return {
+        "copy": copy,
+        "hash": digest,
+        "encode": mb / t_encode,
+        "parse": mb / t_parse,
+        "serialize": mb / (t_encode + t_parse),
+        "model_hash": mb / t_hash,
+        "reduce": reduce,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--big", action="store_true", help="also run 100M parameters")
-    parser.add_argument("--quantization", default="none", choices=["none", "fp16", "bf16", "int8"])
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    sizes = [1_000_000, 10_000_000] + ([100_000_000] if args.big else [])
-    print(f"torch {torch.__version__}, 1 intra-op thread, quantization {args.quantization}")
-    header = (
-        f"{'params':>6} {'N':>3} {'round ms':>9} {'ser MB/s':>9} {'x floor':>7} "
-        f"{'agg MB/s':>9} {'x floor':>7} {'hash MB/s':>9} {'x floor':>7} {'floor MB/s':>10}"
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", default="10", help="millions of parameters, comma-separated")
+    parser.add_argument("--participants", default="4,16", help="N values, comma-separated")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per child (median)")
+    parser.add_argument("--scratch", type=Path, default=None, help="folder for the state")
+    parser.add_argument(
+        "--spool-scratch", type=Path, default=None, help="folder for the update spool"
     )
-    print(header)
-    for total in sizes:
-        params = make_params(total)
-        mb = total * 4 / 1e6
-        flat = np.concatenate([t.numpy() for t in params.values()])
-        dest = np.empty_like(flat)
-        floor = mb / best_of(lambda d=dest, f=flat: np.copyto(d, f))
-        data = encode(params, {})
-        ser = mb / (best_of(lambda p=params: encode(p, {})) + best_of(lambda b=data: decode(b)))
-        digest = mb / best_of(lambda p=params: tensor_digest(p))
-        del data, flat, dest
-        for n in (4, 16):
-            # Distinct tensors per participant, so the reduction really streams N x the bytes.
-            deltas = {f"p{i:02d}": {k: v + i for k, v in params.items()} for i in range(n)}
-            agg = n * mb / best_of(lambda d=deltas: canonical_mean(d), repeat=2)
-            del deltas
-            overhead = round_overhead_ms(total, n, args.quantization)
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what to time")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    global CLOCK  # noqa: PLW0603 (one switch for every timing in this script)
+    CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
+    if args.child:
+        total, n, rounds, folder, spool = args.child.split(",", 4)
+        print(json.dumps(child(int(total), int(n), int(rounds), Path(folder), Path(spool))))
+        return
+    torch.set_num_threads(1)
+    scratch = args.scratch or Path(tempfile.gettempdir())
+    print(
+        f"torch {torch.__version__}, 1 intra-op thread; MB/s of float32 parameter bytes; "
+        f"{args.clock} time"
+    )
+    print(
+        f"{'params':>6} | {'copy':>6} {'sha256':>6} | {'encode':>6} {'parse':>7} "
+        f"{'serial':>6} {'x copy':>6} | {'hash':>5} {'x sha':>5} {'x copy':>6} | "
+        f"{'reduce':>6} {'x copy':>6}"
+    )
+    for size in (int(s) for s in args.sizes.split(",")):
+        r = in_process(size * 1_000_000)
+        print(
+            f"{size:>5}M | {r['copy']:>6.0f} {r['hash']:>6.0f} | {r['encode']:>6.0f} "
+            f"{r['parse']:>7.0f} {r['serialize']:>6.0f} {r['serialize'] / r['copy']:>6.2f} | "
+            f"{r['model_hash']:>5.0f} {r['model_hash'] / r['hash']:>5.2f} "
+            f"{r['model_hash'] / r['copy']:>6.2f} | {r['reduce']:>6.0f} "
+            f"{r['reduce'] / r['copy']:>6.2f}",
+            flush=True,
+        )
+    print()
+    print(
+        f"{'params':>6} {'N':>3} | {'copy':>6} {'sha256':>6} | {'spool agg':>9} {'x copy':>6} "
+        f"{'x c+h':>5} | {'round s':>7} {'ledger s':>8} {'floor s':>7} {'x floor':>7} | "
+        f"{'peak RSS MB':>11} {'x model':>7}"
+    )
+    for size in (int(s) for s in args.sizes.split(",")):
+        for n in (int(x) for x in args.participants.split(",")):
+            r = run_child(size * 1_000_000, n, args.rounds, scratch, args.spool_scratch or scratch)
+            mb = size * 4
+            both = 1 / (1 / r["copy"] + 1 / r["hash"])
             print(
-                f"{total // 1_000_000:>5}M {n:>3} {overhead:>9.1f} {ser:>9.0f} {ser / floor:>7.2f} "
-                f"{agg:>9.0f} {agg / floor:>7.2f} {digest:>9.0f} {digest / floor:>7.2f} "
-                f"{floor:>10.0f}"
+                f"{size:>5}M {n:>3} | {r['copy']:>6.0f} {r['hash']:>6.0f} | "
+                f"{r['spool_agg']:>9.0f} {r['spool_agg'] / r['copy']:>6.2f} "
+                f"{r['spool_agg'] / both:>5.2f} | {r['round_s']:>7.2f} "
+                f"{r['round_ledger_s']:>8.2f} {r['round_floor_s']:>7.2f} "
+                f"{r['round_s'] / r['round_floor_s']:>7.2f} | {r['rss_mb']:>11.0f} "
+                f"{r['rss_mb'] / mb:>7.2f}",
+                flush=True,
             )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lensemble.config.load import load_config, validate_mapping
-from lensemble.config.sizing import CHECKPOINTS_KEPT, coordinator_state_bytes
+from lensemble.config.sizing import CHECKPOINTS_KEPT, coordinator_state_bytes, spool_bytes
 from lensemble.render.helm_values import render_helm_values
 
 STAGING = Path(__file__).resolve().parents[2] / "config" / "staging.yaml"
@@ -32,3 +32,20 @@ def test_the_size_grows_with_the_checkpoints_kept() -> None:
 
 def test_an_override_wins() -> None:
     assert _size("model.hidden_dim=4096", "deployment.storage.coordinator_size=20Gi") == "20Gi"
+
+
+def test_the_volume_holds_one_spilled_update_per_participant() -> None:
+    def sized(quantization: str, n: int) -> tuple[int, int]:
+        config = validate_mapping(
+            {
+                "model": {"hidden_dim": 1024, "depth": 2},
+                "federation": {"participant_count": n, "quantization": quantization},
+            }
+        )
+        return spool_bytes(config), coordinator_state_bytes(config)
+
+    fp32, total = sized("none", 8)
+    assert fp32 > 8 * 4 * 1024 * 1024  # eight float32 updates of the hidden layer alone
+    assert sized("none", 16)[0] > 1.9 * fp32
+    assert sized("int8", 8)[0] < fp32 / 3
+    assert total - fp32 == sized("none", 4)[1] - sized("none", 4)[0]  # checkpoints unchanged

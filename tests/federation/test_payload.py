@@ -122,3 +122,13 @@ def test_architecture_check_quotes_the_first_differing_tensor() -> None:
         check_architecture(
             {"a": torch.ones(2), "b": torch.ones(3), "c": torch.ones(1)}, arch, what="x"
         )
+
+
+def test_large_payloads_are_assembled_byte_identical_to_safetensors() -> None:
+    # Above payload._LARGE the bytes are filled in place (huge pages), not joined.
+    tensors = {f"t{i}": torch.randn(1 << 20) for i in range(3)}
+    tensors["h"] = torch.ones(5, dtype=torch.float16)
+    data = encode(tensors, {})  # one metadata key: safetensors orders several at random
+    assert type(data) is bytes and len(data) > 12 << 20
+    assert data == st_save(tensors, metadata={"format": PAYLOAD_FORMAT})
+    assert all(torch.equal(decode(data).tensors[k], v) for k, v in tensors.items())

@@ -3,8 +3,10 @@
 A coordinator checkpoint holds the float32 parameters and the outer momentum (two copies of
 the model). :data:`CHECKPOINTS_KEPT` are kept, and one more is being written while the oldest is
 still there, so the state folder needs ``(CHECKPOINTS_KEPT + 1) * 2 * model bytes`` plus the
-ledger and headroom. The environment's observation and action sizes are not known without
-creating it; :data:`IO_DIM_BOUND` bounds them (they are small next to the hidden layers).
+ledger and headroom, plus the update spool: while a round is collected, every accepted update
+waits on disk in its wire format (:mod:`lensemble.federation.spool`), one per participant. The
+environment's observation and action sizes are not known without creating it;
+:data:`IO_DIM_BOUND` bounds them (they are small next to the hidden layers).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ IO_DIM_BOUND = 64
 #: Room for the ledger, metrics and filesystem overhead (bytes).
 STATE_HEADROOM_BYTES = 256 * 2**20
 
+#: Bytes per parameter of a pseudo-gradient on the wire, by ``federation.quantization``.
+WIRE_BYTES_PER_PARAMETER = {"none": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0}
+#: Allowance for one update's safetensors header and int8 scales (bytes).
+UPDATE_OVERHEAD_BYTES = 2**20
+
 
 def _mlp_parameters(in_dim: int, hidden: int, depth: int, out_dim: int) -> int:
     widths = [in_dim, *([hidden] * depth), out_dim]
@@ -40,7 +47,20 @@ def model_parameters(config: LensembleConfig) -> int:
 def coordinator_state_bytes(config: LensembleConfig) -> int:
     """Bytes the coordinator's state folder needs (checkpoints, ledger, headroom)."""
     checkpoint = 2 * 4 * model_parameters(config)  # float32 parameters + momentum
-    return (CHECKPOINTS_KEPT + 1) * checkpoint + STATE_HEADROOM_BYTES
+    return (CHECKPOINTS_KEPT + 1) * checkpoint + spool_bytes(config) + STATE_HEADROOM_BYTES
+
+
+def spool_bytes(config: LensembleConfig) -> int:
+    """Bytes the update spool needs at most: one wire-format update per participant.
+
+    int8 carries one float32 scale per ``int8_chunk`` elements (per tensor without chunks),
+    which the per-update allowance covers for chunks of 4 elements or more.
+    """
+    fed = config.federation
+    per_update = WIRE_BYTES_PER_PARAMETER[fed.quantization] * model_parameters(config)
+    if fed.quantization == "int8" and fed.int8_chunk:
+        per_update += 4 * model_parameters(config) / fed.int8_chunk
+    return len(fed.participants) * math.ceil(per_update + UPDATE_OVERHEAD_BYTES)
 
 
 def coordinator_volume_size(config: LensembleConfig) -> str:

@@ -62,9 +62,15 @@ from lensemble.federation.payload import (
 )
 from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
-from lensemble.federation.robustness import aggregate, precommit_problem, screen
+from lensemble.federation.robustness import (
+    aggregate_spooled,
+    decide,
+    precommit_problem,
+    update_norm,
+)
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
+from lensemble.federation.spool import UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.federation.verify import require_valid
 
@@ -203,7 +209,8 @@ def admit_attempt(
 class _Collection:
     opening: RoundOpening
     expected: frozenset[str]
-    deltas: dict[str, Params] = field(default_factory=dict)
+    # Accepted updates' L2 norms; the updates themselves wait in the coordinator's spool.
+    norms: dict[str, float] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -212,7 +219,7 @@ class _Collection:
 
     @property
     def complete(self) -> bool:
-        return self.expected <= set(self.deltas)
+        return self.expected <= set(self.norms)
 
     def targets(self, submission: Submission) -> bool:
         """True when ``submission`` is for this very attempt (not a stale or future one)."""
@@ -287,6 +294,10 @@ class Coordinator:
         self._collection: _Collection | None = None
         self._closed: ClosedAttempt | None = None
         self._payload_cache: tuple[int, bytes] | None = None
+        self._commit_s: float | None = None  # checkpoint + ledger line of the last commit
+        # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
+        self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
+        self._spool.reset()
         self.signer = (signer_from_env() if output_dir else None) if signer == "env" else signer
         self.checkpoints = CheckpointStore(output_dir, self.signer) if output_dir else None
         ledger_name = config.observability.ledger_path
@@ -458,7 +469,8 @@ class Coordinator:
                 f"'{sub.sender}' already submitted different bytes for round {sub.round_index}.",
             )
         try:
-            decoded = decode(sub.payload, max_header_bytes=self.max_header_bytes)
+            # Views of the payload, no copy: judging only reads them.
+            decoded = decode(sub.payload, max_header_bytes=self.max_header_bytes, copy=False)
         except PayloadError as exc:
             return self._verdict(Reason.BAD_PAYLOAD, exc.message)
         meta = decoded.metadata
@@ -508,7 +520,8 @@ class Coordinator:
             return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
-        col.deltas[sub.sender] = delta
+        col.norms[sub.sender] = update_norm(delta)
+        self._spool.add(sub.sender, sub.payload, digest, decoded)
         col.hashes[sub.sender] = digest
         col.sizes[sub.sender] = len(sub.payload)
         col.reported[sub.sender] = self_reported(meta)
@@ -595,6 +608,7 @@ class Coordinator:
         )
         col = _Collection(opening, self.expected)
         self._collection = col
+        self._spool.reset()
         transport.open_round(opening, self.model_payload())
         self._advance(machine, RoundState.COLLECTING)
         while not col.complete:
@@ -612,22 +626,35 @@ class Coordinator:
         traffic = transport.take_traffic()
         parent = self.model_hash
         defences: dict[str, object] = {"aggregator": fed.robustness.aggregator}
-        if len(col.deltas) < fed.quorum:
+        if len(col.norms) < fed.quorum:
+            self._spool.reset()
             return self._abort(
                 machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
             )
         self._advance(machine, RoundState.AGGREGATING)
-        screening = screen({pid: col.deltas[pid] for pid in sorted(col.deltas)}, fed.robustness)
+        screening = decide(col.norms, fed.robustness)
         defences.update(screening.to_record())
         for pid, why in screening.rejected.items():
-            col.deltas.pop(pid)
+            col.norms.pop(pid)
             col.rejected[pid] = Reason.NORM_BOUND.value
             col.details[pid] = why
-        if len(col.deltas) < fed.quorum:
+        if len(col.norms) < fed.quorum:
+            self._spool.reset()
             return self._abort(
                 machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
             )
-        combined = aggregate(screening.kept, fed.robustness)
+        shapes = {name: spec.shape for name, spec in self.architecture.items()}
+        try:
+            combined = aggregate_spooled(
+                self._spool,
+                screening,
+                shapes,
+                fed.robustness,
+                scheme=fed.quantization,
+                chunk=fed.int8_chunk,
+            )
+        finally:
+            self._spool.reset()
         self._advance(machine, RoundState.COMMITTING)
         params, momentum = self.outer.apply(self.params, combined, self.momentum)
         change, problem = precommit_problem(self.params, params, fed.robustness.max_relative_change)
@@ -648,9 +675,12 @@ class Coordinator:
             new_hash=new_hash,
         )
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
+        commit_start = time.perf_counter()
         checkpoint = self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)
         self._finish(record, transport, checkpoint=checkpoint)
+        # The line cannot time its own checkpoint and append; the next line reports them.
+        self._commit_s = time.perf_counter() - commit_start
         return record
 
     def _abort(
@@ -690,7 +720,7 @@ class Coordinator:
         new_hash: str,
     ) -> RoundRecord:
         """The ledger line of an attempt; committed when ``new_hash`` differs from the parent."""
-        contributors = sorted(col.deltas)
+        contributors = sorted(col.norms)
         absent = sorted(self.expected - set(contributors))
         committed = new_hash != self.model_hash
         reported = {pid: col.reported[pid] for pid in contributors}
@@ -703,6 +733,7 @@ class Coordinator:
         defences = {**defences, "rejected": rejected}
         defences.setdefault("precommit", None)
         wall = time.perf_counter() - wall_start
+        extra = {} if self._commit_s is None else {"previous_commit_s": round(self._commit_s, 6)}
         return RoundRecord(
             round=machine.round_index,
             attempt=machine.attempt,
@@ -719,6 +750,7 @@ class Coordinator:
             compute_s=round(traffic.compute_s, 6),
             non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
             config_hash=self.config_hash,
+            extra=extra,
             updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
             aggregator=f"canonical-{self.config.federation.robustness.aggregator}",
             software=f"lensemble {__version__}",

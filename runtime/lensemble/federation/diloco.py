@@ -73,10 +73,13 @@ def canonical_mean(deltas: Mapping[str, Mapping[str, torch.Tensor]]) -> Params:
     count = torch.tensor(float(len(order)), dtype=torch.float32)
     mean: Params = {}
     for name in names:
-        acc = torch.zeros_like(deltas[order[0]][name], dtype=torch.float32)
-        for pid in order:
-            acc = acc + deltas[pid][name].to(torch.float32)
-        mean[name] = acc / count
+        # In place: one accumulator per tensor, the same float32 additions in the same order.
+        # It starts as ``d_0 + 0.0``, which is ``0.0 + d_0`` bit for bit (-0.0 becomes +0.0)
+        # without first writing a tensor of zeros.
+        acc = deltas[order[0]][name].to(torch.float32).add(0.0)
+        for pid in order[1:]:
+            acc.add_(deltas[pid][name].to(torch.float32))
+        mean[name] = acc.div_(count)
     return mean
 
 

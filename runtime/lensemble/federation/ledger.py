@@ -53,12 +53,16 @@ class RoundRecord:
         bytes_up: Pseudo-gradient payload bytes received for this attempt.
         bytes_down: Model payload bytes sent to participants for this attempt.
         quantization: Wire format of the pseudo-gradients.
-        wall_s: Wall time from opening to closing (seconds).
+        wall_s: Wall time from opening until the outcome is known (seconds): for a commit,
+            until the new model's hash; the checkpoint write and the append of this very
+            line come after it and are not included (see ``extra``).
         compute_s: Participants' inner-step time on the round's critical path (seconds).
         non_compute_s: ``wall_s - compute_s``: serialization, transport, validation,
-            aggregation, commit (seconds).
+            aggregation, outer step and model hash (seconds); not the checkpoint write.
         config_hash: Hash of the config that produced the line.
-        extra: More numbers (free-form).
+        extra: More numbers (free-form). ``previous_commit_s``: seconds the coordinator
+            spent writing the previous committed round's checkpoint and appending its ledger
+            line (absent on the first line a coordinator process writes).
         updates: Contributor id -> ``{"hash": "sha256:...", "bytes": n}`` of its accepted
             pseudo-gradient payload.
         aggregator: How the contributions were combined (``canonical-mean``).

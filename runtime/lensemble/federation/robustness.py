@@ -30,11 +30,14 @@ import torch
 from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.quantization import all_finite
+from lensemble.federation.spool import UpdateSpool
 
 Params = dict[str, torch.Tensor]
 
 #: Coordinates per block of the coordinate-wise aggregators (elements).
 BLOCK = 1 << 18
+#: Elements per block read back from the spool by the mean (any size gives the same sums).
+MEAN_BLOCK = 1 << 21
 
 
 def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
@@ -63,7 +66,9 @@ class Screening:
     """The outcome of :func:`screen` for one round attempt.
 
     Attributes:
-        kept: Participant id -> update to aggregate (clipped ones scaled down).
+        kept: Participant id -> update to aggregate (clipped ones scaled down); empty from
+            :func:`decide`, which sees norms only.
+        kept_ids: The ids of the updates to aggregate, sorted.
         norms: Participant id -> L2 norm before any clipping.
         bound: The norm bound applied this round, or None when there was none.
         clipped: Participant id -> factor its update was multiplied by (< 1).
@@ -72,6 +77,7 @@ class Screening:
 
     kept: dict[str, Params]
     norms: dict[str, float] = field(default_factory=dict)
+    kept_ids: list[str] = field(default_factory=list)
     bound: float | None = None
     clipped: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
@@ -108,6 +114,31 @@ def _scaled(delta: Mapping[str, torch.Tensor], factor: float) -> Params:
     return {name: (delta[name].double() * factor).to(torch.float32) for name in sorted(delta)}
 
 
+def decide(norms: Mapping[str, float], config: RobustnessConfig) -> Screening:
+    """The norm-bound decisions of a round from its updates' norms alone.
+
+    Args:
+        norms: Participant id -> L2 norm (:func:`update_norm`) of its float32 update.
+        config: ``federation.robustness``.
+
+    Returns:
+        A :class:`Screening` whose ``kept`` is empty: ``kept_ids`` lists the updates to
+        aggregate, ``clipped`` the factor of each one to scale down, ``rejected`` the others.
+    """
+    bound = norm_bound(norms, config)
+    out = Screening(kept={}, norms={pid: norms[pid] for pid in sorted(norms)}, bound=bound)
+    for pid in sorted(norms):
+        norm = norms[pid]
+        if bound is None or norm <= bound:
+            out.kept_ids.append(pid)
+        elif config.norm_bound_mode == "clip":
+            out.clipped[pid] = bound / norm
+            out.kept_ids.append(pid)
+        else:
+            out.rejected[pid] = f"L2 norm {norm:.4g} is above the round's bound {bound:.4g}."
+    return out
+
+
 def screen(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessConfig) -> Screening:
     """Apply the per-update norm bound to a round's accepted updates.
 
@@ -119,19 +150,10 @@ def screen(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessC
         Which updates are kept (clipped or not) and which are rejected, with their norms. An
         update within the bound is kept as the same tensors, untouched.
     """
-    norms = {pid: update_norm(deltas[pid]) for pid in sorted(deltas)}
-    bound = norm_bound(norms, config)
-    out = Screening(kept={}, norms=norms, bound=bound)
-    for pid in sorted(deltas):
-        norm = norms[pid]
-        if bound is None or norm <= bound:
-            out.kept[pid] = dict(deltas[pid])
-        elif config.norm_bound_mode == "clip":
-            factor = bound / norm
-            out.kept[pid] = _scaled(deltas[pid], factor)
-            out.clipped[pid] = factor
-        else:
-            out.rejected[pid] = f"L2 norm {norm:.4g} is above the round's bound {bound:.4g}."
+    out = decide({pid: update_norm(deltas[pid]) for pid in sorted(deltas)}, config)
+    for pid in out.kept_ids:
+        factor = out.clipped.get(pid)
+        out.kept[pid] = dict(deltas[pid]) if factor is None else _scaled(deltas[pid], factor)
     return out
 
 
@@ -141,6 +163,31 @@ def trim_count(n: int, fraction: float) -> int:
     ``ceil(fraction * n)``, at most ``(n - 1) // 2`` so that at least one value remains.
     """
     return min(math.ceil(fraction * n), (n - 1) // 2)
+
+
+def _trimmed_mean_rows(n: int, fraction: float) -> Any:
+    """The trimmed mean of sorted ``(n, block)`` rows: the kept rows summed in ascending order."""
+    k = trim_count(n, fraction)
+    count = torch.tensor(float(n - 2 * k), dtype=torch.float32)
+
+    def reduce(ordered: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(ordered.shape[1], dtype=torch.float32)
+        for row in range(k, n - k):
+            acc = acc + ordered[row]
+        return acc / count
+
+    return reduce
+
+
+def _median_rows(n: int) -> Any:
+    """The median of sorted ``(n, block)`` rows; halves are added (``a/2 + b/2``)."""
+
+    def reduce(ordered: torch.Tensor) -> torch.Tensor:
+        if n % 2:
+            return ordered[n // 2].clone()
+        return ordered[n // 2 - 1] * 0.5 + ordered[n // 2] * 0.5
+
+    return reduce
 
 
 def _coordinate_wise(deltas: Mapping[str, Mapping[str, torch.Tensor]], reduce: Any) -> Params:
@@ -171,17 +218,7 @@ def coordinate_trimmed_mean(
         Name -> float32 tensor. The kept values are summed in ascending order, one row at a
         time, so the result depends only on the set of updates.
     """
-    n = len(deltas)
-    k = trim_count(n, fraction)
-    count = torch.tensor(float(n - 2 * k), dtype=torch.float32)
-
-    def reduce(ordered: torch.Tensor) -> torch.Tensor:
-        acc = torch.zeros(ordered.shape[1], dtype=torch.float32)
-        for row in range(k, n - k):
-            acc = acc + ordered[row]
-        return acc / count
-
-    return _coordinate_wise(deltas, reduce)
+    return _coordinate_wise(deltas, _trimmed_mean_rows(len(deltas), fraction))
 
 
 def coordinate_median(deltas: Mapping[str, Mapping[str, torch.Tensor]]) -> Params:
@@ -193,14 +230,7 @@ def coordinate_median(deltas: Mapping[str, Mapping[str, torch.Tensor]]) -> Param
     Returns:
         Name -> float32 tensor. Halves are added (``a/2 + b/2``), which cannot overflow.
     """
-    n = len(deltas)
-
-    def reduce(ordered: torch.Tensor) -> torch.Tensor:
-        if n % 2:
-            return ordered[n // 2].clone()
-        return ordered[n // 2 - 1] * 0.5 + ordered[n // 2] * 0.5
-
-    return _coordinate_wise(deltas, reduce)
+    return _coordinate_wise(deltas, _median_rows(len(deltas)))
 
 
 def aggregate(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessConfig) -> Params:
@@ -216,6 +246,74 @@ def aggregate(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: Robustne
     if config.aggregator == "median":
         return coordinate_median(deltas)
     return canonical_mean(deltas)
+
+
+def aggregate_spooled(
+    spool: UpdateSpool,
+    screening: Screening,
+    shapes: Mapping[str, tuple[int, ...]],
+    config: RobustnessConfig,
+    *,
+    scheme: str,
+    chunk: int,
+) -> Params:
+    """:func:`aggregate` over spilled updates, holding one block per update at a time.
+
+    Bit-identical to :func:`aggregate` over the dequantized (and clipped) updates: the mean
+    adds every update into one float32 accumulator in sorted id order, one update at a time;
+    the coordinate-wise aggregators sort the same :data:`BLOCK`-element columns. Each update's
+    bytes are re-hashed as they are read; the result is returned only when all of them are the
+    bytes that were accepted.
+
+    Args:
+        spool: The round's accepted payloads.
+        screening: :func:`decide`'s verdicts (which ids, which clipping factors).
+        shapes: Parameter name -> shape of the global model.
+        config: ``federation.robustness``.
+        scheme: ``federation.quantization``.
+        chunk: ``federation.int8_chunk``.
+
+    Returns:
+        Name -> float32 tensor of ``shapes``.
+
+    Raises:
+        ValueError: No update is kept.
+        IntegrityError: A spilled update is not the payload that was accepted.
+    """
+    order = sorted(screening.kept_ids)
+    if not order:
+        raise ValueError("aggregate needs at least one contribution")
+    flat = {
+        name: torch.zeros(math.prod(shape), dtype=torch.float32) for name, shape in shapes.items()
+    }
+    if config.aggregator == "mean":
+        for pid in order:  # canonical order: each coordinate sees the same sequence of sums
+            update = spool.reader(
+                pid, scheme=scheme, chunk=chunk, block=MEAN_BLOCK, factor=screening.clipped.get(pid)
+            )
+            for name, start, values in update.blocks():
+                flat[name][start : start + values.numel()].add_(values)
+            update.finish()
+        count = torch.tensor(float(len(order)), dtype=torch.float32)
+        return {name: flat[name].div_(count).reshape(shape) for name, shape in shapes.items()}
+    reduce = (
+        _trimmed_mean_rows(len(order), config.trim_fraction)
+        if config.aggregator == "trimmed_mean"
+        else _median_rows(len(order))
+    )
+    updates = [
+        spool.reader(
+            pid, scheme=scheme, chunk=chunk, block=BLOCK, factor=screening.clipped.get(pid)
+        )
+        for pid in order
+    ]
+    for parts in zip(*(u.blocks() for u in updates), strict=True):
+        name, start, _ = parts[0]
+        stacked = torch.stack([values for _, _, values in parts])  # canonical order
+        flat[name][start : start + stacked.shape[1]] = reduce(torch.sort(stacked, dim=0).values)
+    for update in updates:
+        update.finish()
+    return {name: flat[name].reshape(shape) for name, shape in shapes.items()}
 
 
 def relative_change(current: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:

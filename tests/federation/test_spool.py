@@ -1,0 +1,188 @@
+"""The update spool: streamed reduction equal to the in-memory one, hostile spilled bytes refused."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from lensemble.config.schema import RobustnessConfig
+from lensemble.errors import IntegrityError, PayloadError
+from lensemble.federation import robustness
+from lensemble.federation.diloco import canonical_mean
+from lensemble.federation.payload import bytes_hash, decode, encode, manifest
+from lensemble.federation.quantization import dequantize, quantize
+from lensemble.federation.robustness import (
+    aggregate,
+    aggregate_spooled,
+    decide,
+    screen,
+    update_norm,
+)
+from lensemble.federation.spool import UpdateSpool
+
+IDS = ("alpha", "bravo", "charlie", "delta", "echo")
+# One tensor longer than a block, so blocks and tensor edges both occur; a scalar too.
+SHAPES = {"w": (3 * 64 + 37,), "b": (3, 5), "s": ()}
+CHUNK = 10
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 64 (coordinate-wise) and 50 (mean) elements, so tiny tensors span several."""
+    monkeypatch.setattr(robustness, "BLOCK", 64)
+    monkeypatch.setattr(robustness, "MEAN_BLOCK", 50)
+
+
+def updates(n: int, seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, pid in enumerate(IDS[:n]):
+        # Different scales, so a median-based bound clips some updates.
+        out[pid] = {k: torch.randn(s, generator=g) * (1 + 20 * (i == 0)) for k, s in SHAPES.items()}
+    return out
+
+
+def payload(delta: dict[str, torch.Tensor], scheme: str, pid: str) -> bytes:
+    meta = {"participant": pid, "kind": "pseudo-gradient", "scheme": scheme}
+    return encode(quantize(delta, scheme, CHUNK), meta)
+
+
+def spool_of(
+    folder: Path | None, payloads: dict[str, bytes], order: list[str]
+) -> tuple[UpdateSpool, dict[str, float]]:
+    spool = UpdateSpool(folder)
+    norms = {}
+    arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
+    for pid in order:  # arrival order
+        data = payloads[pid]
+        decoded = decode(data, copy=False)
+        scheme = decoded.metadata.get("scheme", "")
+        norms[pid] = update_norm(dequantize(decoded.tensors, arch, scheme, CHUNK))
+        spool.add(pid, data, bytes_hash(data), decoded)
+    return spool, norms
+
+
+@pytest.mark.parametrize("scheme", ["none", "fp16", "bf16", "int8"])
+@pytest.mark.parametrize("aggregator", ["mean", "trimmed_mean", "median"])
+@pytest.mark.parametrize("mode", ["clip", "reject"])
+def test_streamed_reduction_is_bit_identical_to_the_in_memory_one_in_any_arrival_order(
+    tmp_path: Path, scheme: str, aggregator: str, mode: str
+) -> None:
+    config = RobustnessConfig(aggregator=aggregator, norm_bound_mode=mode, median_factor=2.0)
+    deltas = updates(4)
+    payloads = {pid: payload(d, scheme, pid) for pid, d in deltas.items()}
+    arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
+    wire = {pid: dequantize(decode(p).tensors, arch, scheme, CHUNK) for pid, p in payloads.items()}
+    expected_screen = screen(wire, config)
+    assert expected_screen.clipped or expected_screen.rejected  # the bound really acts
+    expected = aggregate(expected_screen.kept, config)
+    for n, order in enumerate(itertools.islice(itertools.permutations(sorted(payloads)), 0, 24, 7)):
+        spool, norms = spool_of(tmp_path / str(n), payloads, list(order))
+        screening = decide(norms, config)
+        assert screening.to_record() == expected_screen.to_record()
+        got = aggregate_spooled(spool, screening, SHAPES, config, scheme=scheme, chunk=CHUNK)
+        assert set(got) == set(expected)
+        for name in expected:
+            assert got[name].shape == expected[name].shape
+            assert torch.equal(got[name], expected[name]), (name, order)
+
+
+def test_without_a_folder_the_payloads_stay_in_memory_and_give_the_same_result(
+    tmp_path: Path,
+) -> None:
+    config = RobustnessConfig()
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    on_disk, norms = spool_of(tmp_path, payloads, sorted(payloads))
+    in_memory, _ = spool_of(None, payloads, sorted(payloads))
+    assert len(list(tmp_path.iterdir())) == 3
+    screening = decide(norms, config)
+    a = aggregate_spooled(on_disk, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+    b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    on_disk.reset()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _one_spilled(tmp_path: Path) -> tuple[UpdateSpool, dict[str, float], Path]:
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    spool, norms = spool_of(tmp_path, payloads, sorted(payloads))
+    files = sorted(tmp_path.glob("update-*.safetensors"))
+    assert [f.read_bytes() for f in files] == [payloads[pid] for pid in sorted(payloads)]
+    return spool, norms, files[1]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda b: b[: len(b) // 2], id="truncated"),
+        pytest.param(lambda b: b[:-1], id="one-byte-short"),
+        pytest.param(lambda b: b + b"\0", id="extended"),
+        pytest.param(lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], id="one-bit-in-the-data"),
+        pytest.param(lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], id="one-bit-in-the-header"),
+    ],
+)
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+def test_a_spilled_update_changed_after_acceptance_fails_closed(
+    tmp_path: Path, damage: object, aggregator: str
+) -> None:
+    spool, norms, victim = _one_spilled(tmp_path)
+    victim.write_bytes(damage(victim.read_bytes()))  # type: ignore[operator]
+    config = RobustnessConfig(aggregator=aggregator)
+    with pytest.raises(IntegrityError, match="bravo.*changed after it was accepted"):
+        aggregate_spooled(spool, decide(norms, config), SHAPES, config, scheme="none", chunk=CHUNK)
+
+
+def test_a_deleted_spilled_update_fails_closed(tmp_path: Path) -> None:
+    spool, norms, victim = _one_spilled(tmp_path)
+    victim.unlink()
+    config = RobustnessConfig()
+    with pytest.raises(IntegrityError, match="cannot be read"):
+        aggregate_spooled(spool, decide(norms, config), SHAPES, config, scheme="none", chunk=CHUNK)
+
+
+def test_reset_removes_leftovers_of_an_earlier_process(tmp_path: Path) -> None:
+    (tmp_path / "update-0007.safetensors").write_bytes(b"left by a crash")
+    UpdateSpool(tmp_path).reset()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_decode_without_copy_shares_the_buffer_and_with_copy_does_not() -> None:
+    data = bytearray(encode({"w": torch.arange(4.0), "i": torch.arange(3)}, {}))
+    shared = decode(data, copy=False).tensors["w"]
+    own = decode(data).tensors["w"]
+    data[-4 * 4 :] = torch.full((4,), 7.0).numpy().tobytes()  # "w" is the last F32 tensor
+    assert torch.equal(shared, torch.full((4,), 7.0))
+    assert torch.equal(own, torch.arange(4.0))
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [([0, 8], "spans 8 bytes"), ([4, 20], "starts at byte 4"), ([0, 16], None)],
+)
+def test_decode_applies_safetensors_layout_rules(offsets: list[int], message: str | None) -> None:
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "lensemble-payload-v1"},
+            "w": {"dtype": "F32", "shape": [4], "data_offsets": offsets},
+        }
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    data = struct.pack("<Q", len(header)) + header + bytes(16)
+    if message is None:
+        assert torch.equal(decode(data).tensors["w"], torch.zeros(4))
+    else:
+        with pytest.raises(PayloadError, match=message):
+            decode(data)
+
+
+def test_the_mean_starts_from_positive_zero_as_a_sum_from_zeros_does() -> None:
+    d = {"a": {"w": torch.tensor([-0.0, -0.0, 1.0])}, "b": {"w": torch.tensor([-0.0, 0.0, -1.0])}}
+    got = canonical_mean(d)["w"]
+    want = (torch.zeros(3) + d["a"]["w"] + d["b"]["w"]) / 2
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert got.view(torch.int32)[0].item() == 0  # +0.0, not -0.0
