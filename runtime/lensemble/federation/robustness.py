@@ -31,6 +31,7 @@ from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.quantization import all_finite
 from lensemble.federation.spool import UpdateSpool
+from lensemble.model.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
 
@@ -47,12 +48,15 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
         delta: Name -> float32 tensor.
 
     Returns:
-        The norm (unitless); finite for any finite float32 input.
+        The norm (unitless); finite for any finite float32 input. Computed on one thread: a
+        norm is a reduction whose bits depend on how torch splits it over threads, and it
+        decides clipping, so it must not depend on the coordinator machine's core count.
     """
     total = 0.0
-    for name in sorted(delta):
-        part = float(torch.linalg.vector_norm(delta[name], ord=2, dtype=torch.float64))
-        total += part * part
+    with single_threaded():
+        for name in sorted(delta):
+            part = float(torch.linalg.vector_norm(delta[name], ord=2, dtype=torch.float64))
+            total += part * part
     return math.sqrt(total)
 
 
