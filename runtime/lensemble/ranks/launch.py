@@ -1,0 +1,79 @@
+"""Start a participant's rank group with torch's elastic launcher (the library behind torchrun).
+
+The participant command (``lensemble participant`` or the in-process simulation) calls
+:func:`launch_round` once per round; torch's elastic agent spawns ``processes_per_node`` ranks
+on this node, meets the other nodes at the c10d rendezvous
+(``LENSEMBLE_RENDEZVOUS_HOST:rendezvous_port``; node rank ``LENSEMBLE_NODE_RANK`` 0 hosts it),
+restarts the group within ``max_restarts`` when a rank dies, and returns when every rank has.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lensemble.config.schema import RankLayout
+from lensemble.errors import RankFailure, UsageError
+
+NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
+RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+
+
+def node_rank(layout: RankLayout) -> int:
+    """This node's rank in the participant's group, from ``LENSEMBLE_NODE_RANK`` (default 0).
+
+    Raises:
+        UsageError: The variable is not an integer in ``[0, nodes)``.
+    """
+    text = os.environ.get(NODE_RANK_ENV, "0").strip() or "0"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < layout.nodes:
+        raise UsageError(
+            f"{NODE_RANK_ENV}={text!r} is not a node rank of a {layout.nodes}-node layout;",
+            remediation=f"set it to an integer from 0 to {layout.nodes - 1}.",
+        )
+    return value
+
+
+def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
+    """Run :func:`lensemble.ranks.worker.rank_main` on this node's ranks for one round.
+
+    Args:
+        layout: The participant's rank layout.
+        folder: The round folder (:mod:`lensemble.ranks.exchange`).
+        run_id: Rendezvous id, the same on every node of the group.
+
+    Raises:
+        RankFailure: The group failed more often than ``layout.max_restarts`` within the
+            round (torch's ``ChildFailedError``, summarised).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from lensemble.ranks.worker import rank_main
+
+    host = os.environ.get(RENDEZVOUS_HOST_ENV, "127.0.0.1").strip() or "127.0.0.1"
+    config = LaunchConfig(
+        min_nodes=layout.nodes,
+        max_nodes=layout.nodes,
+        nproc_per_node=layout.processes_per_node,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
+        rdzv_configs={"is_host": node_rank(layout) == 0},
+        max_restarts=layout.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, rank_main)(str(folder))
+    except ChildFailedError as exc:
+        raise RankFailure(
+            f"the rank group failed {layout.max_restarts + 1} times in one round "
+            f"({len(exc.failures)} rank(s) in the last try);",
+            remediation="see the ranks' errors above; raise max_restarts of the rank layout "
+            "if the failures are transient.",
+        ) from None
