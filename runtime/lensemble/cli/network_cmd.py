@@ -123,9 +123,10 @@ def _run_participant(
     from lensemble.network.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
-    from lensemble.model.inner_loop import build_learner, initial_global_parameters
+    from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.process import run_participant
     from lensemble.network.transport_errors import ShutdownRequested
+    from lensemble.ranks.learner import build_learner
 
     try:
         run_participant(

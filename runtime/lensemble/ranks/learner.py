@@ -156,3 +156,15 @@ def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantD
     from lensemble.model.inner_loop import WorldModelLearner
 
     return WorldModelLearner(config, participant_id, data)
+
+
+def build_learner(config: LensembleConfig, participant_id: str) -> Learner:
+    """The participant's learner (:func:`learner_for`), its data read from its cache or collected.
+
+    Raises:
+        KeyError: No participant has that id.
+        ConfigError: The environment or a physics override is unusable.
+    """
+    from lensemble.data.trajectories import load_or_collect
+
+    return learner_for(config, participant_id, load_or_collect(config, participant_id))

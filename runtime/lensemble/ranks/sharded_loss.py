@@ -51,7 +51,7 @@ def gather_rows(local: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[R * n, ...]``; its gradient reaches each rank's ``local`` summed over all ranks.
     """
-    out: torch.Tensor = _GatherRows.apply(local)
+    out: torch.Tensor = _GatherRows.apply(local)  # type: ignore[no-untyped-call]
     return out
 
 

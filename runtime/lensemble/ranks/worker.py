@@ -124,7 +124,7 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
     full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     has_inner = torch.tensor([int(rank == 0 and (folder / INNER).exists())])
     dist.broadcast(has_inner, src=0)
-    global_params = load_file(folder / GLOBAL) if rank == 0 else {}
+    global_params: dict[str, Any] = dict(load_file(folder / GLOBAL)) if rank == 0 else {}
     set_model_state_dict(model, global_params, options=full)
     if int(has_inner):
         state = _optimizer_state(load_file(folder / INNER), names, opt) if rank == 0 else {}
@@ -158,8 +158,8 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
     seconds = time.perf_counter() - start
     dist.all_reduce(total)
     gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    params = get_model_state_dict(model, options=gathered)
-    optim = get_optimizer_state_dict(model, optimizer, options=gathered)
+    params: dict[str, Any] = dict(get_model_state_dict(model, options=gathered))
+    optim: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=gathered))
     if rank == 0:
         save_file({n: params[n].detach().contiguous() for n in names}, folder / LOCAL)
         inner: dict[str, torch.Tensor] = {}
