@@ -38,7 +38,9 @@ def test_bad_rank_kill_says_how_to_write_it(spec: str, words: str) -> None:
 
 
 def test_rank_kill_needs_the_rank_to_exist(in_repo: Path) -> None:
-    two = load_config("config/local.yaml", ["federation.participants[0].ranks.processes_per_node=2"])
+    two = load_config(
+        "config/local.yaml", ["federation.participants[0].ranks.processes_per_node=2"]
+    )
     _check_rank_faults(two, parse_faults("rank_kill:alpine@1"))
     with pytest.raises(UsageError, match="rank 1 of 'coastal', which has 1 rank"):
         _check_rank_faults(two, parse_faults("rank_kill:coastal@1"))

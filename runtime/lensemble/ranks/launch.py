@@ -10,13 +10,17 @@ restarts the group within ``max_restarts`` when a rank dies, and returns when ev
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 from lensemble.config.schema import RankLayout
 from lensemble.errors import RankFailure, UsageError
 
 NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
 RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def node_rank(layout: RankLayout) -> int:
@@ -50,6 +54,7 @@ def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
         RankFailure: The group failed more often than ``layout.max_restarts`` within the
             round (torch's ``ChildFailedError``, summarised).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -68,8 +73,15 @@ def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
         monitor_interval=0.1,
         start_method="spawn",
     )
+    # The agent installs its own handlers for these signals in the main thread and leaves them
+    # there: put ours back, and hand a signal that arrived during the launch to them.
+    saved = {sig: signal.getsignal(sig) for sig in _HANDLED}
     try:
         elastic_launch(config, rank_main)(str(folder))
+    except SignalException as exc:
+        _restore(saved)
+        signal.raise_signal(exc.sigval)
+        raise  # the previous handler ignored it: the round is still lost
     except ChildFailedError as exc:
         raise RankFailure(
             f"the rank group failed {layout.max_restarts + 1} times in one round "
@@ -77,3 +89,11 @@ def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
             remediation="see the ranks' errors above; raise max_restarts of the rank layout "
             "if the failures are transient.",
         ) from None
+    finally:
+        _restore(saved)
+
+
+def _restore(saved: dict[signal.Signals, Any]) -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
