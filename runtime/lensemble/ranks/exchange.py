@@ -12,6 +12,7 @@ pickled. Files:
 ``inner-out.safetensors`` the inner optimizer state after the round (written by rank 0)
 ``result.json``        mean loss and compute seconds (written by rank 0)
 ``rank_failure``       present when a rank died this round (written by the restarted rank 0)
+``stopped``            on a node of rank > 0: node 0 ended the group (the run is over)
 =====================  ======================================================================
 """
 
@@ -28,6 +29,7 @@ LOCAL = "local.safetensors"
 INNER_OUT = "inner-out.safetensors"
 RESULT = "result.json"
 FAILED = "rank_failure"
+STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class RoundJob:
         steps: Inner steps ``H`` (count).
         kill_rank: Rank that kills itself after its first inner step (the ``rank_kill`` fault),
             or -1 for none.
+        stop: Node 0 tells the other nodes' ranks that the run is over (no training).
+
+    On a node of rank > 0 only ``config_json`` and ``participant_id`` are its own: the rest
+    reaches its ranks from rank 0 (:func:`lensemble.ranks.worker.rank_main`).
     """
 
     config_json: str
@@ -48,6 +54,7 @@ class RoundJob:
     round_index: int
     steps: int
     kill_rank: int = -1
+    stop: bool = False
 
     def write(self, folder: Path) -> None:
         """Write ``job.json`` into ``folder``."""
@@ -63,6 +70,7 @@ class RoundJob:
             round_index=int(raw["round_index"]),
             steps=int(raw["steps"]),
             kill_rank=int(raw["kill_rank"]),
+            stop=bool(raw.get("stop", False)),
         )
 
 

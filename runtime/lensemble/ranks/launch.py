@@ -42,13 +42,16 @@ def node_rank(layout: RankLayout) -> int:
     return value
 
 
-def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
+def launch_round(
+    layout: RankLayout, folder: Path, run_id: str, rendezvous_timeout_s: int = 900
+) -> None:
     """Run :func:`lensemble.ranks.worker.rank_main` on this node's ranks for one round.
 
     Args:
         layout: The participant's rank layout.
         folder: The round folder (:mod:`lensemble.ranks.exchange`).
         run_id: Rendezvous id, the same on every node of the group.
+        rendezvous_timeout_s: How long to wait for every node at the rendezvous (seconds).
 
     Raises:
         RankFailure: The group failed more often than ``layout.max_restarts`` within the
@@ -69,6 +72,7 @@ def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
         rdzv_backend="c10d",
         rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
         rdzv_configs={"is_host": node_rank(layout) == 0},
+        rdzv_timeout=rendezvous_timeout_s,
         max_restarts=layout.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",

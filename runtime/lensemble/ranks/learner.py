@@ -145,8 +145,16 @@ class RankGroupLearner:
         self._inner = {k: v.detach().clone().float().contiguous() for k, v in state.items()}
 
     def close(self) -> None:
-        """Remove the private round folders."""
-        shutil.rmtree(self._root, ignore_errors=True)
+        """End the group on the other nodes (when there are any) and remove the round folders."""
+        try:
+            if self.layout.nodes > 1:
+                folder = self._root / "stop"
+                folder.mkdir(mode=0o700, exist_ok=True)
+                job = RoundJob(self.config.model_dump_json(), self.participant_id, -1, 0, stop=True)
+                job.write(folder)
+                launch_round(self.layout, folder, f"lensemble-{self.participant_id}")
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)
 
 
 def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantData) -> Learner:

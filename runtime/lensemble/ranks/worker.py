@@ -37,6 +37,7 @@ from lensemble.ranks.exchange import (
     INNER,
     INNER_OUT,
     LOCAL,
+    STOPPED,
     RoundJob,
     RoundResult,
 )
@@ -69,9 +70,26 @@ def rank_main(folder_text: str) -> None:
                 (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
             dist.barrier()
             return
+        job = _agree(folder, job)
+        if job.stop:
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0 and dist.get_rank() != 0:
+                (folder / STOPPED).write_text("node 0 ended the group\n", encoding="utf-8")
+            return
         _train(folder, job, config)
     finally:
         dist.destroy_process_group()
+
+
+def _agree(folder: Path, job: RoundJob) -> RoundJob:
+    """Rank 0's round, steps, fault and stop flag, for every rank (other nodes know none)."""
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    mine = [job.round_index, job.steps, job.kill_rank, int(job.stop)]
+    header = torch.tensor(mine if dist.get_rank() == 0 else [0, 0, 0, 0], device=device)
+    dist.broadcast(header, src=0)
+    round_index, steps, kill, stop = (int(v) for v in header.tolist())
+    return RoundJob(job.config_json, job.participant_id, round_index, steps, kill, bool(stop))
 
 
 def _train(folder: Path, job: RoundJob, config: Any) -> None:
@@ -122,7 +140,8 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
         foreach=True,
     )
     full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    has_inner = torch.tensor([int(rank == 0 and (folder / INNER).exists())])
+    # Collectives run on the backend's device (nccl reduces CUDA tensors only).
+    has_inner = torch.tensor([int(rank == 0 and (folder / INNER).exists())], device=device)
     dist.broadcast(has_inner, src=0)
     global_params: dict[str, Any] = dict(load_file(folder / GLOBAL)) if rank == 0 else {}
     set_model_state_dict(model, global_params, options=full)
@@ -156,7 +175,9 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
         if step == 0 and rank == job.kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)  # the rank_kill fault: die mid-round
     seconds = time.perf_counter() - start
-    dist.all_reduce(total)
+    summed = total.to(device)
+    dist.all_reduce(summed)
+    total = summed.cpu()
     gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
     params: dict[str, Any] = dict(get_model_state_dict(model, options=gathered))
     optim: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=gathered))
