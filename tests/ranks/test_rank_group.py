@@ -13,6 +13,9 @@ tests take minutes on 2 shared cores: integration tier, ``slow``. What they hold
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,36 @@ def test_two_ranks_match_one_rank_after_a_round(tmp_path: Path) -> None:
     assert sorted(s1) == sorted(s2)
     assert all(torch.allclose(s1[k], s2[k], rtol=0, atol=TOLERANCE) for k in s1)
     assert r2.mean_loss == pytest.approx(r1.mean_loss, rel=1e-6)
+
+
+def test_two_nodes_match_one_rank(tmp_path: Path) -> None:
+    """Node 1 is a real ``lensemble participant`` with ``LENSEMBLE_NODE_RANK=1`` (loopback)."""
+    overrides = _overrides(tmp_path, "federation.participants[0].ranks.nodes=2")
+    one, two = _config(tmp_path), load_config(CONFIG, overrides)
+    pid = one.participant_ids[0]
+    data = load_or_collect(one, pid)
+    theta = initial_global_parameters(one)
+    exe = shutil.which("lensemble")
+    assert exe is not None
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    follower = subprocess.Popen(
+        [exe, "participant", "--config", str(CONFIG), *sets, "--id", pid],
+        env={**os.environ, "LENSEMBLE_NODE_RANK": "1", "LENSEMBLE_RENDEZVOUS_HOST": "127.0.0.1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    group = RankGroupLearner(two, pid, data)
+    try:
+        sharded = group.train_round(theta, 0, 6)
+    finally:
+        group.close()  # node 0 ends the group: the follower exits
+        _, errors = follower.communicate(timeout=300)
+    assert follower.returncode == 0, errors[-2000:]
+    reference = WorldModelLearner(one, pid, data).train_round(theta, 0, 6)
+    assert max(float((reference.params[n] - sharded.params[n]).abs().max()) for n in theta) < (
+        TOLERANCE
+    )
 
 
 @pytest.fixture(scope="module")
