@@ -151,6 +151,39 @@ def run(world: int, args: argparse.Namespace, folder: Path) -> dict[str, object]
     return result
 
 
+def launch_overhead(folder: Path, rounds: int = 2) -> list[float]:
+    """Seconds per round a 2-rank participant spends outside its inner steps (start-up).
+
+    A small world model and one inner step, so the round is almost all start-up: spawning the
+    ranks, importing torch, rendezvous, ``init_process_group``, state broadcast and gather.
+    """
+    from lensemble.config import load_config
+    from lensemble.data.trajectories import load_or_collect
+    from lensemble.model.inner_loop import initial_global_parameters
+    from lensemble.network.launcher import free_port
+    from lensemble.ranks.learner import RankGroupLearner
+
+    config = load_config(
+        REPO / "config" / "local.yaml",
+        [
+            "federation.participants[0].ranks.processes_per_node=2",
+            f"federation.ranks.rendezvous_port={free_port()}",
+            f"run.output_dir={folder / 'run'}",
+        ],
+    )
+    pid = config.participant_ids[0]
+    learner = RankGroupLearner(config, pid, load_or_collect(config, pid))
+    theta = initial_global_parameters(config)
+    out = []
+    try:
+        for round_index in range(rounds):
+            local = learner.train_round(theta, round_index, 1)
+            out.append(learner.launch_seconds - local.compute_seconds)
+    finally:
+        learner.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -165,6 +198,7 @@ def main() -> None:
     mib = 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:
         reports = [run(world, args, Path(tmp)) for world in (1, 2)]
+        overhead = launch_overhead(Path(tmp))
     print(
         f"world model: {reports[0]['parameters'] / 1e6:.1f} M parameters (float32), "
         f"global batch {args.batch} windows of {args.window} steps, {args.steps} timed steps; "
@@ -183,6 +217,10 @@ def main() -> None:
                 f"{r['optimizer'] / mib:.1f} | {held / mib:.1f} | {r['peak_rss'] / mib:.0f} | "
                 f"{rate} |"
             )
+    print(
+        "start-up of a 2-rank group per round (launch minus inner steps, default model): "
+        + ", ".join(f"{v:.1f} s" for v in overhead)
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
 )
 
 #: Markers that never go with the unit tier: what they need is not in a quick loop.
-NOT_UNIT = ("slow", "docker", "kind", "netns", "online")
+NOT_UNIT = ("slow", "docker", "kind", "netns", "online", "gpu")
 
 #: Node id -> (its tier markers, its file's default tier, its NOT_UNIT markers) for the whole
 #: collection, kept before ``-m`` deselects anything (checked by ``tests/test_tiers.py``).

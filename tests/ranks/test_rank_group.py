@@ -97,7 +97,9 @@ def test_two_ranks_match_one_rank_after_a_round(tmp_path: Path) -> None:
 
 def test_two_nodes_match_one_rank(tmp_path: Path) -> None:
     """Node 1 is a real ``lensemble participant`` with ``LENSEMBLE_NODE_RANK=1`` (loopback)."""
-    overrides = _overrides(tmp_path, "federation.participants[0].ranks.nodes=2")
+    overrides = _overrides(
+        tmp_path, "federation.participants[0].ranks.nodes=2", "federation.transport=network"
+    )
     one, two = _config(tmp_path), load_config(CONFIG, overrides)
     pid = one.participant_ids[0]
     data = load_or_collect(one, pid)

@@ -9,6 +9,7 @@ restarts the group within ``max_restarts`` when a rank dies, and returns when ev
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -95,6 +96,9 @@ def launch_round(
         ) from None
     finally:
         _restore(saved)
+        # The agent's rendezvous store (a server thread in this process) can outlive a restarted
+        # group in a reference cycle, keep the port and answer the next launch as "closed".
+        gc.collect()
 
 
 def _restore(saved: dict[signal.Signals, Any]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,7 +90,7 @@ class RankGroupLearner:
         ).write(folder)
         start = time.perf_counter()
         try:
-            launch_round(self.layout, folder, f"lensemble-{self.participant_id}")
+            launch_round(self.layout, folder, self._run_id(round_index))
             if (folder / FAILED).exists():
                 raise RankFailure(
                     f"a rank of participant '{self.participant_id}' died in round "
@@ -113,6 +114,12 @@ class RankGroupLearner:
             self.launch_seconds = time.perf_counter() - start
             shutil.rmtree(folder, ignore_errors=True)
         return LocalRound(params, result.mean_loss, result.compute_seconds)
+
+    def _run_id(self, round_index: int) -> str:
+        """The rendezvous id: shared by every node, or unique per launch on one node."""
+        if self.layout.nodes > 1:
+            return f"lensemble-{self.participant_id}"
+        return f"lensemble-{self.participant_id}-{round_index}-{uuid.uuid4().hex[:8]}"
 
     def inner_state(self) -> Params:
         """AdamW moments and step counts by parameter, as the single-process learner names them."""
