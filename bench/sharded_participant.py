@@ -25,6 +25,7 @@ import resource
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -55,6 +56,7 @@ def bench_rank(spec_text: str) -> None:
     model = WorldModel(env, spec["latent"], spec["hidden"], spec["depth"])
     params = sum(p.numel() for p in model.parameters())
     fully_shard(model)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     register_fsdp_forward_method(model, "encode")
     register_fsdp_forward_method(model, "rollout")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
