@@ -5,8 +5,9 @@ that succeeds or fails (a dead rank loses exactly that round's update), the laun
 is then the start of the next round's group, and the participant process keeps a single thread
 with no long-lived children to supervise across coordinator restarts, SIGTERM and resume. The
 price is the start-up of the ranks each round (spawning R interpreters, importing torch,
-rendezvous, ``init_process_group``): about 6 s per round on 2 shared cores with R = 2
-(``bench/sharded_participant.md``), small next to inner loops that make sharding worth it.
+rendezvous, ``init_process_group``): 34 to 41 s per round with R = 2 on the 2-core development
+machine at load 11, where importing torch alone takes 7.5 s (``bench/sharded_participant.md``);
+a few seconds on an idle machine, small next to the inner loops that make sharding worth it.
 
 The inner optimizer state stays with the participant between rounds as full tensors in the
 same names as :class:`lensemble.model.inner_loop.WorldModelLearner`'s, so checkpoints, resume
