@@ -7,7 +7,7 @@ with no long-lived children to supervise across coordinator restarts, SIGTERM an
 price is the start-up of the ranks each round (spawning R interpreters, importing torch,
 rendezvous, ``init_process_group``): 34 to 41 s per round with R = 2 on the 2-core development
 machine at load 11, where importing torch alone takes 7.5 s (``bench/sharded_participant.md``);
-a few seconds on an idle machine, small next to the inner loops that make sharding worth it.
+where sharding pays (an inner loop of minutes per round on its own devices) it is small.
 
 The inner optimizer state stays with the participant between rounds as full tensors in the
 same names as :class:`lensemble.model.inner_loop.WorldModelLearner`'s, so checkpoints, resume
