@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +63,8 @@ class RankGroupLearner:
         self.failures = 0
         self.launch_seconds = 0.0
         self._root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
+        # The folder goes with the learner even when nobody calls close (the simulation).
+        weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
 
     def arm_rank_kill(self, rank: int) -> None:
         """Make ``rank`` kill itself after its first inner step of the next round (a fault)."""

@@ -24,6 +24,7 @@ import os
 import signal
 import time
 import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,10 @@ def rank_main(folder_text: str) -> None:
     layout = config.rank_layout(job.participant_id)
     torch.set_num_threads(1)  # bit-identical reductions (lensemble.model.determinism)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    dist.init_process_group(layout.backend)
+    # A collective that waits on a rank that is gone fails within a round's time instead of
+    # gloo's 30 minutes, so the agent restarts the group and the round is reported lost.
+    timeout = timedelta(seconds=config.federation.round_timeout_s)
+    dist.init_process_group(layout.backend, timeout=timeout)
     try:
         if restarted:
             if dist.get_rank() == 0:
