@@ -41,6 +41,8 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("adversarial/test_network_dead_participant.py", "e2e"),  # SIGKILL during a run
     ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
+    ("ranks/test_rank_group.py", "integration"),  # torch's elastic launcher, gloo rank groups
+    ("ranks/test_gpu.py", "integration"),  # nccl and bf16 on a CUDA device
     ("network/test_parity.py", "integration"),  # both transports under the same faults
     ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
@@ -54,7 +56,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
 )
 
 #: Markers that never go with the unit tier: what they need is not in a quick loop.
-NOT_UNIT = ("slow", "docker", "kind", "netns", "online")
+NOT_UNIT = ("slow", "docker", "kind", "netns", "online", "gpu")
 
 #: Node id -> (its tier markers, its file's default tier, its NOT_UNIT markers) for the whole
 #: collection, kept before ``-m`` deselects anything (checked by ``tests/test_tiers.py``).

@@ -208,3 +208,21 @@ class PrecommitCheckFailed(RoundError):
 
     code = "precommit_check_failed"
     exit_code = EXIT_FAIL_CLOSED
+
+
+class RankFailure(LensembleError):
+    """A rank of a participant's group died during a round: that round's update is lost.
+
+    The participant sits the round out (the ledger names it ``rank_failure``) and its rank group
+    is started again for the next round, within ``max_restarts`` of its rank layout.
+    """
+
+    code = "rank_failure"
+    exit_code = EXIT_RUN_FAILED
+
+
+class RankGroupExhausted(LensembleError):
+    """A participant's rank group failed more often than its layout's ``max_restarts`` allows."""
+
+    code = "rank_restarts_exhausted"
+    exit_code = EXIT_RUN_FAILED

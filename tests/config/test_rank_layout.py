@@ -53,6 +53,16 @@ def test_participant_override_changes_only_its_fields(in_repo: Path) -> None:
             "GPUs",
         ),
         (["federation.ranks.mixed_precision=bf16"], "federation.ranks.mixed_precision", "nccl"),
+        (
+            ["federation.ranks.processes_per_node=3"],
+            "federation.ranks.processes_per_node",
+            "equal shards",
+        ),
+        (
+            ["federation.participants[0].ranks.processes_per_node=2", "model.target=ema"],
+            "federation.participants[0].ranks.processes_per_node",
+            "stop_gradient",
+        ),
     ],
 )
 def test_bad_layout_names_the_field_and_fix(

@@ -123,21 +123,35 @@ def _run_participant(
     from lensemble.network.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
-    from lensemble.model.inner_loop import build_learner, initial_global_parameters
+    from lensemble.learner import Learner
+    from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.process import run_participant
     from lensemble.network.transport_errors import ShutdownRequested
+    from lensemble.ranks.launch import node_rank
+    from lensemble.ranks.learner import build_learner
+
+    layout = cfg.rank_layout(pid)
+    if node_rank(layout) > 0:
+        # Another node of a multi-node participant: only node 0 talks to the coordinator.
+        from lensemble.ranks.follow import follow
+
+        follow(cfg, pid)
+        return
+    built: list[Learner] = []
+
+    def learner() -> Learner:
+        built.append(build_learner(cfg, pid))
+        return built[-1]
 
     try:
-        run_participant(
-            cfg,
-            pid,
-            lambda: build_learner(cfg, pid),
-            initial_global_parameters(cfg),
-            ports,
-            linger=linger,
-        )
+        run_participant(cfg, pid, learner, initial_global_parameters(cfg), ports, linger=linger)
     except ShutdownRequested:
         raise _stopped() from None
+    finally:
+        for made in built:
+            close = getattr(made, "close", None)
+            if close is not None:
+                close()
 
 
 @app.command()

@@ -1146,6 +1146,25 @@ def _rank_layout_problems(cfg: LensembleConfig, *, train_episodes: int) -> list[
                     "listen on the participant's host; choose another port (e.g. 29400).",
                 )
             )
+        batch = cfg.federation.inner_optimizer.batch_size
+        if layout.world_size > 1 and batch % layout.world_size:
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.processes_per_node",
+                    message=f"{layout.world_size} ranks for {who} cannot split "
+                    f"federation.inner_optimizer.batch_size {batch} into equal shards; use a "
+                    "rank count that divides the batch size.",
+                )
+            )
+        if layout.world_size > 1 and cfg.model.target == "ema":
+            out.append(
+                ConfigProblem(
+                    path=f"{where}.processes_per_node",
+                    message=f"{layout.world_size} ranks for {who} with model.target 'ema': the "
+                    "sharded inner loop keeps no EMA target yet; use model.target "
+                    "'stop_gradient' or one rank.",
+                )
+            )
         if layout.mixed_precision == "bf16" and layout.backend != "nccl":
             out.append(
                 ConfigProblem(

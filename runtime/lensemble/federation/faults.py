@@ -1,4 +1,6 @@
-"""Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt, poison.
+"""Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt, ...
+
+The kinds are drop, delay, reorder, duplicate, corrupt, poison and rank_kill.
 
 A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
 
@@ -10,6 +12,8 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     duplicate:delta@4      delta's submission of round 4 arrives twice
     corrupt:delta@4        delta's submission of round 4 arrives with damaged bytes
     poison:delta@4=1e4     every value of delta's round-4 update is 1e4 (a well-formed payload)
+    rank_kill:alpine@2     rank 1 of alpine's rank group dies in round 2 (alpine needs ranks)
+    rank_kill:alpine@2=3   ... rank 3 dies
 
 Rounds are 0-based. Faults change which participants contribute (and ``poison`` what one of
 them sends, as a compromised participant would); they never change how the coordinator reduces
@@ -28,12 +32,13 @@ from lensemble.federation.payload import bytes_hash, decode, encode
 from lensemble.federation.quantization import SCALE_SUFFIX
 
 _FAULT = re.compile(
-    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder|poison)"
+    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder|poison|rank_kill)"
     r"(?::(?P<pid>[a-z0-9]([-a-z0-9]*[a-z0-9])?))?"
     r"@(?P<round>\d+)(?:\.(?P<attempt>\d+))?(?:=(?P<value>[^,=@]+))?$"
 )
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
-_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison"}
+_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison", "rank_kill"}
+_RANK = re.compile(r"^\d+$")
 
 
 @dataclass(frozen=True)
@@ -42,12 +47,13 @@ class Fault:
 
     Attributes:
         kind: ``drop``, ``delay`` (``late`` is an alias), ``reorder``, ``duplicate``, ``corrupt``,
-            ``poison``.
+            ``poison``, ``rank_kill``.
         participant: Target participant (None for ``reorder``).
         round_index: Round it applies to.
         attempt: Attempt it applies to (None: every attempt).
         seconds: For ``delay``: virtual seconds after opening (None: past the deadline).
-        value: For ``poison``: the value every element of the update is set to.
+        value: For ``poison``: the value every element of the update is set to; for
+            ``rank_kill``: the rank that dies (default 1).
     """
 
     kind: str
@@ -105,7 +111,8 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
             raise UsageError(
                 f"--faults entry '{raw}' is not valid;",
                 remediation="write e.g. drop:alpine@3, delay:coastal@5, reorder@2, "
-                "duplicate:delta@4, corrupt:delta@4 or poison:delta@4=1e4 (rounds are 0-based).",
+                "duplicate:delta@4, corrupt:delta@4, poison:delta@4=1e4 or rank_kill:alpine@2 "
+                "(rounds are 0-based).",
             )
         kind = "delay" if m["kind"] == "late" else m["kind"]
         pid = m["pid"]
@@ -121,6 +128,14 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
         seconds = value = None
         if kind == "poison":
             value = _poison_value(raw, m["value"])
+        elif kind == "rank_kill":
+            text = m["value"] or "1"
+            if not _RANK.match(text) or int(text) < 1:
+                raise UsageError(
+                    f"--faults entry '{raw}' needs a rank from 1 up after '=', as in "
+                    "rank_kill:alpine@2=1 (rank 0 talks to the coordinator)."
+                )
+            value = float(text)
         elif m["value"] is not None:
             if kind != "delay" or not _SECONDS.match(m["value"]):
                 raise UsageError(

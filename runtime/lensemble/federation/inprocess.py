@@ -21,9 +21,10 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from lensemble.errors import RankFailure
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import RoundOpening, Submission, Verdict
+from lensemble.federation.messages import RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.transport import Traffic
 
@@ -85,6 +86,8 @@ class InProcessTransport:
         self._opening: tuple[RoundOpening, bytes] | None = None
         #: Participant id -> its rank in the open attempt, for those waiting on an answer.
         self._waiting: dict[str, int] = {}
+        #: Participant id -> why it sends nothing in the open attempt (a rank died).
+        self._absence: dict[str, str] = {}
 
     def now(self) -> float:
         """Virtual time (seconds)."""
@@ -106,6 +109,7 @@ class InProcessTransport:
             order.reverse()
         self._opening = (opening, model_payload)
         self._waiting = {}
+        self._absence = {}
         for rank, pid in enumerate(order):
             if self._in_flight(pid):
                 self._waiting[pid] = rank
@@ -122,7 +126,15 @@ class InProcessTransport:
         t, a = opening.round_index, opening.attempt
         if self.faults.hits("drop", pid, t, a):
             return
-        contribution = self.participants[pid].contribute(opening, model_payload)
+        kill = self.faults.hits("rank_kill", pid, t, a)
+        if kill is not None:
+            # Only a participant with a rank group has ranks to kill (checked by the caller).
+            self.participants[pid].learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
+        try:
+            contribution = self.participants[pid].contribute(opening, model_payload)
+        except RankFailure:
+            self._absence[pid] = RANK_FAILURE
+            return
         self.sent_by[pid] += 1
         self._down += len(model_payload)
         self._compute += contribution.compute_s
@@ -143,6 +155,10 @@ class InProcessTransport:
             # A resend lands right behind the original, inside the same round.
             resend = arrival + copy * ARRIVAL_STEP_S / 10
             heapq.heappush(self._queue, (resend, next(self._seq), submission))
+
+    def absence_reasons(self) -> dict[str, str]:
+        """Why participants missing from the open attempt are missing (``rank_failure``)."""
+        return dict(self._absence)
 
     def receive(self, until_s: float) -> Submission | None:
         """Next arrival at or before ``until_s``; otherwise jump the clock to ``until_s``."""

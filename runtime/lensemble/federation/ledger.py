@@ -45,7 +45,8 @@ class RoundRecord:
         attempt: Attempt number (0-based).
         state: ``closed`` or ``aborted``.
         contributors: Participant ids whose pseudo-gradients were averaged, sorted.
-        excluded: Participant id -> why it did not contribute (``timeout``, a rejection reason).
+        excluded: Participant id -> why it did not contribute (``timeout``, ``rank_failure``, a
+            transport's absence reason, a rejection reason).
         parent_hash: Hash of the model the round started from.
         model_hash: Hash of the committed model (equals ``parent_hash`` when aborted).
         mean_inner_loss: Mean of the contributors' self-reported mean inner losses (unitless),

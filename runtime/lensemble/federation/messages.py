@@ -56,6 +56,11 @@ class Submission:
     hash_checked: bool = False
 
 
+#: ``RoundRecord.excluded`` reason of a participant one of whose ranks died during the attempt
+#: (:class:`lensemble.errors.RankFailure`): it sent nothing, and its group restarts next round.
+RANK_FAILURE = "rank_failure"
+
+
 class Reason(StrEnum):
     """Why a submission was accepted or rejected (a Prometheus label and ledger field)."""
 

@@ -70,9 +70,6 @@ class WorldModelLearner:
         self._target: WorldModel | None = None
         self._obs = data.train.obs
         self._actions = data.train.actions
-        window = config.data.window
-        self._offsets = torch.arange(window + 1)
-        self._starts = data.train.steps - window + 1
 
     # ------------------------------------------------------------------ the Learner protocol
     def train_round(
@@ -203,12 +200,7 @@ class WorldModelLearner:
     # ---------------------------------------------------------------------------- helpers
     def _sample(self, generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``batch`` random windows: obs ``[B, W+1, obs_dim]``, actions ``[B, W, action_dim]``."""
-        episodes = torch.randint(self._obs.shape[0], (batch,), generator=generator)
-        starts = torch.randint(self._starts, (batch,), generator=generator)
-        steps = starts[:, None] + self._offsets[None, :]
-        obs = self._obs[episodes[:, None], steps]
-        actions = self._actions[episodes[:, None], steps[:, :-1]]
-        return obs, actions
+        return sample_windows(self._obs, self._actions, self.config.data.window, generator, batch)
 
     @torch.no_grad()
     def _update_ema(self, decay: float) -> None:
@@ -218,6 +210,31 @@ class WorldModelLearner:
             self._target.encoder.parameters(), self.model.encoder.parameters(), strict=True
         ):
             t.mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+
+
+def sample_windows(
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    window: int,
+    generator: torch.Generator,
+    batch: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` random windows of ``window`` steps, drawn with ``generator``.
+
+    Args:
+        obs: ``[episodes, steps + 1, obs_dim]`` observations.
+        actions: ``[episodes, steps, action_dim]`` actions.
+        window: Steps per window ``W`` (count).
+        generator: Source of the episode and start indices (two draws of ``batch`` each).
+        batch: Windows to draw ``B`` (count).
+
+    Returns:
+        obs ``[B, W+1, obs_dim]`` and actions ``[B, W, action_dim]``.
+    """
+    episodes = torch.randint(obs.shape[0], (batch,), generator=generator)
+    starts = torch.randint(actions.shape[1] - window + 1, (batch,), generator=generator)
+    steps = starts[:, None] + torch.arange(window + 1)[None, :]
+    return obs[episodes[:, None], steps], actions[episodes[:, None], steps[:, :-1]]
 
 
 def build_learner(config: LensembleConfig, participant_id: str) -> WorldModelLearner:

@@ -90,10 +90,14 @@ def sigreg_regularizer(latents: torch.Tensor, generator: torch.Generator) -> tor
         Scalar, 0 when every projection is exactly standard normal in distribution.
     """
     d = latents.shape[1]
-    directions = torch.randn(d, SIGREG_DIRECTIONS, generator=generator).to(latents.dtype)
+    directions = torch.randn(d, SIGREG_DIRECTIONS, generator=generator).to(
+        device=latents.device, dtype=latents.dtype
+    )
     directions = directions / directions.norm(dim=0, keepdim=True)
     projected = latents @ directions  # [N, M]
-    t = torch.linspace(0.0, _SIGREG_T_MAX, _SIGREG_POINTS, dtype=latents.dtype)
+    t = torch.linspace(
+        0.0, _SIGREG_T_MAX, _SIGREG_POINTS, dtype=latents.dtype, device=latents.device
+    )
     angles = projected.unsqueeze(-1) * t  # [N, M, P]
     gaussian = torch.exp(-0.5 * t.pow(2))
     gap = (torch.cos(angles).mean(dim=0) - gaussian).pow(2) + torch.sin(angles).mean(dim=0).pow(2)

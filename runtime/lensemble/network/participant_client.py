@@ -35,7 +35,13 @@ import grpc
 from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
-from lensemble.errors import ConfigError, ConfigProblem, IntegrityError, PayloadError
+from lensemble.errors import (
+    ConfigError,
+    ConfigProblem,
+    IntegrityError,
+    PayloadError,
+    RankFailure,
+)
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec
@@ -629,6 +635,9 @@ class ParticipantLoop:
                 _log.warning("model of %s failed verification (try %d): %s", where, attempt, exc)
                 continue
             except PayloadError as exc:
+                _log.error("skipping %s: %s", where, exc)
+                return None
+            except RankFailure as exc:  # a rank died: the round is lost, the group restarts
                 _log.error("skipping %s: %s", where, exc)
                 return None
             self.metrics.contributed(

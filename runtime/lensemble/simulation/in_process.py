@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lensemble.config import LensembleConfig, config_hash
+from lensemble.errors import UsageError
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.coordinator import (
     Coordinator,
@@ -75,7 +76,8 @@ def _run(
     on_metrics: Callable[[RoundMetrics], None] | None,
 ) -> SimulationResult:
     from lensemble.data.trajectories import load_or_collect
-    from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
+    from lensemble.model.inner_loop import initial_global_parameters
+    from lensemble.ranks.learner import learner_for
 
     start = time.perf_counter()
     if resume:  # verify before any work: collecting data can take minutes
@@ -90,8 +92,9 @@ def _run(
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
     theta0 = initial_global_parameters(config)
     arch = global_architecture(theta0)
+    _check_rank_faults(config, faults)
     participants = {
-        pid: Participant(config, pid, WorldModelLearner(config, pid, datasets[pid]), arch, out)
+        pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
         for pid in ids
     }
     coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
@@ -140,6 +143,26 @@ def _run(
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
     )
+
+
+def _check_rank_faults(config: LensembleConfig, faults: FaultPlan | None) -> None:
+    """Refuse a ``rank_kill`` fault aimed at a rank the participant does not have.
+
+    Raises:
+        UsageError: The target participant has fewer ranks than the fault names.
+    """
+    for fault in faults.faults if faults else ():
+        if fault.kind != "rank_kill" or fault.participant is None:
+            continue
+        ranks = config.rank_layout(fault.participant).world_size
+        rank = int(fault.value or 1)
+        if rank >= ranks:
+            raise UsageError(
+                f"--faults rank_kill names rank {rank} of '{fault.participant}', which has "
+                f"{ranks} rank(s);",
+                remediation="give it more ranks (federation.participants[i].ranks) or name a "
+                "lower rank.",
+            )
 
 
 def _evaluated(config: LensembleConfig, round_index: int) -> bool:

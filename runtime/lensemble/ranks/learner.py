@@ -1,0 +1,189 @@
+"""The Learner of a participant with several ranks: one elastic launch of its group per round.
+
+Why a group per round rather than one persistent group fed between rounds: a round is the unit
+that succeeds or fails (a dead rank loses exactly that round's update), the launcher's restart
+is then the start of the next round's group, and the participant process keeps a single thread
+with no long-lived children to supervise across coordinator restarts, SIGTERM and resume. The
+price is the start-up of the ranks each round (spawning R interpreters, importing torch,
+rendezvous, ``init_process_group``): 34 to 41 s per round with R = 2 on the 2-core development
+machine at load 11, where importing torch alone takes 7.5 s (``bench/sharded_participant.md``);
+where sharding pays (an inner loop of minutes per round on its own devices) it is small.
+
+The inner optimizer state stays with the participant between rounds as full tensors in the
+same names as :class:`lensemble.model.inner_loop.WorldModelLearner`'s, so checkpoints, resume
+and rejoin work unchanged (and a participant may change its rank count between runs).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lensemble.errors import RankFailure, RankGroupExhausted
+from lensemble.learner import Learner, LocalRound, Params
+from lensemble.model.worldmodel import build_model, check_architecture
+from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
+from lensemble.ranks.launch import launch_round
+
+if TYPE_CHECKING:
+    from lensemble.config.schema import LensembleConfig
+    from lensemble.data.trajectories import ParticipantData
+
+
+class RankGroupLearner:
+    """A participant's inner loop run by its rank group (FSDP2, one launch per round).
+
+    Args:
+        config: The run's config (``rank_layout(participant_id)`` has more than one rank).
+        participant_id: The participant.
+        data: Its private data (the ranks read the same site cache).
+
+    Attributes:
+        failures: Rounds lost to a dead rank so far (count).
+        launch_seconds: Wall time of the last launch, start-up included (seconds).
+    """
+
+    def __init__(self, config: LensembleConfig, participant_id: str, data: ParticipantData) -> None:
+        self.config = config
+        self.participant_id = participant_id
+        self.layout = config.rank_layout(participant_id)
+        model = build_model(config, data.spec)
+        self._specs = {n: p.detach() for n, p in model.named_parameters()}
+        self._inner: Params = {}
+        self._kill_next = -1
+        self.failures = 0
+        self.launch_seconds = 0.0
+        self._root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
+        # The folder goes with the learner even when nobody calls close (the simulation).
+        weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
+
+    def arm_rank_kill(self, rank: int) -> None:
+        """Make ``rank`` kill itself after its first inner step of the next round (a fault)."""
+        self._kill_next = rank
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        """Train one round on the rank group; see :class:`lensemble.learner.Learner`.
+
+        Raises:
+            ArchitectureMismatch: ``global_params`` does not match the world model.
+            RankFailure: A rank died: this round's update is lost (the group restarts next
+                round).
+            RankGroupExhausted: More rounds lost than the layout's ``max_restarts``.
+        """
+        check_architecture(global_params, self._specs, "global parameters")
+        folder = self._root / f"round-{round_index}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700)
+        save_file({n: t.detach().contiguous() for n, t in global_params.items()}, folder / GLOBAL)
+        if self._inner:
+            save_file(self._inner, folder / INNER)
+        kill, self._kill_next = self._kill_next, -1
+        RoundJob(
+            self.config.model_dump_json(), self.participant_id, round_index, steps, kill
+        ).write(folder)
+        start = time.perf_counter()
+        try:
+            launch_round(self.layout, folder, self._run_id(round_index))
+            if (folder / FAILED).exists():
+                raise RankFailure(
+                    f"a rank of participant '{self.participant_id}' died in round "
+                    f"{round_index}; its update for that round is lost;",
+                    remediation="the group starts again for the next round.",
+                )
+            result = RoundResult.read(folder)
+            params = load_file(folder / LOCAL)
+            self._inner = load_file(folder / INNER_OUT)
+        except RankFailure:
+            self.failures += 1
+            if self.failures > self.layout.max_restarts:
+                raise RankGroupExhausted(
+                    f"participant '{self.participant_id}' lost {self.failures} rounds to dead "
+                    f"ranks, more than max_restarts={self.layout.max_restarts};",
+                    remediation="look at the ranks' errors, then raise max_restarts of its "
+                    "rank layout or fix the node.",
+                ) from None
+            raise
+        finally:
+            self.launch_seconds = time.perf_counter() - start
+            shutil.rmtree(folder, ignore_errors=True)
+        return LocalRound(params, result.mean_loss, result.compute_seconds)
+
+    def _run_id(self, round_index: int) -> str:
+        """The rendezvous id: shared by every node, or unique per launch on one node."""
+        if self.layout.nodes > 1:
+            return f"lensemble-{self.participant_id}"
+        return f"lensemble-{self.participant_id}-{round_index}-{uuid.uuid4().hex[:8]}"
+
+    def inner_state(self) -> Params:
+        """AdamW moments and step counts by parameter, as the single-process learner names them."""
+        return {k: v.clone() for k, v in self._inner.items()}
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore :meth:`inner_state` (an empty mapping resets to no optimizer history).
+
+        Raises:
+            IntegrityError: Names or shapes do not belong to this model's inner state.
+        """
+        expected: Params = {}
+        if state:
+            for n, p in self._specs.items():
+                expected[f"optimizer.exp_avg.{n}"] = p
+                expected[f"optimizer.exp_avg_sq.{n}"] = p
+                expected[f"optimizer.step.{n}"] = torch.zeros(())
+        from lensemble.errors import ArchitectureMismatch, IntegrityError
+
+        try:
+            check_architecture(
+                state, expected, f"inner state of participant '{self.participant_id}'"
+            )
+        except ArchitectureMismatch as exc:
+            raise IntegrityError(
+                exc.message,
+                remediation="resume from a checkpoint of this run, or delete the participant's "
+                "inner state to start it afresh.",
+            ) from exc
+        self._inner = {k: v.detach().clone().float().contiguous() for k, v in state.items()}
+
+    def close(self) -> None:
+        """End the group on the other nodes (when there are any) and remove the round folders."""
+        try:
+            if self.layout.nodes > 1:
+                folder = self._root / "stop"
+                folder.mkdir(mode=0o700, exist_ok=True)
+                job = RoundJob(self.config.model_dump_json(), self.participant_id, -1, 0, stop=True)
+                job.write(folder)
+                launch_round(self.layout, folder, f"lensemble-{self.participant_id}")
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+
+def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantData) -> Learner:
+    """The participant's learner: single-process for one rank, a rank group otherwise."""
+    if config.rank_layout(participant_id).world_size > 1:
+        return RankGroupLearner(config, participant_id, data)
+    from lensemble.model.inner_loop import WorldModelLearner
+
+    return WorldModelLearner(config, participant_id, data)
+
+
+def build_learner(config: LensembleConfig, participant_id: str) -> Learner:
+    """The participant's learner (:func:`learner_for`), its data read from its cache or collected.
+
+    Raises:
+        KeyError: No participant has that id.
+        ConfigError: The environment or a physics override is unusable.
+    """
+    from lensemble.data.trajectories import load_or_collect
+
+    return learner_for(config, participant_id, load_or_collect(config, participant_id))

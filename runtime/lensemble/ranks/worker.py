@@ -1,0 +1,211 @@
+"""One rank of a participant's group: FSDP2-sharded inner steps on its rows of each batch.
+
+:func:`rank_main` is the entry point torch's elastic agent starts on every rank (see
+:mod:`lensemble.ranks.launch`). Per round:
+
+1. rank 0 reads the global model (and the inner optimizer state) from the round folder; both
+   reach every rank through ``set_model_state_dict`` / ``set_optimizer_state_dict`` with
+   ``broadcast_from_rank0``, which shard them as they arrive;
+2. the model is wrapped by ``fully_shard`` (``MixedPrecisionPolicy`` with bf16 compute and
+   fp32 reduction for ``mixed_precision: bf16`` on nccl);
+3. every rank draws the same global batch from the participant's batch seed and trains on its
+   own ``B / R`` rows (:mod:`lensemble.ranks.sharded_loss`);
+4. the full state dict and optimizer state are gathered to rank 0 with
+   ``get_model_state_dict`` / ``get_optimizer_state_dict`` (``full_state_dict``,
+   ``cpu_offload``), which writes them back into the round folder.
+
+A group restarted by the elastic agent (``TORCHELASTIC_RESTART_COUNT > 0``) only reports the
+round as failed: a rank died, so the round's update is given up, never half-trained.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from lensemble.ranks.exchange import (
+    FAILED,
+    GLOBAL,
+    INNER,
+    INNER_OUT,
+    LOCAL,
+    STOPPED,
+    RoundJob,
+    RoundResult,
+)
+
+_MOMENTS = ("exp_avg", "exp_avg_sq", "step")
+
+
+def rank_main(folder_text: str) -> None:
+    """Run this rank's part of one round described by ``<folder_text>/job.json``.
+
+    Args:
+        folder_text: The round folder (see :mod:`lensemble.ranks.exchange`).
+
+    Raises:
+        RuntimeError: A collective failed (another rank died); the elastic agent restarts the
+            group, which then reports the round as failed.
+    """
+    folder = Path(folder_text)
+    job = RoundJob.read(folder)
+    from lensemble.config import LensembleConfig
+
+    config = LensembleConfig.model_validate_json(job.config_json)
+    layout = config.rank_layout(job.participant_id)
+    torch.set_num_threads(1)  # bit-identical reductions (lensemble.model.determinism)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    # A collective that waits on a rank that is gone fails within a round's time instead of
+    # gloo's 30 minutes, so the agent restarts the group and the round is reported lost.
+    timeout = timedelta(seconds=config.federation.round_timeout_s)
+    dist.init_process_group(layout.backend, timeout=timeout)
+    try:
+        if restarted:
+            if dist.get_rank() == 0:
+                (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
+            dist.barrier()
+            return
+        job = _agree(folder, job)
+        if job.stop:
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0 and dist.get_rank() != 0:
+                (folder / STOPPED).write_text("node 0 ended the group\n", encoding="utf-8")
+            return
+        _train(folder, job, config)
+    finally:
+        dist.destroy_process_group()
+
+
+def _agree(folder: Path, job: RoundJob) -> RoundJob:
+    """Rank 0's round, steps, fault and stop flag, for every rank (other nodes know none)."""
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    mine = [job.round_index, job.steps, job.kill_rank, int(job.stop)]
+    header = torch.tensor(mine if dist.get_rank() == 0 else [0, 0, 0, 0], device=device)
+    dist.broadcast(header, src=0)
+    round_index, steps, kill, stop = (int(v) for v in header.tolist())
+    return RoundJob(job.config_json, job.participant_id, round_index, steps, kill, bool(stop))
+
+
+def _train(folder: Path, job: RoundJob, config: Any) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    from lensemble.data.trajectories import load_or_collect
+    from lensemble.model.inner_loop import sample_windows
+    from lensemble.model.worldmodel import build_model
+    from lensemble.ranks.sharded_loss import sharded_jepa_loss
+    from lensemble.seeds import derive
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layout = config.rank_layout(job.participant_id)
+    data = load_or_collect(config, job.participant_id)
+    device = torch.device("cpu")
+    if layout.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    model = build_model(config, data.spec).to(device)
+    names = [name for name, _ in model.named_parameters()]
+    policy = MixedPrecisionPolicy()
+    if layout.mixed_precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(model, mp_policy=policy)
+    # encode's output is a view; nothing here changes it in place, which is what FSDP2 warns of.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    # jepa_loss calls encode and rollout, never forward: let FSDP2 gather around them.
+    register_fsdp_forward_method(model, "encode")
+    register_fsdp_forward_method(model, "rollout")
+    opt = config.federation.inner_optimizer
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        foreach=True,
+    )
+    full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # Collectives run on the backend's device (nccl reduces CUDA tensors only).
+    has_inner = torch.tensor([int(rank == 0 and (folder / INNER).exists())], device=device)
+    dist.broadcast(has_inner, src=0)
+    global_params: dict[str, Any] = dict(load_file(folder / GLOBAL)) if rank == 0 else {}
+    set_model_state_dict(model, global_params, options=full)
+    if int(has_inner):
+        state = _optimizer_state(load_file(folder / INNER), names, opt) if rank == 0 else {}
+        set_optimizer_state_dict(model, optimizer, state, options=full)
+
+    batch = opt.batch_size
+    rows = batch // world
+    seed = derive(config.run.root_seed, f"batches:{job.participant_id}:round:{job.round_index}")
+    generator = torch.Generator().manual_seed(seed)
+    obs_all, actions_all = data.train.obs, data.train.actions
+    total = torch.zeros((), dtype=torch.float64)
+    m = config.model
+    start = time.perf_counter()
+    for step in range(job.steps):
+        obs, actions = sample_windows(obs_all, actions_all, config.data.window, generator, batch)
+        mine = slice(rank * rows, (rank + 1) * rows)
+        terms = sharded_jepa_loss(
+            model,
+            obs[mine].to(device),
+            actions[mine].to(device),
+            regularizer=m.regularizer,
+            weight=m.regularizer_weight,
+            generator=generator,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(terms.total)
+        optimizer.step()
+        total += terms.total.detach().double().cpu()
+        if step == 0 and rank == job.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # the rank_kill fault: die mid-round
+    seconds = time.perf_counter() - start
+    summed = total.to(device)
+    dist.all_reduce(summed)
+    total = summed.cpu()
+    gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    params: dict[str, Any] = dict(get_model_state_dict(model, options=gathered))
+    optim: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=gathered))
+    if rank == 0:
+        save_file({n: params[n].detach().contiguous() for n in names}, folder / LOCAL)
+        inner: dict[str, torch.Tensor] = {}
+        for n in names:
+            for key in _MOMENTS:
+                value = optim["state"][n][key]
+                inner[f"optimizer.{key}.{n}"] = torch.as_tensor(value, dtype=torch.float32)
+        save_file({k: v.contiguous() for k, v in inner.items()}, folder / INNER_OUT)
+        mean = float(total) / world / max(job.steps, 1)
+        RoundResult(mean, seconds).write(folder)
+    dist.barrier()
+
+
+def _optimizer_state(flat: dict[str, torch.Tensor], names: list[str], opt: Any) -> dict[str, Any]:
+    """The full optimizer state dict (by parameter name) of the learner's inner-state tensors."""
+    state = {n: {key: flat[f"optimizer.{key}.{n}"] for key in _MOMENTS} for n in names}
+    group = {
+        "lr": opt.lr,
+        "betas": tuple(opt.betas),
+        "eps": opt.eps,
+        "weight_decay": opt.weight_decay,
+        "params": list(names),
+    }
+    return {"state": state, "param_groups": [group]}
