@@ -95,7 +95,7 @@ class KmsSigner:
         self.audit = audit
         if client is None:
             try:
-                import boto3  # type: ignore[import-not-found]
+                import boto3
             except ImportError:
                 raise ToolMissing(
                     f"{KMS_KEY_ENV} is set but boto3 is not installed;",
