@@ -48,7 +48,12 @@ def test_sovereign_prod_pods_get_a_type_that_holds_them() -> None:
         (("federation.ranks.processes_per_node=4",), "m6i.4xlarge", 1),
         # 2 nodes of 2 ranks: two pods, each on its own node.
         (("federation.ranks.nodes=2", "federation.ranks.processes_per_node=2"), "m6i.2xlarge", 2),
-        (("federation.ranks.nodes=3",), "m6i.xlarge", 3),
+        # 3 ranks split a global batch of 96 evenly (the config requires equal shards).
+        (
+            ("federation.ranks.nodes=3", "federation.inner_optimizer.batch_size=96"),
+            "m6i.xlarge",
+            3,
+        ),
     ],
 )
 def test_rank_layout_sets_instance_size_and_node_count(
@@ -91,6 +96,7 @@ def test_several_participants_of_one_trust_domain_share_nodes_when_they_fit() ->
         [
             *(f"federation.participants[{i}].trust_domain=alpine-labs" for i in (1, 2, 3)),
             "federation.participants[1].ranks.nodes=3",
+            "federation.inner_optimizer.batch_size=96",  # three equal shards
         ],
     )
     # coastal's three pods need three nodes; the others fit beside them.
