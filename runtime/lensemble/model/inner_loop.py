@@ -43,6 +43,46 @@ if TYPE_CHECKING:
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 
 
+def check_inner_state(
+    state: Mapping[str, torch.Tensor],
+    params: Mapping[str, torch.Tensor],
+    participant_id: str,
+    *,
+    encoder: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """Check a participant's saved inner state against the model it is loaded into.
+
+    The state holds ``optimizer.{exp_avg,exp_avg_sq,step}.<name>`` for every parameter when it
+    holds any optimizer entry, and ``ema.encoder.<name>`` for every encoder parameter when it
+    holds any EMA entry (only with an ``encoder`` given); an empty state is always valid.
+
+    Args:
+        state: Name -> tensor, as a learner's ``inner_state()`` returned it.
+        params: The model's parameters, name -> tensor (shapes are compared).
+        participant_id: Names the participant in the error.
+        encoder: The encoder's parameters, when the learner keeps an EMA target.
+
+    Raises:
+        IntegrityError: Names or shapes do not belong to this model's inner state.
+    """
+    expected: Params = {}
+    if any(key.startswith("optimizer.") for key in state):
+        for name, p in params.items():
+            expected[f"optimizer.exp_avg.{name}"] = p
+            expected[f"optimizer.exp_avg_sq.{name}"] = p
+            expected[f"optimizer.step.{name}"] = torch.zeros(())
+    if encoder is not None and any(key.startswith("ema.") for key in state):
+        expected.update({f"ema.encoder.{n}": p for n, p in encoder.items()})
+    try:
+        check_architecture(state, expected, f"inner state of participant '{participant_id}'")
+    except ArchitectureMismatch as exc:
+        raise IntegrityError(
+            exc.message,
+            remediation="resume from a checkpoint of this run, or delete the participant's "
+            "inner state to start it afresh.",
+        ) from exc
+
+
 class WorldModelLearner:
     """A participant's local training of the world model (the DiLoCo inner loop).
 
@@ -159,26 +199,8 @@ class WorldModelLearner:
             IntegrityError: Names or shapes do not belong to this model's inner state.
         """
         params = dict(self.model.named_parameters())
-        expected: Params = {}
-        if any(key.startswith("optimizer.") for key in state):
-            for name, p in params.items():
-                expected[f"optimizer.exp_avg.{name}"] = p
-                expected[f"optimizer.exp_avg_sq.{name}"] = p
-                expected[f"optimizer.step.{name}"] = torch.zeros(())
         encoder = dict(self.model.encoder.named_parameters())
-        if any(key.startswith("ema.") for key in state):
-            expected.update({f"ema.encoder.{n}": p for n, p in encoder.items()})
-        try:
-            check_architecture(
-                state, expected, f"inner state of participant '{self.participant_id}'"
-            )
-        except ArchitectureMismatch as exc:
-            raise IntegrityError(
-                exc.message,
-                remediation="Resume from a checkpoint of this "
-                "run, or delete the participant's inner state to start it "
-                "afresh.",
-            ) from exc
+        check_inner_state(state, params, self.participant_id, encoder=encoder)
         self.optimizer.state.clear()
         for name, p in params.items():
             if f"optimizer.step.{name}" in state:

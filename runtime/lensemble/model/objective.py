@@ -114,6 +114,7 @@ def jepa_loss(
     weight: float,
     generator: torch.Generator,
     target_encoder: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LossTerms:
     """The JEPA loss of a batch of windows.
 
@@ -126,6 +127,8 @@ def jepa_loss(
         generator: Random source of SIGReg's directions (unused by VICReg).
         target_encoder: Encoder of the targets (an EMA copy); ``None`` uses the online encoder
             under stop-gradient.
+        gather: Maps this process's ``[N, D]`` latents to the whole batch's before the
+            regularizer (a rank group's all-gather); ``None`` keeps them as they are.
 
     Returns:
         The total loss and its parts.
@@ -139,6 +142,8 @@ def jepa_loss(
     predicted = model.rollout(latents[:, 0], actions)  # [B, W, D]
     prediction = (predicted - targets).pow(2).mean()
     flat = latents.reshape(-1, latents.shape[-1])
+    if gather is not None:
+        flat = gather(flat)
     if regularizer == "vicreg":
         reg = vicreg_regularizer(flat)
     else:

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.learner import Learner, LocalRound, Params
+from lensemble.model.inner_loop import check_inner_state
 from lensemble.model.worldmodel import build_model, check_architecture
 from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
 from lensemble.ranks.launch import launch_round
@@ -135,24 +136,7 @@ class RankGroupLearner:
         Raises:
             IntegrityError: Names or shapes do not belong to this model's inner state.
         """
-        expected: Params = {}
-        if state:
-            for n, p in self._specs.items():
-                expected[f"optimizer.exp_avg.{n}"] = p
-                expected[f"optimizer.exp_avg_sq.{n}"] = p
-                expected[f"optimizer.step.{n}"] = torch.zeros(())
-        from lensemble.errors import ArchitectureMismatch, IntegrityError
-
-        try:
-            check_architecture(
-                state, expected, f"inner state of participant '{self.participant_id}'"
-            )
-        except ArchitectureMismatch as exc:
-            raise IntegrityError(
-                exc.message,
-                remediation="resume from a checkpoint of this run, or delete the participant's "
-                "inner state to start it afresh.",
-            ) from exc
+        check_inner_state(state, self._specs, self.participant_id)
         self._inner = {k: v.detach().clone().float().contiguous() for k, v in state.items()}
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lensemble.model.objective import LossTerms, Regularizer, sigreg_regularizer, vicreg_regularizer
+from lensemble.model.objective import LossTerms, Regularizer, jepa_loss
 from lensemble.model.worldmodel import WorldModel
 
 
@@ -78,16 +78,14 @@ def sharded_jepa_loss(
         ``total = prediction_r + weight * regularizer(all latents)``; averaged over ranks (as
         FSDP2 averages gradients) it is the global batch's loss.
     """
-    latents = model.encode(obs)
-    targets = latents[:, 1:].detach()
-    predicted = model.rollout(latents[:, 0], actions)
-    prediction = (predicted - targets).pow(2).mean()
-    flat = gather_rows(latents.reshape(-1, latents.shape[-1]))
-    if regularizer == "vicreg":
-        reg = vicreg_regularizer(flat)
-    else:
-        reg = sigreg_regularizer(flat, generator)
     # The all-reduce in the backward sums R equal copies of the regularizer's gradient and FSDP2
     # divides by R: the regularizer enters once, as in the unsplit loss.
-    total = prediction + weight * reg
-    return LossTerms(total=total, prediction=prediction.detach(), regularizer=reg.detach())
+    return jepa_loss(
+        model,
+        obs,
+        actions,
+        regularizer=regularizer,
+        weight=weight,
+        generator=generator,
+        gather=gather_rows,
+    )
