@@ -36,6 +36,21 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 #: Seconds a whole `lensemble up` run may take on a loaded 2-core machine.
 RUN_DEADLINE_S = 900.0
 NETWORK = ["--set", "federation.transport=network"]
+#: What every run here shares with its in-process reference: less data per site and no
+#: baselines (they train in the simulation only and cost minutes); the hash chain still covers
+#: all of it, so both sides must be given the same.
+LEAN = [
+    "--set",
+    "data.episodes=8",
+    "--set",
+    "data.episode_steps=60",
+    "--set",
+    "evaluation.local_only_baseline=false",
+    "--set",
+    "evaluation.pooled_oracle=false",
+    "--set",
+    "evaluation.fedavg_ablation=false",
+]
 #: The fault runs: rounds long enough (300 inner steps, several seconds under the containers'
 #: CPU limits) for a fault fired at a round's opening line to land while participants train,
 #: and a round timeout well above that; the hierarchy rpc < round <= join holds.
@@ -164,6 +179,7 @@ def stack(tmp_path: Path, *sets: str) -> Iterator[Up]:
         "--config",
         "config/local.yaml",
         *NETWORK,
+        *LEAN,
         "--set",
         f"run.name={project}",
         *sets,
@@ -186,7 +202,7 @@ def stack(tmp_path: Path, *sets: str) -> Iterator[Up]:
 
 def simulated_chain(output: Path, *sets: str, faults: str = "") -> list[str]:
     """The hash chain `lensemble simulate` commits in process for the same config."""
-    args = ["simulate", "config/local.yaml", *sets, "--json", "-o", str(output)]
+    args = ["simulate", "config/local.yaml", *LEAN, *sets, "--json", "-o", str(output)]
     if faults:
         args += ["--faults", faults]
     done = lensemble(*args)

@@ -7,11 +7,13 @@ ours, or extra CA given to the build is stored in any layer or shows in its hist
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tarfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,38 @@ def _pem_blocks(data: bytes) -> set[bytes]:
     return blocks
 
 
+def _layer_files(image: str) -> Iterator[tuple[str, int, Callable[[], bytes]]]:
+    """Every regular file of every layer of ``image``: (path in the layer, bytes, reader).
+
+    With overlay2 the layers are folders on this machine, read in place; ``docker save`` would
+    first copy the whole image to the engine's temporary folder (over a GB of disk that a CI
+    machine may not have). Other storage drivers fall back to the streamed ``docker save``.
+    """
+    info = json.loads(docker("image", "inspect", "--format", "{{json .GraphDriver}}", image).stdout)
+    data = info.get("Data") or {}
+    if info.get("Name") == "overlay2" and data.get("UpperDir"):
+        folders = [data["UpperDir"], *filter(None, data.get("LowerDir", "").split(":"))]
+        for folder in map(Path, folders):
+            for path in folder.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    yield str(path.relative_to(folder)), path.stat().st_size, path.read_bytes
+        return
+    saved = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    assert saved.stdout is not None
+    with tarfile.open(fileobj=saved.stdout, mode="r|") as outer:
+        for member in outer:
+            if not member.name.endswith("layer.tar"):
+                continue
+            layer = outer.extractfile(member)
+            assert layer is not None
+            with tarfile.open(fileobj=layer, mode="r|") as files:
+                for item in files:
+                    if item.isfile():
+                        handle = files.extractfile(item)
+                        yield item.name, item.size, (handle.read if handle else bytes)
+    assert saved.wait(timeout=300) == 0
+
+
 def test_no_key_certificate_or_extra_ca_in_any_layer_or_the_history() -> None:
     image = current_image()
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
@@ -161,30 +195,17 @@ def test_no_key_certificate_or_extra_ca_in_any_layer_or_the_history() -> None:
     extra = _pem_blocks(host) - _pem_blocks(debian_store)
     found_keys: list[str] = []
     found_extra: list[str] = []
-    saved = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-    assert saved.stdout is not None
-    with tarfile.open(fileobj=saved.stdout, mode="r|") as outer:
-        for member in outer:
-            if not member.name.endswith("layer.tar"):
-                continue
-            layer = outer.extractfile(member)
-            assert layer is not None
-            with tarfile.open(fileobj=layer, mode="r|") as files:
-                for item in files:
-                    if not item.isfile():
-                        continue
-                    if item.name.endswith((".key", "tls.crt", "ca.key")):
-                        found_keys.append(item.name)
-                    if item.size > 4 * 2**20:
-                        continue
-                    handle = files.extractfile(item)
-                    data = handle.read() if handle is not None else b""
-                    # Key files, not compiled libraries (libgnutls embeds a self-test key).
-                    if not data.startswith(b"\x7fELF") and PRIVATE_KEY.search(data):
-                        found_keys.append(item.name)
-                    if extra and b"BEGIN CERTIFICATE" in data and _pem_blocks(data) & extra:
-                        found_extra.append(item.name)
-    assert saved.wait(timeout=300) == 0
+    for name, size, read in _layer_files(image):
+        if name.endswith((".key", "tls.crt", "ca.key")):
+            found_keys.append(name)
+        if size > 4 * 2**20:
+            continue
+        data = read()
+        # Key files, not compiled libraries (libgnutls embeds a self-test key).
+        if not data.startswith(b"\x7fELF") and PRIVATE_KEY.search(data):
+            found_keys.append(name)
+        if extra and b"BEGIN CERTIFICATE" in data and _pem_blocks(data) & extra:
+            found_extra.append(name)
     assert found_keys == [], found_keys
     assert found_extra == [], found_extra
 
