@@ -168,6 +168,14 @@ class DataConfig(_Section):
 
 
 # -------------------------------------------------------------------------------- rank layout
+#: Environment variable naming a node's rank in its participant's group (0 .. nodes - 1, default
+#: 0); node rank 0 alone talks to the coordinator and hosts the rendezvous.
+NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
+#: Environment variable naming the host of node rank 0 (the c10d rendezvous store); default
+#: ``127.0.0.1``.
+RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+
+
 class RankLayout(_Section):
     """How one participant's inner loop is spread over processes (ranks).
 
@@ -211,6 +219,13 @@ class RankLayout(_Section):
         le=65535,
         description="TCP port of the participant's rank rendezvous (c10d store on rank 0).",
     )
+    rendezvous_timeout_s: int = Field(
+        900,
+        ge=10,
+        le=86400,
+        description="How long a launch of the rank group waits for all its nodes at the "
+        "rendezvous before the round is lost (seconds).",
+    )
 
     @property
     def world_size(self) -> int:
@@ -236,6 +251,9 @@ class RankLayoutOverride(_Section):
     )
     rendezvous_port: int | None = Field(
         None, ge=1, le=65535, description="See federation.ranks.rendezvous_port."
+    )
+    rendezvous_timeout_s: int | None = Field(
+        None, ge=10, le=86400, description="See federation.ranks.rendezvous_timeout_s."
     )
 
 
