@@ -48,7 +48,7 @@ SMALL = [
     "federation.inner_steps=4",
     "federation.round_timeout_s=300",
     # Nodes that do not meet fail the round within minutes, not torch's default 15.
-    "federation.ranks.rendezvous_timeout_s=240",
+    "federation.join_timeout_s=300",
     "data.episodes=8",
     "data.episode_steps=40",
     "data.window=4",

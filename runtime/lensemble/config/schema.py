@@ -219,13 +219,6 @@ class RankLayout(_Section):
         le=65535,
         description="TCP port of the participant's rank rendezvous (c10d store on rank 0).",
     )
-    rendezvous_timeout_s: int = Field(
-        900,
-        ge=10,
-        le=86400,
-        description="How long a launch of the rank group waits for all its nodes at the "
-        "rendezvous before the round is lost (seconds).",
-    )
 
     @property
     def world_size(self) -> int:
@@ -251,9 +244,6 @@ class RankLayoutOverride(_Section):
     )
     rendezvous_port: int | None = Field(
         None, ge=1, le=65535, description="See federation.ranks.rendezvous_port."
-    )
-    rendezvous_timeout_s: int | None = Field(
-        None, ge=10, le=86400, description="See federation.ranks.rendezvous_timeout_s."
     )
 
 

@@ -59,7 +59,7 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
             folder.mkdir(mode=0o700)
             RoundJob(config.model_dump_json(), participant_id, -1, 0).write(folder)
             try:
-                launch_round(layout, folder, run_id)
+                launch_round(layout, folder, run_id, fed.join_timeout_s)
             except RankFailure as exc:
                 failures += 1
                 _log.warning("%s", exc)

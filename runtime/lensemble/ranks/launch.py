@@ -17,6 +17,7 @@ fail with ``RendezvousClosedError``.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import signal
 import threading
@@ -163,21 +164,25 @@ class LaunchBoard:
         )
 
 
-def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
+def launch_round(
+    layout: RankLayout, folder: Path, run_id: str, rendezvous_timeout_s: float
+) -> None:
     """Run :func:`lensemble.ranks.worker.rank_main` on this node's ranks for one round.
 
     Args:
-        layout: The participant's rank layout (``rendezvous_timeout_s`` bounds the wait for
-            every node at the rendezvous, seconds).
+        layout: The participant's rank layout.
         folder: The round folder (:mod:`lensemble.ranks.exchange`).
         run_id: Rendezvous id of this launch, the same on every node of the group and never
             used by another launch (:func:`single_node_run_id`, :class:`LaunchBoard`).
+        rendezvous_timeout_s: How long to wait for every node at the rendezvous (seconds); the
+            callers pass ``federation.join_timeout_s``, outside the config hash, since a
+            timeout changes nothing that is trained.
 
     Raises:
         RankFailure: The group failed more often than ``layout.max_restarts`` within the
             round (torch's ``ChildFailedError``, summarised).
         RendezvousError: torch's, when the nodes did not meet (another node left, or did not
-            come within ``layout.rendezvous_timeout_s``).
+            come within ``rendezvous_timeout_s``).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -194,7 +199,7 @@ def launch_round(layout: RankLayout, folder: Path, run_id: str) -> None:
         rdzv_backend="c10d",
         rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
         rdzv_configs={"is_host": node_rank(layout) == 0},
-        rdzv_timeout=layout.rendezvous_timeout_s,
+        rdzv_timeout=max(1, math.ceil(rendezvous_timeout_s)),
         max_restarts=layout.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",

@@ -98,7 +98,9 @@ class RankGroupLearner:
 
         try:
             try:
-                launch_round(self.layout, folder, self._run_id())
+                launch_round(
+                    self.layout, folder, self._run_id(), self.config.federation.join_timeout_s
+                )
             except RendezvousError as exc:  # a node left the group or never came
                 raise RankFailure(
                     f"the nodes of participant '{self.participant_id}' did not meet for round "
@@ -159,7 +161,9 @@ class RankGroupLearner:
                 folder.mkdir(mode=0o700, exist_ok=True)
                 job = RoundJob(self.config.model_dump_json(), self.participant_id, -1, 0, stop=True)
                 job.write(folder)
-                launch_round(self.layout, folder, self._run_id())
+                launch_round(
+                    self.layout, folder, self._run_id(), self.config.federation.join_timeout_s
+                )
         finally:
             self._board = None
             shutil.rmtree(self._root, ignore_errors=True)
