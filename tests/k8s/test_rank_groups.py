@@ -8,17 +8,12 @@ from typing import Any
 import pytest
 
 from lensemble.config import load_config
+from lensemble.config.schema import NODE_RANK_ENV, RENDEZVOUS_HOST_ENV
 from lensemble.errors import ConfigError
 from lensemble.render.helm_values import render_helm_values
 from lensemble.render.k8s import render_chart
 from lensemble.render.k8s_policy import workloads
-from lensemble.render.ranks import (
-    NODE_RANK_ENV,
-    PARTICIPANT_LABEL,
-    RENDEZVOUS_HOST_ENV,
-    SHM_PER_RANK_MIB,
-    rank_pod,
-)
+from lensemble.render.ranks import PARTICIPANT_LABEL, SHM_PER_RANK_MIB, rank_pod
 from tests.k8s.renders import CASES, REPO, config_of, render
 from tests.support.tools import require
 

@@ -168,6 +168,14 @@ class DataConfig(_Section):
 
 
 # -------------------------------------------------------------------------------- rank layout
+#: Environment variable naming a node's rank in its participant's group (0 .. nodes - 1, default
+#: 0); node rank 0 alone talks to the coordinator and hosts the rendezvous.
+NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
+#: Environment variable naming the host of node rank 0 (the c10d rendezvous store); default
+#: ``127.0.0.1``.
+RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+
+
 class RankLayout(_Section):
     """How one participant's inner loop is spread over processes (ranks).
 

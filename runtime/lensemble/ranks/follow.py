@@ -1,10 +1,12 @@
 """The ranks of a participant on a node of rank > 0: they train what node 0's rank 0 says.
 
 Only node 0 talks to the coordinator. ``lensemble participant`` started with
-``LENSEMBLE_NODE_RANK`` > 0 calls :func:`follow`: it launches this node's ranks for the next
-round again and again; each launch meets node 0's at the c10d rendezvous, its ranks receive the
-round, the global model and the inner state from rank 0, and train their rows. Node 0 ends the
-loop with a last launch whose job says ``stop`` (:meth:`RankGroupLearner.close`).
+``LENSEMBLE_NODE_RANK`` > 0 calls :func:`follow`: it waits for node 0 to name its next launch on
+the :class:`~lensemble.ranks.launch.LaunchBoard`, launches this node's ranks under that
+rendezvous id, and does so again and again; each launch meets node 0's at the c10d rendezvous,
+its ranks receive the round, the global model and the inner state from rank 0, and train their
+rows. Node 0 ends the loop with a last launch whose job says ``stop``
+(:meth:`RankGroupLearner.close`).
 """
 
 from __future__ import annotations
@@ -12,21 +14,17 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.ranks.exchange import STOPPED, RoundJob
-from lensemble.ranks.launch import launch_round
+from lensemble.ranks.launch import LaunchBoard, launch_round
 
 if TYPE_CHECKING:
     from lensemble.config.schema import LensembleConfig
 
 _log = logging.getLogger("lensemble.ranks.follow")
-
-#: Pause before joining again after a rendezvous that did not form (node 0 between rounds).
-RETRY_S = 1.0
 
 
 def follow(config: LensembleConfig, participant_id: str) -> int:
@@ -37,6 +35,8 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
 
     Raises:
         RankGroupExhausted: More rounds lost to dead ranks than the layout's ``max_restarts``.
+        RankFailure: Node 0 did not answer, went away, or started no launch for longer than a
+            round and its retries.
     """
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
@@ -47,16 +47,19 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
     fed = config.federation
     # Node 0 may spend a whole round (and its retries) between two launches.
     wait_s = int(fed.join_timeout_s + fed.round_timeout_s * (fed.max_round_retries + 2))
+    board = LaunchBoard.join(layout, wait_s)
     root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
     trained = failures = 0
+    run_id: str | None = None
     try:
         while True:
+            run_id = board.next_launch(run_id, wait_s)
             folder = root / f"launch-{trained + failures}"
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(mode=0o700)
             RoundJob(config.model_dump_json(), participant_id, -1, 0).write(folder)
             try:
-                launch_round(layout, folder, f"lensemble-{participant_id}", wait_s)
+                launch_round(layout, folder, run_id, fed.join_timeout_s)
             except RankFailure as exc:
                 failures += 1
                 _log.warning("%s", exc)
@@ -67,9 +70,10 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
                         remediation="look at the ranks' errors, then fix the node.",
                     ) from None
                 continue
-            except RendezvousError as exc:  # node 0 closed the last group before we met it
-                _log.info("rendezvous did not form (%s); joining again", exc)
-                time.sleep(RETRY_S)
+            except RendezvousError as exc:  # node 0 gave this launch up: wait for its next
+                _log.warning(
+                    "the rank group did not meet (%s); waiting for node 0's next launch", exc
+                )
                 continue
             if (folder / STOPPED).exists():
                 return trained

@@ -5,23 +5,39 @@ The participant command (``lensemble participant`` or the in-process simulation)
 on this node, meets the other nodes at the c10d rendezvous
 (``LENSEMBLE_RENDEZVOUS_HOST:rendezvous_port``; node rank ``LENSEMBLE_NODE_RANK`` 0 hosts it),
 restarts the group within ``max_restarts`` when a rank dies, and returns when every rank has.
+
+Every launch has its own rendezvous id. On one node it is made up on the spot; on several,
+node 0 names it on its :class:`LaunchBoard` and the other nodes read it there. A rendezvous id
+shared by consecutive launches is not safe: the c10d store on the rendezvous port is
+multi-tenant within a process, so a launch on node 0 can find the previous launch's store still
+alive (it goes when garbage collection gets to it) with that id's rendezvous marked closed, and
+fail with ``RendezvousClosedError``.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import signal
 import threading
+import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lensemble.config.schema import RankLayout
+from lensemble.config.schema import NODE_RANK_ENV, RENDEZVOUS_HOST_ENV, RankLayout
 from lensemble.errors import RankFailure, UsageError
 
-NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
-RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
+
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: Key on node 0's board: the rendezvous id of the launch node 0 is about to make.
+_NEXT_LAUNCH = "lensemble/next-launch"
+#: Pause between two looks at the board while waiting for node 0's next launch (seconds).
+_POLL_S = 0.2
 
 
 def node_rank(layout: RankLayout) -> int:
@@ -43,20 +59,130 @@ def node_rank(layout: RankLayout) -> int:
     return value
 
 
+def rendezvous_host() -> str:
+    """Node rank 0's host, from ``LENSEMBLE_RENDEZVOUS_HOST`` (default ``127.0.0.1``)."""
+    return os.environ.get(RENDEZVOUS_HOST_ENV, "127.0.0.1").strip() or "127.0.0.1"
+
+
+def single_node_run_id(participant_id: str) -> str:
+    """A fresh rendezvous id for one launch of a one-node group (no other node needs to know it)."""
+    return f"lensemble-{participant_id}-{uuid.uuid4().hex[:12]}"
+
+
+class LaunchBoard:
+    """Where node 0 of a multi-node group names each launch's rendezvous id for the other nodes.
+
+    It is a key in a TCPStore on ``LENSEMBLE_RENDEZVOUS_HOST:rendezvous_port`` that node 0 hosts
+    for as long as its learner lives; torch's c10d rendezvous of every launch shares that server
+    (multi-tenant) under the launch's own id. Use :meth:`host` on node 0 and :meth:`join` on the
+    others.
+    """
+
+    def __init__(self, store: TCPStore, where: str) -> None:
+        self._store = store
+        self._where = where
+
+    @classmethod
+    def host(cls, layout: RankLayout) -> LaunchBoard:
+        """Node 0: serve the board on the rendezvous port (the launches' store shares it).
+
+        Raises:
+            RankFailure: The port is taken by another process.
+        """
+        from torch._C._distributed_c10d import TCPStore  # torch.distributed re-exports it
+
+        where = f"{rendezvous_host()}:{layout.rendezvous_port}"
+        try:
+            store = TCPStore(
+                rendezvous_host(),
+                layout.rendezvous_port,
+                is_master=True,
+                multi_tenant=True,
+                timeout=timedelta(seconds=60),
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise RankFailure(
+                f"node 0 cannot serve its rank group's rendezvous on {where} ({exc});",
+                remediation="free the port or set another rendezvous_port in the rank layout.",
+            ) from None
+        return cls(store, where)
+
+    @classmethod
+    def join(cls, layout: RankLayout, timeout_s: float) -> LaunchBoard:
+        """A node of rank > 0: connect to node 0's board, waiting up to ``timeout_s`` seconds.
+
+        Raises:
+            RankFailure: Node 0 did not answer within ``timeout_s``.
+        """
+        from torch._C._distributed_c10d import TCPStore  # torch.distributed re-exports it
+
+        where = f"{rendezvous_host()}:{layout.rendezvous_port}"
+        try:
+            store = TCPStore(
+                rendezvous_host(),
+                layout.rendezvous_port,
+                is_master=False,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise RankFailure(
+                f"node 0's rendezvous at {where} did not answer within {timeout_s:.0f} s ({exc});",
+                remediation=f"start node 0 first and check {RENDEZVOUS_HOST_ENV}.",
+            ) from None
+        return cls(store, where)
+
+    def announce(self, participant_id: str) -> str:
+        """Node 0: name (and return) the rendezvous id of the launch it is about to make."""
+        run_id = f"lensemble-{participant_id}-{uuid.uuid4().hex[:12]}"
+        self._store.set(_NEXT_LAUNCH, run_id)
+        return run_id
+
+    def next_launch(self, last: str | None, timeout_s: float) -> str:
+        """A node of rank > 0: the id node 0 names after ``last``, waiting up to ``timeout_s`` s.
+
+        Raises:
+            RankFailure: Node 0 named no new launch in time, or its board went away.
+        """
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self._store.check([_NEXT_LAUNCH]):
+                    run_id = self._store.get(_NEXT_LAUNCH).decode("utf-8")
+                    if run_id != last:
+                        return run_id
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(_POLL_S)
+        except (RuntimeError, ValueError) as exc:  # DistNetworkError and kin: node 0 is gone
+            raise RankFailure(
+                f"node 0's rendezvous at {self._where} went away ({exc});",
+                remediation="look at node 0's participant process.",
+            ) from None
+        raise RankFailure(
+            f"node 0 started no launch at {self._where} within {timeout_s:.0f} s;",
+            remediation="look at node 0's participant process.",
+        )
+
+
 def launch_round(
-    layout: RankLayout, folder: Path, run_id: str, rendezvous_timeout_s: int = 900
+    layout: RankLayout, folder: Path, run_id: str, rendezvous_timeout_s: float
 ) -> None:
     """Run :func:`lensemble.ranks.worker.rank_main` on this node's ranks for one round.
 
     Args:
         layout: The participant's rank layout.
         folder: The round folder (:mod:`lensemble.ranks.exchange`).
-        run_id: Rendezvous id, the same on every node of the group.
-        rendezvous_timeout_s: How long to wait for every node at the rendezvous (seconds).
+        run_id: Rendezvous id of this launch, the same on every node of the group and never
+            used by another launch (:func:`single_node_run_id`, :class:`LaunchBoard`).
+        rendezvous_timeout_s: How long to wait for every node at the rendezvous (seconds); the
+            callers pass ``federation.join_timeout_s``, outside the config hash, since a
+            timeout changes nothing that is trained.
 
     Raises:
         RankFailure: The group failed more often than ``layout.max_restarts`` within the
             round (torch's ``ChildFailedError``, summarised).
+        RendezvousError: torch's, when the nodes did not meet (another node left, or did not
+            come within ``rendezvous_timeout_s``).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -64,7 +190,7 @@ def launch_round(
 
     from lensemble.ranks.worker import rank_main
 
-    host = os.environ.get(RENDEZVOUS_HOST_ENV, "127.0.0.1").strip() or "127.0.0.1"
+    host = rendezvous_host()
     config = LaunchConfig(
         min_nodes=layout.nodes,
         max_nodes=layout.nodes,
@@ -73,7 +199,7 @@ def launch_round(
         rdzv_backend="c10d",
         rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
         rdzv_configs={"is_host": node_rank(layout) == 0},
-        rdzv_timeout=rendezvous_timeout_s,
+        rdzv_timeout=max(1, math.ceil(rendezvous_timeout_s)),
         max_restarts=layout.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -96,8 +222,8 @@ def launch_round(
         ) from None
     finally:
         _restore(saved)
-        # The agent's rendezvous store (a server thread in this process) can outlive a restarted
-        # group in a reference cycle, keep the port and answer the next launch as "closed".
+        # The agent's rendezvous store (a server thread in this process) can outlive the launch
+        # in a reference cycle and keep the port: free it now rather than at some later time.
         gc.collect()
 
 

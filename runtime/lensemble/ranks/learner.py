@@ -19,7 +19,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-import uuid
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,7 +32,7 @@ from lensemble.learner import Learner, LocalRound, Params
 from lensemble.model.inner_loop import check_inner_state
 from lensemble.model.worldmodel import build_model, check_architecture
 from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
-from lensemble.ranks.launch import launch_round
+from lensemble.ranks.launch import LaunchBoard, launch_round, single_node_run_id
 
 if TYPE_CHECKING:
     from lensemble.config.schema import LensembleConfig
@@ -61,6 +60,7 @@ class RankGroupLearner:
         self._specs = {n: p.detach() for n, p in model.named_parameters()}
         self._inner: Params = {}
         self._kill_next = -1
+        self._board: LaunchBoard | None = None  # node 0 of several: names each launch's id
         self.failures = 0
         self.launch_seconds = 0.0
         self._root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
@@ -94,8 +94,20 @@ class RankGroupLearner:
             self.config.model_dump_json(), self.participant_id, round_index, steps, kill
         ).write(folder)
         start = time.perf_counter()
+        from torch.distributed.elastic.rendezvous.api import RendezvousError
+
         try:
-            launch_round(self.layout, folder, self._run_id(round_index))
+            try:
+                launch_round(
+                    self.layout, folder, self._run_id(), self.config.federation.join_timeout_s
+                )
+            except RendezvousError as exc:  # a node left the group or never came
+                raise RankFailure(
+                    f"the nodes of participant '{self.participant_id}' did not meet for round "
+                    f"{round_index} ({type(exc).__name__}); its update for that round is lost;",
+                    remediation="check that every node's participant process is running; the "
+                    "group meets again for the next round.",
+                ) from None
             if (folder / FAILED).exists():
                 raise RankFailure(
                     f"a rank of participant '{self.participant_id}' died in round "
@@ -120,11 +132,13 @@ class RankGroupLearner:
             shutil.rmtree(folder, ignore_errors=True)
         return LocalRound(params, result.mean_loss, result.compute_seconds)
 
-    def _run_id(self, round_index: int) -> str:
-        """The rendezvous id: shared by every node, or unique per launch on one node."""
-        if self.layout.nodes > 1:
-            return f"lensemble-{self.participant_id}"
-        return f"lensemble-{self.participant_id}-{round_index}-{uuid.uuid4().hex[:8]}"
+    def _run_id(self) -> str:
+        """A new rendezvous id for the next launch, named on the board when other nodes follow."""
+        if self.layout.nodes == 1:
+            return single_node_run_id(self.participant_id)
+        if self._board is None:
+            self._board = LaunchBoard.host(self.layout)
+        return self._board.announce(self.participant_id)
 
     def inner_state(self) -> Params:
         """AdamW moments and step counts by parameter, as the single-process learner names them."""
@@ -147,8 +161,11 @@ class RankGroupLearner:
                 folder.mkdir(mode=0o700, exist_ok=True)
                 job = RoundJob(self.config.model_dump_json(), self.participant_id, -1, 0, stop=True)
                 job.write(folder)
-                launch_round(self.layout, folder, f"lensemble-{self.participant_id}")
+                launch_round(
+                    self.layout, folder, self._run_id(), self.config.federation.join_timeout_s
+                )
         finally:
+            self._board = None
             shutil.rmtree(self._root, ignore_errors=True)
 
 

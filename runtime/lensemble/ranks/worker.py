@@ -15,7 +15,12 @@
    ``cpu_offload``), which writes them back into the round folder.
 
 A group restarted by the elastic agent (``TORCHELASTIC_RESTART_COUNT > 0``) only reports the
-round as failed: a rank died, so the round's update is given up, never half-trained.
+round as failed: a rank died, so the round's update is given up, never half-trained. It does so
+without ``init_process_group`` or any other use of the store: torch's agent hands a restarted
+group the same shared TCPStore as the group that died (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``
+unset, pytorch/pytorch#135712), whose keys still hold the dead ranks' gloo addresses, so a
+restarted rank that reads them first connects to a process that is gone, or to whatever listens
+on its port now and never answers, and waits out the process group's timeout.
 """
 
 from __future__ import annotations
@@ -57,23 +62,23 @@ def rank_main(folder_text: str) -> None:
             group, which then reports the round as failed.
     """
     folder = Path(folder_text)
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        # A rank died this round: say so and stop, touching neither the store nor the peers
+        # (the shared store still holds the dead group's addresses; see the module notes).
+        if int(os.environ.get("RANK", "0")) == 0:
+            (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
+        return
     job = RoundJob.read(folder)
     from lensemble.config import LensembleConfig
 
     config = LensembleConfig.model_validate_json(job.config_json)
     layout = config.rank_layout(job.participant_id)
     torch.set_num_threads(1)  # bit-identical reductions (lensemble.model.determinism)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     # A collective that waits on a rank that is gone fails within a round's time instead of
-    # gloo's 30 minutes, so the agent restarts the group and the round is reported lost.
+    # gloo's 30 minutes (the agent usually ends the group at once, when the dead rank exits).
     timeout = timedelta(seconds=config.federation.round_timeout_s)
     dist.init_process_group(layout.backend, timeout=timeout)
     try:
-        if restarted:
-            if dist.get_rank() == 0:
-                (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
-            dist.barrier()
-            return
         job = _agree(folder, job)
         if job.stop:
             if int(os.environ.get("LOCAL_RANK", "0")) == 0 and dist.get_rank() != 0:

@@ -19,11 +19,6 @@ from decimal import Decimal
 
 from lensemble.config.schema import LensembleConfig, RankLayout
 
-#: Environment variable naming a pod's node rank (0 .. nodes - 1); node rank 0 alone talks to
-#: the coordinator and hosts the rendezvous.
-NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
-#: Environment variable naming the host of node rank 0 (the c10d rendezvous store).
-RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
 #: Label (pod and Service) naming the participant a rank group belongs to.
 PARTICIPANT_LABEL = "lensemble.dev/participant"
 #: Label Kubernetes puts on every StatefulSet pod (1.28+): its ordinal, here the node rank.

@@ -1,0 +1,46 @@
+"""The launch board: node 0 names each launch's rendezvous id, the other nodes read it there.
+
+No ranks are started: a TCPStore on a loopback port stands between two boards in this process.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lensemble.config.schema import RankLayout
+from lensemble.errors import RankFailure
+from lensemble.network.launcher import free_port
+from lensemble.ranks.launch import LaunchBoard, single_node_run_id
+
+
+def _layout() -> RankLayout:
+    return RankLayout(nodes=2, rendezvous_port=free_port())
+
+
+def test_each_launch_has_a_new_id_the_follower_reads() -> None:
+    layout = _layout()
+    host = LaunchBoard.host(layout)
+    follower = LaunchBoard.join(layout, timeout_s=10)
+    first = host.announce("alpine")
+    assert follower.next_launch(None, timeout_s=10) == first
+    second = host.announce("alpine")
+    assert second != first
+    assert follower.next_launch(first, timeout_s=10) == second
+
+
+def test_a_follower_waits_for_a_new_id_and_gives_up_with_a_clear_error() -> None:
+    layout = _layout()
+    host = LaunchBoard.host(layout)
+    follower = LaunchBoard.join(layout, timeout_s=10)
+    used = host.announce("alpine")
+    with pytest.raises(RankFailure, match="started no launch"):
+        follower.next_launch(used, timeout_s=0.5)
+
+
+def test_joining_a_board_nobody_hosts_fails_fast() -> None:
+    with pytest.raises(RankFailure, match="did not answer"):
+        LaunchBoard.join(_layout(), timeout_s=1)
+
+
+def test_single_node_ids_never_repeat() -> None:
+    assert len({single_node_run_id("alpine") for _ in range(100)}) == 100
