@@ -68,6 +68,4 @@ def test_faults_of_the_in_process_transport_are_refused_over_the_network(tmp_pat
     path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
     config = validate_mapping(mapping)
     with pytest.raises(Exception, match="'drop:alpha@0' is injected by the in-process"):
-        run_local_processes(
-            path, [], config, program=NETPROC, faults=parse_faults("drop:alpha@0")
-        )
+        run_local_processes(path, [], config, program=NETPROC, faults=parse_faults("drop:alpha@0"))

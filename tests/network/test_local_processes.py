@@ -77,6 +77,7 @@ def test_simulate_refuses_faults_over_the_network(in_repo: Path) -> None:
     )
     assert result.code == 2
     assert "--faults injects faults into the in-process transport only" in result.err
+    assert "'drop:alpine@1'" in result.err and "except rank_kill" in result.err
 
 
 def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
