@@ -636,9 +636,6 @@ class ParticipantLoop:
         self.after = (opening.round_index, opening.attempt)
         self.metrics.round_index.set(opening.round_index)
         self.metrics.round_attempt.set(opening.attempt)
-        kill = self.faults.hits("rank_kill", self.client.id, opening.round_index, opening.attempt)
-        if kill is not None:  # as InProcessTransport does; run_participant checked the learner
-            self.participant.learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
         contribution = self._train(announcement, opening)
         if contribution is not None:
             self._submit(opening, contribution)
@@ -647,6 +644,7 @@ class ParticipantLoop:
         self, announcement: pb.RoundAnnouncement, opening: RoundOpening
     ) -> Contribution | None:
         where = f"round {opening.round_index} attempt {opening.attempt}"
+        here = (opening.round_index, opening.attempt)
         attempt = 0
         while attempt < FETCH_ATTEMPTS:
             attempt += 1
@@ -665,6 +663,12 @@ class ParticipantLoop:
                 _log.error("the model of %s is unusable: %s", where, exc)
                 return None
             self._check_stop()
+            # The rank_kill fault, armed right before training as InProcessTransport arms it
+            # (run_participant checked that the learner has ranks to kill).
+            kill = self.faults.hits("rank_kill", self.client.id, *here)
+            if kill is not None:
+                learner: Any = self.participant.learner
+                learner.arm_rank_kill(int(kill.value or 1))
             try:
                 contribution = self.participant.contribute(opening, payload)
             except IntegrityError as exc:
