@@ -95,6 +95,10 @@ def simulate(
             "to itself;",
             remediation="drop those entries, or kill and restart the processes of a network run.",
         )
+    if any(f.kind == "rank_kill" for f in plan.faults):
+        from lensemble.simulation.in_process import check_rank_faults
+
+        check_rank_faults(cfg, plan)  # before the output folder is touched
     try:
         note = prepare_output_dir(cfg, resume)
         # One run per folder, held for the run's life; a second run exits 2 at once.
@@ -201,13 +205,10 @@ def _run_network(
     from lensemble.federation.payload import manifest
     from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.payload_limits import payload_limits
-    from lensemble.simulation.in_process import check_rank_faults
     from lensemble.simulation.local_processes import run_local_processes
 
-    # A message cap below the model's wire size is refused here (exit 2), before any process,
-    # and so is a rank_kill aimed at a rank the participant does not have.
+    # A message cap below the model's wire size is refused here (exit 2), before any process.
     payload_limits(cfg, manifest(initial_global_parameters(cfg)))
-    check_rank_faults(cfg, plan)
     err = Console(stderr=True)
     fed = cfg.federation
     err.print(
