@@ -36,11 +36,13 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("*_e2e.py", "e2e"),
     ("network/test_processes.py", "e2e"),  # coordinator and participants as processes
     ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
+    ("network/test_abstain_processes.py", "e2e"),  # a rank failure over the network, as processes
     ("network/test_multihost.py", "e2e"),  # processes in network namespaces
     ("adversarial/test_network_idle_streams.py", "e2e"),  # a hostile client vs processes
     ("adversarial/test_network_dead_participant.py", "e2e"),  # SIGKILL during a run
     ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
+    ("network/test_abstain_grpc.py", "integration"),  # Abstain through a real gRPC server
     ("ranks/test_rank_group.py", "integration"),  # torch's elastic launcher, gloo rank groups
     ("ranks/test_gpu.py", "integration"),  # nccl and bf16 on a CUDA device
     ("network/test_parity.py", "integration"),  # both transports under the same faults

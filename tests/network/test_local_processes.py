@@ -77,6 +77,12 @@ def test_simulate_refuses_faults_over_the_network(in_repo: Path) -> None:
     )
     assert result.code == 2
     assert "--faults injects faults into the in-process transport only" in result.err
+    assert "'drop:alpine@1'" in result.err and "except rank_kill" in result.err
+    one_rank = run_cli(
+        "simulate", "--set", "federation.transport=network", "--faults", "rank_kill:alpine@1"
+    )
+    assert one_rank.code == 2
+    assert "rank_kill names rank 1 of 'alpine', which has 1 rank(s)" in one_rank.err
 
 
 def test_network_simulate_commits_the_in_process_chain_of_local_yaml(

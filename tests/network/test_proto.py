@@ -16,4 +16,5 @@ def test_service_has_the_contracted_rpcs() -> None:
         "SubmitUpdate": (True, False),
         "Leave": (False, False),
         "Presence": (False, True),
+        "Abstain": (False, False),
     }

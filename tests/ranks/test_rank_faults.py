@@ -9,7 +9,7 @@ import pytest
 from lensemble.config import load_config
 from lensemble.errors import UsageError
 from lensemble.federation.faults import parse_faults
-from lensemble.simulation.in_process import _check_rank_faults
+from lensemble.simulation.in_process import check_rank_faults
 
 
 def test_rank_kill_defaults_to_rank_one_and_takes_a_rank() -> None:
@@ -41,8 +41,8 @@ def test_rank_kill_needs_the_rank_to_exist(in_repo: Path) -> None:
     two = load_config(
         "config/local.yaml", ["federation.participants[0].ranks.processes_per_node=2"]
     )
-    _check_rank_faults(two, parse_faults("rank_kill:alpine@1"))
+    check_rank_faults(two, parse_faults("rank_kill:alpine@1"))
     with pytest.raises(UsageError, match="rank 1 of 'coastal', which has 1 rank"):
-        _check_rank_faults(two, parse_faults("rank_kill:coastal@1"))
+        check_rank_faults(two, parse_faults("rank_kill:coastal@1"))
     with pytest.raises(UsageError, match="rank 2 of 'alpine'"):
-        _check_rank_faults(two, parse_faults("rank_kill:alpine@1=2"))
+        check_rank_faults(two, parse_faults("rank_kill:alpine@1=2"))

@@ -7,7 +7,7 @@ round machinery, DiLoCo maths, resume and faults can be tested in milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,13 @@ import torch
 
 from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
+from lensemble.errors import RankFailure
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
-from lensemble.learner import LocalRound
+from lensemble.learner import Learner, LocalRound
 from lensemble.seeds import derive
 
 SHAPES = {"encoder.weight": (3, 2), "encoder.bias": (3,), "predictor.weight": (2, 3)}
@@ -63,6 +64,38 @@ class QuadraticLearner:
         self.velocity.update({k.removeprefix("velocity."): v.clone() for k, v in state.items()})
 
 
+class RankFailingLearner(QuadraticLearner):
+    """A ``QuadraticLearner`` that honours the ``rank_kill`` fault without any ranks.
+
+    ``arm_rank_kill`` (what the in-process transport and a network participant call for
+    ``rank_kill:ID@R``) makes the next ``train_round`` raise :class:`RankFailure` before it
+    trains, as a rank group whose rank died reports the round lost with its inner state
+    unchanged. So both transports can be driven through the same fault in milliseconds.
+    """
+
+    def __init__(self, participant_id: str, seed: int = 0, lr: float = 0.1) -> None:
+        super().__init__(participant_id, seed, lr)
+        self.participant_id = participant_id
+        self._kill_next = -1
+        self.failed_rounds: list[int] = []
+
+    def arm_rank_kill(self, rank: int) -> None:
+        self._kill_next = rank
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        kill, self._kill_next = self._kill_next, -1
+        if kill >= 0:
+            self.failed_rounds.append(round_index)
+            raise RankFailure(
+                f"rank {kill} of participant '{self.participant_id}' died in round "
+                f"{round_index} (injected);",
+                remediation="none needed: a test fault.",
+            )
+        return super().train_round(global_params, round_index, steps)
+
+
 #: The test federation's participants, deliberately not in sorted order.
 PARTICIPANTS = ("delta", "alpha", "charlie", "bravo")
 
@@ -97,11 +130,12 @@ def build(
     faults: FaultPlan | None = None,
     output_dir: Path | None = None,
     resume: bool = False,
+    learner: Callable[[str, int], Learner] = QuadraticLearner,
 ) -> tuple[Coordinator, InProcessTransport, dict[str, Participant]]:
     params = initial_params(config.run.root_seed)
     arch = manifest(params)
     participants = {
-        pid: Participant(config, pid, QuadraticLearner(pid, config.run.root_seed), arch, output_dir)
+        pid: Participant(config, pid, learner(pid, config.run.root_seed), arch, output_dir)
         for pid in config.participant_ids
     }
     coordinator = Coordinator(config, params, output_dir=output_dir, resume=resume)

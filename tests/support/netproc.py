@@ -5,7 +5,9 @@ code (:mod:`lensemble.network.process`); only the model differs (milliseconds pe
 of the world model), plus one test hook: ``--block-round K --markers DIR`` makes the participant
 stop inside its training of round K (it writes ``DIR/<id>-r<K>.blocked`` and waits for
 ``DIR/<id>-r<K>.release``), so a test can crash it, or its coordinator, at an exact point. A restarted
-participant whose marker exists does not block again.
+participant whose marker exists does not block again. ``--faults rank_kill:ID@R`` is applied as
+``lensemble participant --faults`` applies it, to a learner that fails the round with
+``RankFailure`` without launching ranks (``tests.support.federation.RankFailingLearner``).
 
     python -m tests.support.netproc coordinator --config C --set ... --health-port 0
     python -m tests.support.netproc participant --config C --id alpha [--block-round 1 --markers D]
@@ -25,8 +27,9 @@ import torch
 from lensemble.cli.output import report_error
 from lensemble.config import load_config
 from lensemble.errors import EXIT_INTERRUPTED, LensembleError
+from lensemble.federation.faults import participant_faults
 from lensemble.learner import LocalRound
-from tests.support.federation import QuadraticLearner, initial_params
+from tests.support.federation import QuadraticLearner, RankFailingLearner, initial_params
 
 BLOCK_LIMIT_S = 120.0
 
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-round", type=int, default=None)
     parser.add_argument("--markers", type=Path, default=None)
     parser.add_argument("--linger", action="store_true")
+    parser.add_argument("--faults", default="")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -82,14 +86,17 @@ def main(argv: list[str] | None = None) -> int:
             run_coordinator(config, theta0, ports, linger=args.linger)
             return 0
         pid = resolve_participant_id(config, args.id, os.environ)
+        faults = participant_faults(args.faults, config.participant_ids, pid)
 
         def learner() -> QuadraticLearner | BlockingLearner:
+            if faults.faults:
+                return RankFailingLearner(pid, config.run.root_seed)
             inner = QuadraticLearner(pid, config.run.root_seed)
             if args.block_round is None:
                 return inner
             return BlockingLearner(inner, pid, args.block_round, args.markers)
 
-        run_participant(config, pid, learner, theta0, ports)
+        run_participant(config, pid, learner, theta0, ports, faults=faults)
         return 0
     except ShutdownRequested:
         return EXIT_INTERRUPTED

@@ -118,11 +118,18 @@ def _run_coordinator(cfg: LensembleConfig, ports: PortOptions, *, linger: bool =
 
 
 def _run_participant(
-    cfg: LensembleConfig, participant_id: str | None, ports: PortOptions, *, linger: bool = False
+    cfg: LensembleConfig,
+    participant_id: str | None,
+    ports: PortOptions,
+    *,
+    linger: bool = False,
+    faults: str = "",
 ) -> None:
+    from lensemble.federation.faults import participant_faults
     from lensemble.network.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
+    plan = participant_faults(faults, cfg.participant_ids, pid)
     from lensemble.learner import Learner
     from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.process import run_participant
@@ -144,7 +151,9 @@ def _run_participant(
         return built[-1]
 
     try:
-        run_participant(cfg, pid, learner, initial_global_parameters(cfg), ports, linger=linger)
+        run_participant(
+            cfg, pid, learner, initial_global_parameters(cfg), ports, linger=linger, faults=plan
+        )
     except ShutdownRequested:
         raise _stopped() from None
     finally:
@@ -180,13 +189,20 @@ def participant(
     set_: list[str] = _set_option,
     health_port: int | None = _health_port_option,
     metrics_port: int | None = _metrics_port_option,
+    faults: str = typer.Option(
+        "",
+        "--faults",
+        metavar="SPEC",
+        help="Fault injection for simulations: rank_kill entries (e.g. 'rank_kill:alpine@2') "
+        "naming this participant are applied as in `lensemble simulate`; others are ignored.",
+    ),
 ) -> None:
     """Run one participant: join the coordinator, train on local data, send pseudo-gradients.
 
     Prints one JSON ready line on stdout once joined; logs go to stderr.
     """
     cfg = _config(config, set_, network=True)
-    _run_participant(cfg, participant_id, _ports(None, health_port, metrics_port))
+    _run_participant(cfg, participant_id, _ports(None, health_port, metrics_port), faults=faults)
 
 
 @app.command()

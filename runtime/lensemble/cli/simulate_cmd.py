@@ -72,7 +72,7 @@ def simulate(
     the best of them, the pooled-data oracle and the FedAvg ablation.
     """
     from lensemble.config import default_config_path
-    from lensemble.federation.faults import parse_faults
+    from lensemble.federation.faults import PARTICIPANT_KINDS, parse_faults
     from lensemble.run_lock import run_folder_lock
     from lensemble.simulation.output import prepare_output_dir
 
@@ -86,19 +86,27 @@ def simulate(
             f"{cfg.federation.rounds} rounds (0 to {cfg.federation.rounds - 1});",
             remediation="use a round inside the run or raise --rounds.",
         )
-    if cfg.federation.transport == "network" and faults:
+    network = cfg.federation.transport == "network"
+    in_transport = [f for f in plan.faults if f.kind not in PARTICIPANT_KINDS]
+    if network and in_transport:
         raise UsageError(
-            "--faults injects faults into the in-process transport only;",
-            remediation="drop --faults, or kill and restart the processes of a network run.",
+            "--faults injects faults into the in-process transport only (here "
+            f"'{in_transport[0].spec()}'), except rank_kill, which a participant process applies "
+            "to itself;",
+            remediation="drop those entries, or kill and restart the processes of a network run.",
         )
+    if any(f.kind == "rank_kill" for f in plan.faults):
+        from lensemble.simulation.in_process import check_rank_faults
+
+        check_rank_faults(cfg, plan)  # before the output folder is touched
     try:
         note = prepare_output_dir(cfg, resume)
         # One run per folder, held for the run's life; a second run exits 2 at once.
         with run_folder_lock(Path(cfg.run.output_dir)):
             if note is not None:
                 sys.stderr.write(note + "\n")
-            if cfg.federation.transport == "network":
-                result = _run_network(cfg, config or default_config_path(), overrides, resume)
+            if network:
+                result = _run_network(cfg, config or default_config_path(), overrides, resume, plan)
             else:
                 result = _run_with_progress(cfg, plan, resume)
     except KeyboardInterrupt:
@@ -189,7 +197,7 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
 
 
 def _run_network(
-    cfg: LensembleConfig, path: Path, overrides: list[str], resume: bool
+    cfg: LensembleConfig, path: Path, overrides: list[str], resume: bool, plan: Any
 ) -> SimulationResult:
     """Coordinator and participants as processes on loopback (simulation.local_processes)."""
     from rich.console import Console
@@ -220,7 +228,7 @@ def _run_network(
             + f", {str(event.get('model_hash', ''))[:19]}..."
         )
 
-    return run_local_processes(path, overrides, cfg, resume=resume, on_round=on_round)
+    return run_local_processes(path, overrides, cfg, resume=resume, on_round=on_round, faults=plan)
 
 
 def _plural(n: int, word: str) -> str:

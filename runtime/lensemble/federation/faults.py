@@ -15,7 +15,10 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     rank_kill:alpine@2     rank 1 of alpine's rank group dies in round 2 (alpine needs ranks)
     rank_kill:alpine@2=3   ... rank 3 dies
 
-Rounds are 0-based. Faults change which participants contribute (and ``poison`` what one of
+Rounds are 0-based. ``rank_kill`` is the one kind a participant process applies to itself
+(:data:`PARTICIPANT_KINDS`), so it also reaches the processes of a network run
+(``lensemble participant --faults``); every other kind is the in-process transport's.
+Faults change which participants contribute (and ``poison`` what one of
 them sends, as a compromised participant would); they never change how the coordinator reduces
 (docs/concepts.md#deterministic-aggregation).
 """
@@ -39,6 +42,9 @@ _FAULT = re.compile(
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
 _NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison", "rank_kill"}
 _RANK = re.compile(r"^\d+$")
+#: Fault kinds a participant applies to itself (over the network too); the others happen in
+#: the in-process transport.
+PARTICIPANT_KINDS = frozenset({"rank_kill"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,19 @@ class Fault:
         """True when the fault targets this round attempt."""
         return self.round_index == round_index and self.attempt in (None, attempt)
 
+    def spec(self) -> str:
+        """The ``--faults`` entry that :func:`parse_faults` reads back as this fault."""
+        text = self.kind + (f":{self.participant}" if self.participant else "")
+        text += f"@{self.round_index}" + (f".{self.attempt}" if self.attempt is not None else "")
+        if self.kind == "rank_kill":
+            return f"{text}={int(self.value or 1)}"
+        if self.value is not None:
+            return f"{text}={self.value!r}"
+        if self.seconds is not None:
+            shown = repr(self.seconds)
+            return f"{text}={shown if _SECONDS.match(shown) else format(self.seconds, 'f')}"
+        return text
+
 
 def damage(payload: bytes) -> bytes:
     """``payload`` with 8 bytes in its middle zeroed (the ``corrupt`` fault), same length."""
@@ -83,6 +102,20 @@ class FaultPlan:
     def active(self, kind: str, round_index: int, attempt: int) -> list[Fault]:
         """Faults of ``kind`` for this round attempt."""
         return [f for f in self.faults if f.kind == kind and f.applies(round_index, attempt)]
+
+    def spec(self) -> str:
+        """The plan as a ``--faults`` string (empty for no fault)."""
+        return ",".join(fault.spec() for fault in self.faults)
+
+    def of_participant(self, participant: str) -> FaultPlan:
+        """The faults ``participant`` applies to itself (:data:`PARTICIPANT_KINDS` naming it)."""
+        return FaultPlan(
+            tuple(
+                f
+                for f in self.faults
+                if f.kind in PARTICIPANT_KINDS and f.participant == participant
+            )
+        )
 
     def hits(self, kind: str, participant: str, round_index: int, attempt: int) -> Fault | None:
         """The fault of ``kind`` targeting ``participant`` in this attempt, if any."""
@@ -154,6 +187,33 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
             )
         )
     return FaultPlan(tuple(faults))
+
+
+def participant_faults(spec: str, participants: list[str], participant: str) -> FaultPlan:
+    """Parse the ``--faults`` of a participant process: the entries it applies to itself.
+
+    Args:
+        spec: Comma-separated faults, as for :func:`parse_faults`.
+        participants: Valid participant ids.
+        participant: This process's participant id.
+
+    Returns:
+        The ``rank_kill`` entries naming ``participant`` (entries naming others are ignored:
+        a launcher may hand every process the same plan).
+
+    Raises:
+        UsageError: An entry is malformed, names an unknown participant, or is of a kind only
+            the in-process transport injects.
+    """
+    plan = parse_faults(spec, participants)
+    for fault in plan.faults:
+        if fault.kind not in PARTICIPANT_KINDS:
+            raise UsageError(
+                f"--faults entry '{fault.spec()}' is injected by the in-process transport only;",
+                remediation="a participant process applies only rank_kill to itself; run "
+                "`lensemble simulate` in process for the other kinds.",
+            )
+    return plan.of_participant(participant)
 
 
 def _poison_value(raw: str, text: str | None) -> float:

@@ -60,6 +60,11 @@ class Submission:
 #: (:class:`lensemble.errors.RankFailure`): it sent nothing, and its group restarts next round.
 RANK_FAILURE = "rank_failure"
 
+#: The closed vocabulary of reasons a participant may give for sitting out an open attempt (the
+#: network transport's ``Abstain`` call; the in-process transport records the same reasons).
+#: Anything else a peer sends is refused and changes nothing.
+ABSTENTION_REASONS: frozenset[str] = frozenset({RANK_FAILURE})
+
 
 class Reason(StrEnum):
     """Why a submission was accepted or rejected (a Prometheus label and ledger field)."""

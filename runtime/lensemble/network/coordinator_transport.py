@@ -20,8 +20,10 @@ round): the caller's identity (``PERMISSION_DENIED``), the coordinator session
 (``FAILED_PRECONDITION``, reason ``stale_session``), the round and attempt
 (``FAILED_PRECONDITION``, reason ``closed_round``: the coordinator's own rule,
 :func:`~lensemble.federation.coordinator.admit_attempt`, applied early), the declared and
-received sizes (``RESOURCE_EXHAUSTED`` / ``INVALID_ARGUMENT``). Everything else (hash,
-safetensors header, architecture, NaN/Inf, duplicates) is the coordinator's
+received sizes (``RESOURCE_EXHAUSTED`` / ``INVALID_ARGUMENT``), and abstentions
+(:meth:`GrpcCoordinatorTransport.abstain`: a participant sitting out the open attempt for a
+reason of ``ABSTENTION_REASONS``, recorded as the in-process transport records it). Everything
+else (hash, safetensors header, architecture, NaN/Inf, duplicates) is the coordinator's
 :meth:`Coordinator.accept`. Every
 rejection is counted in the ``lensemble_rejected_submissions_total`` metric by reason.
 """
@@ -44,7 +46,13 @@ from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import differing_paths, hashed_view
 from lensemble.federation.coordinator import ClosedAttempt, admit_attempt
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import (
+    ABSTENTION_REASONS,
+    Reason,
+    RoundOpening,
+    Submission,
+    Verdict,
+)
 from lensemble.federation.transport import Traffic
 from lensemble.network import transport_errors as nerr
 from lensemble.network.logs import event
@@ -70,6 +78,9 @@ STATUS_OF_REASON: dict[str, grpc.StatusCode] = {
     nerr.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
     nerr.BUSY: grpc.StatusCode.UNAVAILABLE,
     nerr.TOO_MANY_CALLS: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    nerr.UNKNOWN_ABSTENTION: grpc.StatusCode.INVALID_ARGUMENT,
+    nerr.ALREADY_SUBMITTED: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.ABSTAINED: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -101,6 +112,19 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     received_at: float = 0.0
     outcome: Verdict | Rejection | None = None
+
+
+@dataclass(frozen=True)
+class Abstention:
+    """An abstention the transport took (see ``AbstainReply`` in the proto).
+
+    Attributes:
+        duplicate: A repeat of an abstention already recorded (changes nothing).
+        current_round: The round the coordinator is collecting, or the next one.
+    """
+
+    duplicate: bool
+    current_round: int
 
 
 @dataclass(frozen=True)
@@ -164,6 +188,10 @@ class GrpcCoordinatorTransport:
         self._missed: set[str] = set()
         self._judged: set[str] = set()
         self._absence: dict[str, str] = {}
+        # Participant id -> why it sits out the open attempt (Abstain), and the same for the
+        # attempt that closed last (so a repeat whose reply was lost is still a duplicate).
+        self._abstained: dict[str, str] = {}
+        self._closed_abstained: dict[str, str] = {}
         self.grace_s = config.network.rpc_timeout_s
         self.quorum = config.federation.quorum
 
@@ -209,6 +237,7 @@ class GrpcCoordinatorTransport:
             self._opening, self._payload = opening, model_payload
             self._accepted = {}
             self._judged = set()
+            self._abstained = {}
             self._missed = {p for p in self.expected if not self._live(p)}
             self._absence = {p: self._why_absent(p) for p in self._missed}
             self._cond.notify_all()
@@ -289,6 +318,7 @@ class GrpcCoordinatorTransport:
         """
         with self._cond:
             self._closed = ClosedAttempt(record.round, record.attempt, dict(self._accepted))
+            self._closed_abstained, self._abstained = self._abstained, {}
             self._opening, self._payload = None, b""
             if record.state == "closed":
                 self._next_round = record.round + 1
@@ -418,18 +448,143 @@ class GrpcCoordinatorTransport:
             opening = self._opening
             if opening is None or (opening.round_index, opening.attempt) != (round_index, attempt):
                 return
+            if participant in self._abstained:
+                return  # it sits the attempt out: its stated reason stands
             if participant in self.expected and participant not in self._accepted:
                 self._judged.add(participant)
                 self._absence[participant] = reason
                 self._cond.notify_all()
+
+    def abstain(
+        self, participant: str, round_index: int, attempt: int, reason: str
+    ) -> Abstention | Rejection:
+        """Record that ``participant`` sits out the open attempt, for ``reason``.
+
+        The caller (the ``Abstain`` handler) authenticated ``participant`` as the caller's own
+        identity and checked its session. Everything else is checked here, and a refusal
+        changes nothing: the reason must be one of ``ABSTENTION_REASONS``; the attempt must be
+        the open one; a participant that sent an update for it (accepted, rejected, queued or
+        still streaming) cannot sit it out. A repeat with the same reason, in the open attempt
+        or the one that just closed, is a duplicate (idempotent). Once recorded, the open
+        attempt no longer waits for the participant, the ledger names ``reason`` (exactly as
+        the in-process transport's ``absence_reasons``), and an update it sends for the attempt
+        is refused (reason ``abstained``).
+
+        Args:
+            participant: The authenticated participant id.
+            round_index: Round the participant says it sits out.
+            attempt: Attempt of that round.
+            reason: Why (peer text: checked against the vocabulary before any use).
+
+        Returns:
+            An :class:`Abstention`, or a :class:`Rejection` carrying the gRPC status:
+            ``INVALID_ARGUMENT`` (``unknown_abstention``), ``PERMISSION_DENIED``
+            (``unknown_participant``), ``FAILED_PRECONDITION`` (``closed_round``,
+            ``already_submitted``), ``ALREADY_EXISTS`` (``conflicting_duplicate``: another
+            reason was recorded).
+        """
+        current = self.collecting_round
+        if reason not in ABSTENTION_REASONS:
+            return Rejection(
+                nerr.UNKNOWN_ABSTENTION,
+                f"abstention reason {shown(reason[:64])!r} is not one of "
+                f"{', '.join(sorted(ABSTENTION_REASONS))}; send one of those.",
+                current,
+            )
+        with self._cond:
+            current = self.collecting_round
+            if participant not in self.expected:
+                return Rejection(
+                    Reason.UNKNOWN_PARTICIPANT.value,
+                    f"'{shown(participant[:64])}' is not a participant of this run.",
+                    current,
+                )
+            opening = self._opening
+            key = (round_index, attempt)
+            if opening is None or key != (opening.round_index, opening.attempt):
+                closed = self._closed
+                if (
+                    closed is not None
+                    and key == (closed.round_index, closed.attempt)
+                    and self._closed_abstained.get(participant) == reason
+                ):
+                    return Abstention(True, current)
+                state = (
+                    f"round {opening.round_index} attempt {opening.attempt} is open"
+                    if opening is not None
+                    else "no round is open"
+                )
+                return Rejection(
+                    Reason.CLOSED_ROUND.value,
+                    f"round {round_index} attempt {attempt} is not being collected; {state}.",
+                    current,
+                )
+            earlier = self._abstained.get(participant)
+            if earlier == reason:
+                return Abstention(True, current)
+            if earlier is not None:
+                return Rejection(
+                    Reason.CONFLICTING_DUPLICATE.value,
+                    f"'{participant}' already sits out round {round_index} attempt {attempt} "
+                    f"for {earlier}; an abstention is recorded once.",
+                    current,
+                )
+            if self._sent_update(participant):
+                return Rejection(
+                    nerr.ALREADY_SUBMITTED,
+                    f"'{participant}' already sent an update for round {round_index} attempt "
+                    f"{attempt}; it cannot sit that attempt out.",
+                    current,
+                )
+            self._abstained[participant] = reason
+            self._judged.add(participant)
+            self._absence[participant] = reason
+            self._cond.notify_all()
+        event(
+            _log,
+            "abstained",
+            f"{participant} sits out round {round_index} attempt {attempt} ({reason}).",
+            participant=participant,
+            round=round_index,
+            attempt=attempt,
+            reason=reason,
+        )
+        return Abstention(False, current)
+
+    def _sent_update(self, participant: str) -> bool:
+        """True when ``participant`` sent an update for the open attempt (caller holds the lock).
+
+        Judged (accepted, rejected, or refused by the transport), queued, being judged, or still
+        streaming.
+        """
+        if participant in self._judged or participant in self._uploading:
+            return True
+        waiting = [*self._inbox, *self._pending.values()]
+        return any(pending.submission.sender == participant for pending in waiting)
+
+    def _abstained_from(self, participant: str, round_index: int, attempt: int) -> Rejection | None:
+        """The refusal of an update for an attempt its sender sits out (caller holds the lock)."""
+        opening = self._opening
+        if opening is None or (round_index, attempt) != (opening.round_index, opening.attempt):
+            return None
+        reason = self._abstained.get(participant)
+        if reason is None:
+            return None
+        return Rejection(
+            nerr.ABSTAINED,
+            f"'{participant}' sits out round {round_index} attempt {attempt} ({reason}); an "
+            "update for it is not taken.",
+            self.collecting_round,
+        )
 
     def absence_reasons(self) -> dict[str, str]:
         """Why participants missing from the open (or just closed) attempt are missing.
 
         ``disconnected`` (its presence stream broke, or it was gone at the opening),
         ``not_joined``, ``left``, ``joined_late`` (it joined while the attempt was open and
-        contributes from the next), or a transport refusal such as ``too_large``. Participants
-        not listed were present and simply did not submit in time.
+        contributes from the next), a transport refusal such as ``too_large``, or the reason
+        the participant gave for sitting the attempt out (:meth:`abstain`: ``rank_failure``).
+        Participants not listed were present and simply did not submit in time.
         """
         with self._cond:
             return dict(self._absence)
@@ -615,8 +770,9 @@ class GrpcCoordinatorTransport:
         """Judge an update header before any payload byte is buffered.
 
         Returns:
-            A rejection; an accepted ``DUPLICATE`` verdict for a resend of an update already
-            counted in the attempt that just closed; or None to read the payload.
+            A rejection (``abstained`` for an attempt its sender sits out); an accepted
+            ``DUPLICATE`` verdict for a resend of an update already counted in the attempt that
+            just closed; or None to read the payload.
         """
         with self._cond:
             verdict = admit_attempt(
@@ -628,7 +784,11 @@ class GrpcCoordinatorTransport:
                 closed=self._closed,
                 current_round=self.collecting_round,
             )
-        return None if verdict is None else _as_outcome(verdict)
+            if verdict is None:
+                return self._abstained_from(
+                    header.participant_id, header.round_index, header.attempt
+                )
+        return _as_outcome(verdict)
 
     def begin_upload(self, participant_id: str) -> bool:
         """Reserve the participant's single upload slot; False when one is already streaming.
@@ -670,6 +830,11 @@ class GrpcCoordinatorTransport:
                 closed=self._closed,
                 current_round=self.collecting_round,
             )
+            abstained = self._abstained_from(
+                submission.sender, submission.round_index, submission.attempt
+            )
+            if abstained is not None:
+                return abstained
             if verdict is None:
                 self._inbox.append(pending)
                 self._cond.notify_all()

@@ -11,7 +11,10 @@ over :class:`CoordinatorClient`:
 2. **Watch** for a round opening newer than the last one handled.
 3. **Fetch** the model (hash-verified by ``Participant.contribute``), **train**, and **submit**
    the sealed pseudo-gradient. A submission that failed in transit is resent byte for byte until
-   the round's deadline; the coordinator counts it once.
+   the round's deadline; the coordinator counts it once. A round lost to a dead rank
+   (:class:`~lensemble.errors.RankFailure`) is reported with **Abstain** (reason
+   ``rank_failure``), so the coordinator records it as the in-process transport does and stops
+   waiting for this participant.
 
 Failures are classified by the gRPC status and the ``lensemble-reason`` trailing metadata, not by
 message text: transient ones (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``) are retried with backoff;
@@ -42,7 +45,8 @@ from lensemble.errors import (
     PayloadError,
     RankFailure,
 )
-from lensemble.federation.messages import RoundOpening
+from lensemble.federation.faults import FaultPlan
+from lensemble.federation.messages import RANK_FAILURE, RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec
 from lensemble.network import transport_errors as nerr
@@ -327,6 +331,30 @@ class CoordinatorClient:
         )
         return reply
 
+    def abstain(self, opening: RoundOpening, reason: str) -> pb.AbstainReply:
+        """Tell the coordinator this participant sits out ``opening``'s attempt, for ``reason``.
+
+        Args:
+            opening: The attempt sat out.
+            reason: One of ``lensemble.federation.messages.ABSTENTION_REASONS``.
+
+        Raises:
+            grpc.RpcError: The call failed (``UNIMPLEMENTED`` from a coordinator that predates
+                ``Abstain``).
+        """
+        reply: pb.AbstainReply = self.stub.Abstain(
+            pb.AbstainRequest(
+                participant_id=self.id,
+                session=self.session,
+                round_index=opening.round_index,
+                attempt=opening.attempt,
+                reason=reason,
+            ),
+            timeout=self.timeout_s,
+            metadata=self.metadata,
+        )
+        return reply
+
     def leave(self, reason: str) -> None:
         """Tell the coordinator this participant stops (best effort, one short call)."""
         try:
@@ -387,6 +415,9 @@ class ParticipantLoop:
             ``ShutdownRequested`` at its next step.
         on_ready: Called with True once joined, False while the coordinator is unreachable.
         backoff: Reconnection delays (from ``network.connect_backoff_max_s`` by default).
+        faults: Faults this participant applies to itself (``rank_kill`` entries naming it,
+            as the in-process transport applies them): its learner's ``arm_rank_kill`` is
+            called before it trains the targeted attempt.
     """
 
     def __init__(
@@ -398,9 +429,11 @@ class ParticipantLoop:
         stop: threading.Event | None = None,
         on_ready: Callable[[bool], None] | None = None,
         backoff: Backoff | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         self.config = config
         self.participant = participant
+        self.faults = faults or FaultPlan()
         self.client = client
         self.metrics = client.metrics
         self.stop = stop or threading.Event()
@@ -611,6 +644,7 @@ class ParticipantLoop:
         self, announcement: pb.RoundAnnouncement, opening: RoundOpening
     ) -> Contribution | None:
         where = f"round {opening.round_index} attempt {opening.attempt}"
+        here = (opening.round_index, opening.attempt)
         attempt = 0
         while attempt < FETCH_ATTEMPTS:
             attempt += 1
@@ -629,6 +663,12 @@ class ParticipantLoop:
                 _log.error("the model of %s is unusable: %s", where, exc)
                 return None
             self._check_stop()
+            # The rank_kill fault, armed right before training as InProcessTransport arms it
+            # (run_participant checked that the learner has ranks to kill).
+            kill = self.faults.hits("rank_kill", self.client.id, *here)
+            if kill is not None:
+                learner: Any = self.participant.learner
+                learner.arm_rank_kill(int(kill.value or 1))
             try:
                 contribution = self.participant.contribute(opening, payload)
             except IntegrityError as exc:
@@ -639,6 +679,7 @@ class ParticipantLoop:
                 return None
             except RankFailure as exc:  # a rank died: the round is lost, the group restarts
                 _log.error("skipping %s: %s", where, exc)
+                self._abstain(opening, RANK_FAILURE)
                 return None
             self.metrics.contributed(
                 compute_s=contribution.compute_s,
@@ -711,6 +752,44 @@ class ParticipantLoop:
                 round=opening.round_index,
                 attempt=opening.attempt,
                 reason=reply.reason,
+            )
+            return
+
+    def _abstain(self, opening: RoundOpening, reason: str) -> None:
+        """Tell the coordinator this participant sits out ``opening``'s attempt (best effort).
+
+        Retried with backoff while the failure is transient and the attempt's deadline has not
+        passed. Without it (a coordinator that predates ``Abstain``, a closed round) the
+        coordinator records ``timeout`` instead of ``reason``; nothing else changes.
+        """
+        where = f"round {opening.round_index} attempt {opening.attempt}"
+        while True:
+            self._check_stop()
+            try:
+                reply = self.client.abstain(opening, reason)
+            except grpc.RpcError as exc:
+                error = classify(exc)
+                if error.kind == Failure.TRANSIENT and time.monotonic() < opening.deadline_s:
+                    self._failed(f"telling the coordinator it sits out {where}", error)
+                    continue
+                if error.kind in (Failure.STALE_SESSION, Failure.DENIED):
+                    self._on_error(f"telling the coordinator it sits out {where}", error)
+                    return
+                _log.warning(
+                    "could not tell the coordinator that this participant sits out %s (%s); "
+                    "it will record a timeout.",
+                    where,
+                    error,
+                )
+                return
+            self._succeeded()
+            event(
+                _log,
+                "abstained",
+                f"sat out {where} ({reason}): {shown(reply.outcome)}.",
+                round=opening.round_index,
+                attempt=opening.attempt,
+                reason=reason,
             )
             return
 

@@ -4,8 +4,8 @@ Everything another process sends (a participant's id, config view, software vers
 reason; the coordinator's messages to a participant) is untrusted. Logged as is, a newline forges
 a log line, an ANSI escape rewrites a terminal, and a 3 MiB string fills the log. Every log
 statement that shows peer text passes it through :func:`shown` (or :func:`shown_all`), and
-requests whose fields exceed :data:`JOIN_LIMITS` are refused before anything reads them
-(:func:`oversized_field`).
+requests whose fields exceed :data:`JOIN_LIMITS` (:data:`ABSTAIN_LIMITS`) are refused before
+anything reads them (:func:`oversized_field`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ JOIN_LIMITS: dict[str, int] = {
     "config_hash": 128,
     "software_version": 64,
     "config_view_json": 1 << 20,
+}
+
+#: Bounds of the Abstain request's text fields (characters): an id, a session (16 hex digits)
+#: and a reason (a short word of ``messages.ABSTENTION_REASONS``), with room to spare.
+ABSTAIN_LIMITS: dict[str, int] = {
+    "participant_id": 64,
+    "session": 64,
+    "reason": 64,
 }
 
 

@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 import torch
 
 from lensemble.config import LensembleConfig, config_hash
+from lensemble.errors import UsageError
 from lensemble.federation.coordinator import Coordinator, RunSummary, global_architecture
+from lensemble.federation.faults import FaultPlan
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
@@ -382,6 +384,7 @@ def run_participant(
     ports: PortOptions | None = None,
     *,
     linger: bool = False,
+    faults: FaultPlan | None = None,
 ) -> list[tuple[int, int]]:
     """The participant process: join, take part in every round, leave.
 
@@ -392,12 +395,15 @@ def run_participant(
         initial_params: ``theta_0``: gives the architecture every model must have.
         ports: Health and metrics port overrides.
         linger: After the run is over, keep serving health until a signal.
+        faults: Faults to inject into this participant (``rank_kill`` entries naming it;
+            others are ignored), as ``lensemble simulate --faults`` does in process.
 
     Returns:
         ``(round, attempt)`` of every accepted contribution.
 
     Raises:
         ShutdownRequested: SIGTERM/SIGINT.
+        UsageError: ``faults`` kills a rank of a participant whose learner has no ranks.
         ConfigError: Config mismatch with the coordinator, TLS/token files missing, or a
             certificate expired.
         AccessDenied: The coordinator refused this participant's credentials.
@@ -420,8 +426,17 @@ def run_participant(
         architecture = global_architecture(initial_params)
         # Refuses a network.max_message_bytes below the model's wire size before any work.
         payload_limits(config, architecture)
+        learner = learner_factory()
+        own = (faults or FaultPlan()).of_participant(participant_id)
+        if own.faults and not callable(getattr(learner, "arm_rank_kill", None)):
+            raise UsageError(
+                f"--faults {own.faults[0].spec()} kills a rank of '{participant_id}', which runs "
+                "as one process;",
+                remediation="give it several ranks (federation.participants[i].ranks) or drop "
+                "the fault.",
+            )
         participant = Participant(
-            config, participant_id, learner_factory(), architecture, Path(config.run.output_dir)
+            config, participant_id, learner, architecture, Path(config.run.output_dir)
         )
         client = CoordinatorClient(
             config,
@@ -436,7 +451,9 @@ def run_participant(
             if ready:
                 harness.announce_ready(client.target)
 
-        loop = ParticipantLoop(config, participant, client, stop=harness.stop, on_ready=on_ready)
+        loop = ParticipantLoop(
+            config, participant, client, stop=harness.stop, on_ready=on_ready, faults=own
+        )
 
         def leave() -> None:
             client.leave("shutting down (signal)")

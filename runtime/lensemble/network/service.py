@@ -31,7 +31,7 @@ from lensemble.network.call_guard import (
 from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
 from lensemble.network.health import NO_REUSEPORT, bind_port
 from lensemble.network.payload_limits import payload_limits
-from lensemble.network.peer_text import JOIN_LIMITS, oversized_field
+from lensemble.network.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import Authenticator
@@ -381,6 +381,33 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._authorize(context, request.participant_id, "Leave")
         self.transport.leave(request.participant_id, request.reason or "no reason given")
         return pb.LeaveReply()
+
+    def Abstain(self, request: pb.AbstainRequest, context: Any) -> pb.AbstainReply:
+        """Record that the caller sits out the open attempt (see ``Abstain`` in the proto).
+
+        Hostile input until checked: the fields' sizes (``INVALID_ARGUMENT``, reason
+        ``oversized_field``), the caller's own identity (``PERMISSION_DENIED``), the session
+        (``FAILED_PRECONDITION``, ``stale_session``), then the reason, the attempt and what
+        the caller already sent (:meth:`GrpcCoordinatorTransport.abstain`). A refusal changes
+        nothing.
+        """
+        rpc = "Abstain"
+        fields = {name: getattr(request, name) for name in ABSTAIN_LIMITS}
+        too_long = oversized_field(fields, ABSTAIN_LIMITS)
+        if too_long is not None:
+            rejection = Rejection(nerr.OVERSIZED, too_long, self.transport.collecting_round)
+            self._abort(context, rejection, rpc=rpc)
+        self._authorize(context, request.participant_id, rpc)
+        self._check_session(context, request.session, rpc)
+        outcome = self.transport.abstain(
+            request.participant_id, request.round_index, request.attempt, request.reason
+        )
+        if isinstance(outcome, Rejection):
+            self._abort(context, outcome, rpc=rpc)
+        return pb.AbstainReply(
+            outcome="duplicate" if outcome.duplicate else "abstained",
+            current_round=outcome.current_round,
+        )
 
     def Presence(self, request: pb.PresenceRequest, context: Any) -> Iterator[pb.PresenceBeat]:
         """Hold the participant's presence for one window (see ``Presence`` in the proto).

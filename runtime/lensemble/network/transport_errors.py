@@ -25,6 +25,12 @@ OVERSIZED = "oversized_field"
 TOO_MANY_CALLS = "too_many_calls"
 #: The call ran past its server-side deadline and was cancelled.
 CALL_DEADLINE = "call_deadline"
+#: An ``Abstain`` call names a reason outside ``messages.ABSTENTION_REASONS``.
+UNKNOWN_ABSTENTION = "unknown_abstention"
+#: An ``Abstain`` call for an attempt the participant already sent an update for.
+ALREADY_SUBMITTED = "already_submitted"
+#: An update for an attempt the participant said it sits out (``Abstain``).
+ABSTAINED = "abstained"
 
 
 class CoordinatorUnreachable(LensembleError):

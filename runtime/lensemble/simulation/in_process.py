@@ -92,7 +92,7 @@ def _run(
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
     theta0 = initial_global_parameters(config)
     arch = global_architecture(theta0)
-    _check_rank_faults(config, faults)
+    check_rank_faults(config, faults)
     participants = {
         pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
         for pid in ids
@@ -145,7 +145,7 @@ def _run(
     )
 
 
-def _check_rank_faults(config: LensembleConfig, faults: FaultPlan | None) -> None:
+def check_rank_faults(config: LensembleConfig, faults: FaultPlan | None) -> None:
     """Refuse a ``rank_kill`` fault aimed at a rank the participant does not have.
 
     Raises:

@@ -8,6 +8,10 @@ run does: the hash chain, bytes, the final model hash and, when the world model 
 the held-out evaluation of the final model next to the local-only baseline
 (:mod:`lensemble.simulation.evaluation`).
 
+Faults: a participant process applies ``rank_kill`` to itself (``lensemble participant
+--faults``), so a plan of such faults plays out as in process and commits the same ledger; the
+other kinds are the in-process transport's and are refused here.
+
 Any process that fails stops the run: the launcher reports one sentence naming the process and
 its last error, tears every process down exactly once, and raises ``ProcessFailed``.
 """
@@ -22,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
+from lensemble.errors import UsageError
 from lensemble.federation.checkpoint import CheckpointStore
+from lensemble.federation.faults import PARTICIPANT_KINDS, FaultPlan
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
@@ -83,6 +89,7 @@ def run_local_processes(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     program: Sequence[str] = LENSEMBLE_PROGRAM,
     evaluate_final: bool = True,
+    faults: FaultPlan | None = None,
 ) -> SimulationResult:
     """Run the federation as separate processes on this machine and summarise it.
 
@@ -96,13 +103,25 @@ def run_local_processes(
         program: The command the processes run (``lensemble`` by default).
         evaluate_final: Evaluate the final model on the participants' held-out episodes (the
             world model); off for other learners.
+        faults: Faults to inject; only kinds a participant applies to itself
+            (``faults.PARTICIPANT_KINDS``: ``rank_kill``), each handed to its participant's
+            process as ``--faults``.
 
     Returns:
         The run's summary (evaluation of the final model when the world model is available).
 
     Raises:
+        UsageError: ``faults`` holds a kind only the in-process transport injects.
         ProcessFailed: A process failed or never became ready; names it and its last error.
     """
+    plan = faults or FaultPlan()
+    for fault in plan.faults:
+        if fault.kind not in PARTICIPANT_KINDS:
+            raise UsageError(
+                f"--faults entry '{fault.spec()}' is injected by the in-process transport only;",
+                remediation="over the network only rank_kill applies (a participant process "
+                "applies it to itself); drop the others or simulate in process.",
+            )
     start = time.perf_counter()
     out = Path(config.run.output_dir)
     # The coordinator process takes the coordinator lock; here it only guards the clean-up.
@@ -125,7 +144,10 @@ def run_local_processes(
     fed, net = config.federation, config.network
     with LocalFederation(config_path, launch, out / "logs", program=program) as processes:
         coordinator = processes.start_coordinator()
-        participants = [processes.start_participant(pid) for pid in config.participant_ids]
+        participants = [
+            processes.start_participant(pid, extra_args=_fault_args(plan.of_participant(pid)))
+            for pid in config.participant_ids
+        ]
         everyone = [coordinator, *participants]
         for proc in everyone:
             _ready_or_fail(proc, everyone, STARTUP_S + fed.join_timeout_s)
@@ -146,6 +168,11 @@ def run_local_processes(
     return _summarise(
         config, out, records, wall_s, evaluate_final=evaluate_final, resumed_from=resumed_from
     )
+
+
+def _fault_args(plan: FaultPlan) -> list[str]:
+    """The ``--faults`` arguments of a participant process (none without faults)."""
+    return ["--faults", plan.spec()] if plan.faults else []
 
 
 def _ready_or_fail(proc: ManagedProcess, everyone: list[ManagedProcess], timeout_s: float) -> None:

@@ -161,3 +161,25 @@ class PresenceBeat(_message.Message):
     COLLECTING_ROUND_FIELD_NUMBER: _ClassVar[int]
     collecting_round: int
     def __init__(self, collecting_round: _Optional[int] = ...) -> None: ...
+
+class AbstainRequest(_message.Message):
+    __slots__ = ("participant_id", "session", "round_index", "attempt", "reason")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    session: str
+    round_index: int
+    attempt: int
+    reason: str
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbstainReply(_message.Message):
+    __slots__ = ("outcome", "current_round")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    current_round: int
+    def __init__(self, outcome: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...

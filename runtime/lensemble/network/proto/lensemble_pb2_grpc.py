@@ -65,6 +65,11 @@ class CoordinatorStub:
                 request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
                 response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
                 _registered_method=True)
+        self.Abstain = channel.unary_unary(
+                '/lensemble.v1.Coordinator/Abstain',
+                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -117,6 +122,18 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abstain(self, request, context):
+        """The participant sits out the open round attempt and says why (one reason of a closed
+        vocabulary), so the coordinator records that reason, as the in-process transport does,
+        and stops waiting for it. Added after the first release; compatibility both ways:
+        a coordinator without it answers UNIMPLEMENTED, and the participant then sits the
+        attempt out silently as before (recorded "timeout"); a participant without it never
+        calls it, and the coordinator waits for it as before.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +166,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Presence,
                     request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.FromString,
                     response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.SerializeToString,
+            ),
+            'Abstain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abstain,
+                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +336,33 @@ class Coordinator:
             '/lensemble.v1.Coordinator/Presence',
             lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
             lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abstain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lensemble.v1.Coordinator/Abstain',
+            lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
+            lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
             options,
             channel_credentials,
             insecure,

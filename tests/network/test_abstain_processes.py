@@ -1,0 +1,71 @@
+"""A round lost to a dead rank, over the network: the same ledger and hash chain as in process.
+
+``rank_kill:alpha@1`` reaches alpha's participant process as ``--faults`` (as ``lensemble
+simulate --faults`` hands it over the network); the test learner
+(``tests.support.federation.RankFailingLearner``) fails that round with ``RankFailure`` without
+launching ranks, so the whole run takes seconds. The participant reports it with ``Abstain``;
+the coordinator records ``rank_failure`` exactly as the in-process transport does and closes the
+round without waiting out ``round_timeout_s``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lensemble.config.load import validate_mapping
+from lensemble.federation.faults import parse_faults
+from lensemble.federation.ledger import committed_chain
+from lensemble.simulation.local_processes import run_local_processes
+from tests.support.federation import RankFailingLearner, build
+from tests.support.network import NETPROC, network_mapping
+
+#: Long enough that a round waiting it out would show in its wall time and in the test's.
+ROUND_TIMEOUT_S = 120
+
+
+def test_a_rank_failure_over_the_network_gives_the_in_process_ledger(tmp_path: Path) -> None:
+    mapping = network_mapping(
+        tmp_path, rounds=3, round_timeout_s=ROUND_TIMEOUT_S, join_timeout_s=ROUND_TIMEOUT_S
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    config = validate_mapping(mapping)
+    plan = parse_faults("rank_kill:alpha@1", config.participant_ids)
+
+    in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    coordinator, transport, participants = build(
+        validate_mapping(in_process), faults=plan, learner=RankFailingLearner
+    )
+    reference = coordinator.run(transport).records
+    assert participants["alpha"].learner.failed_rounds == [1]  # type: ignore[attr-defined]
+
+    result = run_local_processes(
+        path, [], config, program=NETPROC, evaluate_final=False, faults=plan
+    )
+    by_round = {r.round: r for r in result.records if r.state == "closed"}
+    assert by_round[1].excluded == {"alpha": "rank_failure"}
+    assert by_round[1].contributors == ["bravo", "charlie", "delta"]
+    assert by_round[0].excluded == by_round[2].excluded == {}
+    # The round closed once the others were judged, not at its deadline.
+    assert by_round[1].wall_s < ROUND_TIMEOUT_S / 2
+    assert [(r.round, r.attempt, r.state, r.contributors, r.excluded) for r in result.records] == [
+        (r.round, r.attempt, r.state, r.contributors, r.excluded) for r in reference
+    ]
+    assert committed_chain(result.records) == committed_chain(reference)
+    assert [r.defences["rejected"] for r in result.records] == [
+        r.defences["rejected"] for r in reference
+    ]
+    log = (Path(config.run.output_dir) / "logs" / "alpha.log").read_text(encoding="utf-8")
+    assert '"event": "abstained"' in log
+
+
+def test_faults_of_the_in_process_transport_are_refused_over_the_network(tmp_path: Path) -> None:
+    mapping = network_mapping(tmp_path, rounds=1)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    config = validate_mapping(mapping)
+    with pytest.raises(Exception, match="'drop:alpha@0' is injected by the in-process"):
+        run_local_processes(path, [], config, program=NETPROC, faults=parse_faults("drop:alpha@0"))
