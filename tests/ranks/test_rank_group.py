@@ -7,8 +7,9 @@ tests take minutes on 2 shared cores: integration tier, ``slow``. What they hold
   :data:`TOLERANCE` (the sums run in a different order, see the README's "Substrates");
 - ``lensemble simulate`` with one 2-rank participant gives the same hash chain twice, and the
   same chain over the network transport (the real ``lensemble participant`` processes);
-- a killed rank excludes that participant's round as ``rank_failure``; it contributes again
-  from the next round and the other participant is unaffected.
+- a killed rank excludes that participant's round as ``rank_failure`` (over the network too:
+  the participant abstains, and the chain equals the in-process one); it contributes again from
+  the next round and the other participant is unaffected.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lensemble.network.launcher import free_port
 from lensemble.ranks.learner import RankGroupLearner
 from lensemble.simulation.in_process import run_in_process
 from lensemble.simulation.local_processes import run_local_processes
+from lensemble.simulation.summary import SimulationResult
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +62,7 @@ SMALL = [
     "model.latent_dim=8",
 ]
 TWO_RANKS = "federation.participants[0].ranks.processes_per_node=2"
+RANK_KILL = "rank_kill:alpine@1"
 
 
 def _overrides(out: Path, *more: str) -> list[str]:
@@ -163,10 +166,31 @@ def test_network_transport_gives_the_in_process_chain(
     assert committed_chain(result.records) == in_process_chain
 
 
-def test_killed_rank_loses_that_round_only(tmp_path: Path) -> None:
-    config = _config(tmp_path, TWO_RANKS, "federation.rounds=3")
-    result = run_in_process(config, faults=parse_faults("rank_kill:alpine@1"))
-    by_round = {r.round: r for r in result.records if r.state == "closed"}
+@pytest.fixture(scope="module")
+def killed_rank_run(tmp_path_factory: pytest.TempPathFactory) -> SimulationResult:
+    """Three rounds in process; a rank of alpine's 2-rank group kills itself in round 1."""
+    config = _config(tmp_path_factory.mktemp("killed"), TWO_RANKS, "federation.rounds=3")
+    return run_in_process(config, faults=parse_faults(RANK_KILL))
+
+
+def test_killed_rank_loses_that_round_only(killed_rank_run: SimulationResult) -> None:
+    by_round = {r.round: r for r in killed_rank_run.records if r.state == "closed"}
     assert by_round[1].excluded == {"alpine": "rank_failure"}
     assert by_round[1].contributors == ["coastal"]
     assert by_round[0].contributors == by_round[2].contributors == ["alpine", "coastal"]
+
+
+def test_killed_rank_over_the_network_gives_the_in_process_ledger(
+    killed_rank_run: SimulationResult, tmp_path: Path, in_repo: Path
+) -> None:
+    """The real ``lensemble participant`` abstains with ``rank_failure``: the same chain."""
+    overrides = _overrides(
+        tmp_path, TWO_RANKS, "federation.rounds=3", "federation.transport=network"
+    )
+    config = load_config(CONFIG, overrides)
+    result = run_local_processes(
+        CONFIG, overrides, config, evaluate_final=False, faults=parse_faults(RANK_KILL)
+    )
+    closed = [r for r in result.records if r.state == "closed"]
+    assert [r.excluded for r in closed] == [{}, {"alpine": "rank_failure"}, {}]
+    assert committed_chain(result.records) == committed_chain(killed_rank_run.records)
