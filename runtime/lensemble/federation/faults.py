@@ -117,6 +117,20 @@ class FaultPlan:
             )
         )
 
+    def require_participant_kinds(self, remediation: str) -> None:
+        """Refuse a plan holding a kind only the in-process transport injects.
+
+        Raises:
+            UsageError: Names the first such entry; ``remediation`` says what to do instead.
+        """
+        for fault in self.faults:
+            if fault.kind not in PARTICIPANT_KINDS:
+                raise UsageError(
+                    f"--faults entry '{fault.spec()}' is injected by the in-process transport "
+                    "only;",
+                    remediation=remediation,
+                )
+
     def hits(self, kind: str, participant: str, round_index: int, attempt: int) -> Fault | None:
         """The fault of ``kind`` targeting ``participant`` in this attempt, if any."""
         for fault in self.active(kind, round_index, attempt):
@@ -206,13 +220,10 @@ def participant_faults(spec: str, participants: list[str], participant: str) -> 
             the in-process transport injects.
     """
     plan = parse_faults(spec, participants)
-    for fault in plan.faults:
-        if fault.kind not in PARTICIPANT_KINDS:
-            raise UsageError(
-                f"--faults entry '{fault.spec()}' is injected by the in-process transport only;",
-                remediation="a participant process applies only rank_kill to itself; run "
-                "`lensemble simulate` in process for the other kinds.",
-            )
+    plan.require_participant_kinds(
+        "a participant process applies only rank_kill to itself; run `lensemble simulate` in "
+        "process for the other kinds."
+    )
     return plan.of_participant(participant)
 
 

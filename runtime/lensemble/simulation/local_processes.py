@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
-from lensemble.errors import UsageError
 from lensemble.federation.checkpoint import CheckpointStore
-from lensemble.federation.faults import PARTICIPANT_KINDS, FaultPlan
+from lensemble.federation.faults import FaultPlan
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
@@ -115,13 +114,10 @@ def run_local_processes(
         ProcessFailed: A process failed or never became ready; names it and its last error.
     """
     plan = faults or FaultPlan()
-    for fault in plan.faults:
-        if fault.kind not in PARTICIPANT_KINDS:
-            raise UsageError(
-                f"--faults entry '{fault.spec()}' is injected by the in-process transport only;",
-                remediation="over the network only rank_kill applies (a participant process "
-                "applies it to itself); drop the others or simulate in process.",
-            )
+    plan.require_participant_kinds(
+        "over the network only rank_kill applies (a participant process applies it to itself); "
+        "drop the others or simulate in process."
+    )
     start = time.perf_counter()
     out = Path(config.run.output_dir)
     # The coordinator process takes the coordinator lock; here it only guards the clean-up.
