@@ -6,11 +6,12 @@ No ranks are started: a TCPStore on a loopback port stands between two boards in
 from __future__ import annotations
 
 import pytest
+from torch.distributed import TCPStore
 
 from lensemble.config.schema import RankLayout
 from lensemble.errors import RankFailure
 from lensemble.network.launcher import free_port
-from lensemble.ranks.launch import LaunchBoard, single_node_run_id
+from lensemble.ranks.launch import LaunchBoard, new_run_id
 
 
 def _layout() -> RankLayout:
@@ -37,10 +38,23 @@ def test_a_follower_waits_for_a_new_id_and_gives_up_with_a_clear_error() -> None
         follower.next_launch(used, timeout_s=0.5)
 
 
+@pytest.mark.parametrize("planted", [b"x" * 100_000, b"\xff\xfe", b"lensemble-alpine"])
+def test_a_planted_launch_id_is_refused_before_torch_sees_it(planted: bytes) -> None:
+    """Anyone who reaches the port can write the key: only a well-formed id is used."""
+    layout = _layout()
+    host = LaunchBoard.host(layout)  # held: the board lives as long as node 0's learner
+    follower = LaunchBoard.join(layout, timeout_s=10)
+    intruder = TCPStore("127.0.0.1", layout.rendezvous_port, is_master=False)
+    intruder.set("lensemble/next-launch", planted)
+    with pytest.raises(RankFailure):
+        follower.next_launch(None, timeout_s=2)
+    assert host.announce("alpine") == follower.next_launch(None, timeout_s=10)
+
+
 def test_joining_a_board_nobody_hosts_fails_fast() -> None:
     with pytest.raises(RankFailure, match="did not answer"):
         LaunchBoard.join(_layout(), timeout_s=1)
 
 
-def test_single_node_ids_never_repeat() -> None:
-    assert len({single_node_run_id("alpine") for _ in range(100)}) == 100
+def test_launch_ids_never_repeat() -> None:
+    assert len({new_run_id("alpine") for _ in range(100)}) == 100

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 #: Key on node 0's board: the rendezvous id of the launch node 0 is about to make.
 _NEXT_LAUNCH = "lensemble/next-launch"
+#: What :func:`new_run_id` makes (participant ids are short slugs).
+_RUN_ID = re.compile(r"lensemble-[A-Za-z0-9_.-]{1,64}-[0-9a-f]{12}")
 #: Pause between two looks at the board while waiting for node 0's next launch (seconds).
 _POLL_S = 0.2
 
@@ -64,8 +67,8 @@ def rendezvous_host() -> str:
     return os.environ.get(RENDEZVOUS_HOST_ENV, "127.0.0.1").strip() or "127.0.0.1"
 
 
-def single_node_run_id(participant_id: str) -> str:
-    """A fresh rendezvous id for one launch of a one-node group (no other node needs to know it)."""
+def new_run_id(participant_id: str) -> str:
+    """A fresh rendezvous id for one launch (a one-node group's, or one node 0 announces)."""
     return f"lensemble-{participant_id}-{uuid.uuid4().hex[:12]}"
 
 
@@ -133,7 +136,7 @@ class LaunchBoard:
 
     def announce(self, participant_id: str) -> str:
         """Node 0: name (and return) the rendezvous id of the launch it is about to make."""
-        run_id = f"lensemble-{participant_id}-{uuid.uuid4().hex[:12]}"
+        run_id = new_run_id(participant_id)
         self._store.set(_NEXT_LAUNCH, run_id)
         return run_id
 
@@ -148,6 +151,9 @@ class LaunchBoard:
             while True:
                 if self._store.check([_NEXT_LAUNCH]):
                     run_id = self._store.get(_NEXT_LAUNCH).decode("utf-8")
+                    # Bytes from the network: only an id new_run_id could have made goes on.
+                    if not _RUN_ID.fullmatch(run_id):
+                        raise ValueError(f"not a launch id: {run_id[:80]!r}")
                     if run_id != last:
                         return run_id
                 if time.monotonic() > deadline:
@@ -173,7 +179,7 @@ def launch_round(
         layout: The participant's rank layout.
         folder: The round folder (:mod:`lensemble.ranks.exchange`).
         run_id: Rendezvous id of this launch, the same on every node of the group and never
-            used by another launch (:func:`single_node_run_id`, :class:`LaunchBoard`).
+            used by another launch (:func:`new_run_id`, :class:`LaunchBoard`).
         rendezvous_timeout_s: How long to wait for every node at the rendezvous (seconds); the
             callers pass ``federation.join_timeout_s``, outside the config hash, since a
             timeout changes nothing that is trained.

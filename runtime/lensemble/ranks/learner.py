@@ -32,7 +32,7 @@ from lensemble.learner import Learner, LocalRound, Params
 from lensemble.model.inner_loop import check_inner_state
 from lensemble.model.worldmodel import build_model, check_architecture
 from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
-from lensemble.ranks.launch import LaunchBoard, launch_round, single_node_run_id
+from lensemble.ranks.launch import LaunchBoard, launch_round, new_run_id
 
 if TYPE_CHECKING:
     from lensemble.config.schema import LensembleConfig
@@ -135,7 +135,7 @@ class RankGroupLearner:
     def _run_id(self) -> str:
         """A new rendezvous id for the next launch, named on the board when other nodes follow."""
         if self.layout.nodes == 1:
-            return single_node_run_id(self.participant_id)
+            return new_run_id(self.participant_id)
         if self._board is None:
             self._board = LaunchBoard.host(self.layout)
         return self._board.announce(self.participant_id)
