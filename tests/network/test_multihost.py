@@ -144,6 +144,9 @@ def test_cut_link_round_completes_elastically_then_the_participant_returns(
             ),
             START_S,
         )
+        # ...and its presence stream is counted again, so round 4 opens with charlie present
+        # (a round opened before that counts it disconnected).
+        procs[cut].wait_event(lambda e: e.get("event") == "present", START_S)
         _wait_for(markers / f"{holder}-r3.blocked")
         (markers / f"{holder}-r3.release").touch()
         assert coordinator.wait(START_S) == 0

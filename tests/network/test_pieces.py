@@ -7,6 +7,7 @@ import logging
 import random
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -352,3 +353,66 @@ def test_insecure_mode_logs_a_warning(tmp_path: Path, caplog: pytest.LogCaptureF
         warn_if_insecure(config)
     assert "participants are not authenticated" in caplog.text
     assert "travel unencrypted" in caplog.text
+
+
+class _DroppedStream(grpc.RpcError):  # type: ignore[misc]
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "Stream removed"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+class _PresenceCall:
+    """One Presence stream: ``beats`` beats, then it fails (``fail``), ends, or stops ``stop``."""
+
+    def __init__(self, beats: int, fail: bool, stop: Any) -> None:
+        self.beats, self.fail, self.stop = beats, fail, stop
+
+    def __iter__(self) -> Any:
+        for _ in range(self.beats):
+            yield object()
+        if self.fail:
+            raise _DroppedStream()
+        if self.stop is not None:
+            self.stop.set()
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_presence_logs_present_once_at_the_first_beat_after_a_broken_stream(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Tests (and operators) wait on this event to know the coordinator counts the participant
+    # again after a cut; it must not fire for a healthy first stream or for every beat.
+    from lensemble.network.participant_client import CoordinatorClient
+
+    config = _config(tmp_path, auth="insecure", tls={"enabled": False}, rpc_timeout_s=0.01)
+    client = CoordinatorClient(config, "alpha")
+    stop = threading.Event()
+    streams = [
+        _PresenceCall(2, fail=False, stop=None),  # ends at its window: not a failure
+        _PresenceCall(1, fail=True, stop=None),
+        _PresenceCall(0, fail=True, stop=None),  # the link is still down
+        _PresenceCall(3, fail=False, stop=stop),
+    ]
+    opened: list[_PresenceCall] = []
+
+    class _Stub:
+        def Presence(self, *_args: Any, **_kwargs: Any) -> _PresenceCall:
+            opened.append(streams[len(opened)])
+            return opened[-1]
+
+    client.stub = _Stub()  # type: ignore[assignment]
+    try:
+        with caplog.at_level(logging.INFO, logger="lensemble"):
+            client.hold_presence(stop)
+    finally:
+        client.close()
+    assert opened == streams
+    present = [r for r in caplog.records if getattr(r, "event", None) == "present"]
+    assert len(present) == 1 and "counts this participant again" in present[0].getMessage()

@@ -370,9 +370,12 @@ class CoordinatorClient:
         """Keep a Presence stream open until ``stop`` is set (run it in its own thread).
 
         Each stream lasts one window; the next opens at once. A failed stream is retried
-        after a short pause (the main loop handles rejoining and giving up).
+        after a short pause (the main loop handles rejoining and giving up). The first beat
+        of a stream after a failed one logs ``present``: the coordinator counts this
+        participant present again from that beat on (its handler counts before the beat).
         """
         window = presence_window_s(self.config)
+        failed = False
         while not stop.is_set():
             call = self.stub.Presence(
                 pb.PresenceRequest(participant_id=self.id, session=self.session),
@@ -386,11 +389,15 @@ class CoordinatorClient:
                 return
             try:
                 for _beat in call:
+                    if failed:
+                        failed = False
+                        event(_log, "present", "the coordinator counts this participant again.")
                     if stop.is_set():
                         break
             except grpc.RpcError as exc:
                 error = classify(exc)
                 if error.reason != "cancelled":
+                    failed = True
                     _log.debug("presence stream ended (%s); opening another.", error)
                 stop.wait(min(1.0, self.timeout_s))
             finally:
