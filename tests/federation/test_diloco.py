@@ -75,3 +75,33 @@ def test_canonical_mean_divides_by_actual_contributors() -> None:
     assert canonical_mean(deltas)["x"].item() == 4.5
     with pytest.raises(ValueError):
         canonical_mean({})
+
+
+@pytest.mark.parametrize("contributors", [1, 2, 5])
+def test_blocked_canonical_mean_is_the_whole_tensor_sum_bit_for_bit(contributors: int) -> None:
+    # The mean runs in cache-sized blocks; each element must still see the same float32 sums
+    # as the plain loop (the committed hash chain depends on it): sizes across block edges,
+    # a matrix, a non-contiguous input, a scalar and an empty tensor.
+    from lensemble.federation.diloco import MEAN_BLOCK
+
+    g = torch.Generator().manual_seed(contributors)
+    shapes = {"big": (2 * MEAN_BLOCK + 3,), "edge": (MEAN_BLOCK,), "matrix": (300, 229)}
+    deltas: dict[str, dict[str, torch.Tensor]] = {}
+    for pid in "edcba"[:contributors]:
+        d = {name: torch.randn(shape, generator=g) * 1e3 for name, shape in shapes.items()}
+        d["big"][:10] = -0.0
+        d["strided"] = torch.randn(64, 50, generator=g).t()  # not contiguous
+        d["scalar"] = torch.randn((), generator=g)
+        d["empty"] = torch.empty(0)
+        deltas[pid] = d
+    got = canonical_mean(deltas)
+    order = sorted(deltas)
+    for name in deltas[order[0]]:
+        want = torch.zeros(deltas[order[0]][name].shape)
+        for pid in order:
+            want = want + deltas[pid][name]
+        want = want / torch.tensor(float(contributors))
+        assert got[name].shape == want.shape and got[name].dtype == torch.float32
+        assert torch.equal(
+            got[name].reshape(-1).view(torch.int32), want.reshape(-1).view(torch.int32)
+        )

@@ -1,11 +1,17 @@
-"""The update spool: streamed reduction equal to the in-memory one, hostile spilled bytes refused."""
+"""The update spool: streamed reduction equal to the in-memory one, hostile spilled bytes refused.
+
+Spilled files are unnamed where the file system allows it (nothing else can reach them) and
+named elsewhere (re-hashed when read back); ``named_files`` forces the second kind.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +19,7 @@ import torch
 from lensemble.config.schema import RobustnessConfig
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation import robustness
+from lensemble.federation import spool as spool_module
 from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.payload import bytes_hash, decode, encode, manifest
 from lensemble.federation.quantization import dequantize, quantize
@@ -36,6 +43,16 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 64 (coordinate-wise) and 50 (mean) elements, so tiny tensors span several."""
     monkeypatch.setattr(robustness, "BLOCK", 64)
     monkeypatch.setattr(robustness, "MEAN_BLOCK", 50)
+
+
+@pytest.fixture
+def named_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spill to named files, as on a file system without ``O_TMPFILE`` (overlayfs)."""
+    monkeypatch.setattr(spool_module, "_unnamed_file", lambda folder: None)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def updates(n: int, seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:
@@ -70,9 +87,12 @@ def spool_of(
 @pytest.mark.parametrize("scheme", ["none", "fp16", "bf16", "int8"])
 @pytest.mark.parametrize("aggregator", ["mean", "trimmed_mean", "median"])
 @pytest.mark.parametrize("mode", ["clip", "reject"])
+@pytest.mark.parametrize("files", ["unnamed", "named"])
 def test_streamed_reduction_is_bit_identical_to_the_in_memory_one_in_any_arrival_order(
-    tmp_path: Path, scheme: str, aggregator: str, mode: str
+    tmp_path: Path, scheme: str, aggregator: str, mode: str, files: str, request: Any
 ) -> None:
+    if files == "named":
+        request.getfixturevalue("named_files")
     config = RobustnessConfig(aggregator=aggregator, norm_bound_mode=mode, median_factor=2.0)
     deltas = updates(4)
     payloads = {pid: payload(d, scheme, pid) for pid, d in deltas.items()}
@@ -93,7 +113,7 @@ def test_streamed_reduction_is_bit_identical_to_the_in_memory_one_in_any_arrival
 
 
 def test_without_a_folder_the_payloads_stay_in_memory_and_give_the_same_result(
-    tmp_path: Path,
+    tmp_path: Path, named_files: None
 ) -> None:
     config = RobustnessConfig()
     payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
@@ -106,6 +126,32 @@ def test_without_a_folder_the_payloads_stay_in_memory_and_give_the_same_result(
     assert all(torch.equal(a[k], b[k]) for k in a)
     on_disk.reset()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unnamed_spilled_files_leave_no_name_and_close_at_reset() -> None:
+    # tmpfs always supports O_TMPFILE, so this runs on any Linux machine (the CI's /tmp may be
+    # overlayfs, which does not).
+    config = RobustnessConfig()
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    folder = Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}"
+    before = open_descriptors()
+    try:
+        on_disk, norms = spool_of(folder, payloads, sorted(payloads))
+        assert folder.is_dir() and list(folder.iterdir()) == []  # no path leads to an update
+        assert open_descriptors() == before + 3
+        in_memory, _ = spool_of(None, payloads, sorted(payloads))
+        screening = decide(norms, config)
+        for _ in range(2):  # each reader has its own position: read back twice, same result
+            a = aggregate_spooled(on_disk, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+            b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert open_descriptors() == before + 3  # readers do not close the spool's files
+        on_disk.reset()
+        assert open_descriptors() == before
+    finally:
+        for leftover in folder.glob("*"):
+            leftover.unlink()
+        folder.rmdir()
 
 
 def _one_spilled(tmp_path: Path) -> tuple[UpdateSpool, dict[str, float], Path]:
@@ -128,7 +174,7 @@ def _one_spilled(tmp_path: Path) -> tuple[UpdateSpool, dict[str, float], Path]:
 )
 @pytest.mark.parametrize("aggregator", ["mean", "median"])
 def test_a_spilled_update_changed_after_acceptance_fails_closed(
-    tmp_path: Path, damage: object, aggregator: str
+    tmp_path: Path, damage: object, aggregator: str, named_files: None
 ) -> None:
     spool, norms, victim = _one_spilled(tmp_path)
     victim.write_bytes(damage(victim.read_bytes()))  # type: ignore[operator]
@@ -137,7 +183,7 @@ def test_a_spilled_update_changed_after_acceptance_fails_closed(
         aggregate_spooled(spool, decide(norms, config), SHAPES, config, scheme="none", chunk=CHUNK)
 
 
-def test_a_deleted_spilled_update_fails_closed(tmp_path: Path) -> None:
+def test_a_deleted_spilled_update_fails_closed(tmp_path: Path, named_files: None) -> None:
     spool, norms, victim = _one_spilled(tmp_path)
     victim.unlink()
     config = RobustnessConfig()

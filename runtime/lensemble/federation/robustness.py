@@ -28,17 +28,17 @@ from typing import Any
 import torch
 
 from lensemble.config.schema import RobustnessConfig
-from lensemble.federation.diloco import canonical_mean
+from lensemble.federation.diloco import MEAN_BLOCK, canonical_mean
 from lensemble.federation.quantization import all_finite
-from lensemble.federation.spool import UpdateSpool
+from lensemble.federation.spool import SpooledUpdate, UpdateSpool
 from lensemble.model.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
 
-#: Coordinates per block of the coordinate-wise aggregators (elements).
+#: Coordinates per block of the coordinate-wise aggregators (elements). The mean reads the
+#: spool in blocks of :data:`~lensemble.federation.diloco.MEAN_BLOCK` (any size gives the same
+#: sums; a block of every update fits in cache with its accumulator).
 BLOCK = 1 << 18
-#: Elements per block read back from the spool by the mean (any size gives the same sums).
-MEAN_BLOCK = 1 << 21
 
 
 def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
@@ -264,8 +264,8 @@ def aggregate_spooled(
     """:func:`aggregate` over spilled updates, holding one block per update at a time.
 
     Bit-identical to :func:`aggregate` over the dequantized (and clipped) updates: the mean
-    adds every update into one float32 accumulator in sorted id order, one update at a time;
-    the coordinate-wise aggregators sort the same :data:`BLOCK`-element columns. Each update's
+    adds every update into one float32 accumulator in sorted id order, block by block; the
+    coordinate-wise aggregators sort the same :data:`BLOCK`-element columns. Each update's
     bytes are re-hashed as they are read; the result is returned only when all of them are the
     bytes that were accepted.
 
@@ -290,33 +290,41 @@ def aggregate_spooled(
     flat = {
         name: torch.zeros(math.prod(shape), dtype=torch.float32) for name, shape in shapes.items()
     }
-    if config.aggregator == "mean":
-        for pid in order:  # canonical order: each coordinate sees the same sequence of sums
-            update = spool.reader(
-                pid, scheme=scheme, chunk=chunk, block=MEAN_BLOCK, factor=screening.clipped.get(pid)
-            )
-            for name, start, values in update.blocks():
-                flat[name][start : start + values.numel()].add_(values)
-            update.finish()
-        count = torch.tensor(float(len(order)), dtype=torch.float32)
-        return {name: flat[name].div_(count).reshape(shape) for name, shape in shapes.items()}
+    mean = config.aggregator == "mean"
     reduce = (
-        _trimmed_mean_rows(len(order), config.trim_fraction)
+        None
+        if mean
+        else _trimmed_mean_rows(len(order), config.trim_fraction)
         if config.aggregator == "trimmed_mean"
         else _median_rows(len(order))
     )
-    updates = [
-        spool.reader(
-            pid, scheme=scheme, chunk=chunk, block=BLOCK, factor=screening.clipped.get(pid)
-        )
-        for pid in order
-    ]
-    for parts in zip(*(u.blocks() for u in updates), strict=True):
-        name, start, _ = parts[0]
-        stacked = torch.stack([values for _, _, values in parts])  # canonical order
-        flat[name][start : start + stacked.shape[1]] = reduce(torch.sort(stacked, dim=0).values)
-    for update in updates:
-        update.finish()
+    block = MEAN_BLOCK if mean else BLOCK
+    updates: list[SpooledUpdate] = []
+    try:
+        for pid in order:
+            factor = screening.clipped.get(pid)
+            updates.append(
+                spool.reader(pid, scheme=scheme, chunk=chunk, block=block, factor=factor)
+            )
+        # Block by block across all updates (each yields the same blocks in the same order),
+        # so an accumulator block stays in cache while every update adds into it.
+        for parts in zip(*(u.blocks() for u in updates), strict=True):
+            name, start, first = parts[0]
+            target = flat[name][start : start + first.numel()]
+            if reduce is None:
+                for _, _, values in parts:  # canonical order, from zeros: 0 + d_0 + d_1 ...
+                    target.add_(values)
+            else:
+                stacked = torch.stack([values for _, _, values in parts])  # canonical order
+                target.copy_(reduce(torch.sort(stacked, dim=0).values))
+        for update in updates:
+            update.finish()
+    finally:
+        for update in updates:
+            update.close()
+    if mean:
+        count = torch.tensor(float(len(order)), dtype=torch.float32)
+        return {name: flat[name].div_(count).reshape(shape) for name, shape in shapes.items()}
     return {name: flat[name].reshape(shape) for name, shape in shapes.items()}
 
 

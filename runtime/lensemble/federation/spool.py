@@ -1,29 +1,39 @@
-"""The accepted updates of one round attempt, spilled to disk and re-verified when read back.
+"""The accepted updates of one round attempt, spilled to disk and read back at close.
 
 The coordinator may reduce only when a round closes: the default norm bound is a multiple of
 the round's *median* update norm, and the trimmed mean and median are coordinate-wise over all
 updates. Holding every update in memory until then made the coordinator's memory grow with the
 number of participants. Instead each accepted payload (the wire bytes, already hash-checked,
-decoded and judged) is written once to ``<output_dir>/coordinator/spool/`` and only its hash,
+decoded and judged) is written once under ``<output_dir>/coordinator/spool/`` and only its hash,
 its byte layout and its norm stay in memory. At close, :class:`SpooledUpdate` streams a payload
 back in fixed-size blocks, dequantized (and clipped) straight into float32 blocks for the
-reduction, while hashing every byte it reads; :meth:`SpooledUpdate.finish` fails closed when the
-bytes read back are not exactly the ones accepted (a truncated, extended or modified file). The
-reduction's result is discarded unless every update finished clean, so nothing read from the
-spool reaches the global model unverified.
+reduction.
+
+Where the file system allows it (Linux ``O_TMPFILE``: ext4, xfs, btrfs, tmpfs) a spilled
+payload is an *unnamed* file: no path leads to it, only this process's descriptor, so no other
+process can open or change it except through this process itself (``/proc/<pid>/fd``, which
+needs the same rights as changing the process's memory). Its bytes are then as private as the
+ones held in memory, and reading them back checks only their length. Elsewhere (overlayfs, for
+instance) the payload is a named file in a ``0700`` folder, and the reader re-computes the
+SHA-256 of every byte it reads: :meth:`SpooledUpdate.finish` fails closed when the bytes read
+back are not exactly the ones accepted (a truncated, extended or modified file). Either way the
+reduction's result is discarded unless every update finished clean.
 
 The spool is scratch, not part of the run record: it is not fsynced (a crash reopens the round
-from the last checkpoint, whose updates are re-sent), and it is emptied when an attempt closes
-and when a coordinator starts. Without an output folder, or when the folder has no room, the
-payload bytes are kept in memory instead (same reader, same checks).
+from the last checkpoint, whose updates are re-sent); unnamed files vanish with their
+descriptor, and named ones are deleted when an attempt closes and when a coordinator starts.
+Without an output folder, or when the folder has no room, the payload bytes are kept in memory
+instead (same reader).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import io
 import logging
+import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,8 +65,45 @@ class _Entry:
     size: int
     data_start: int
     layout: tuple[TensorRange, ...]
-    path: Path | None
-    data: bytes | None
+    path: Path | None  # a named file (re-hashed when read back)
+    fd: int | None  # an unnamed file's descriptor (owned by the spool)
+    data: bytes | None  # held in memory
+
+
+def _unnamed_file(folder: Path) -> int | None:
+    """A read-write descriptor of a new file in ``folder`` that has no name, or None.
+
+    None when the platform or the file system cannot make one (no ``O_TMPFILE``; overlayfs).
+
+    Raises:
+        OSError: Any other failure (no room, no permission).
+    """
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(folder, flag | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+class _Positional(io.RawIOBase):
+    """Reads an unnamed spool file from its start with ``pread`` (the descriptor's own offset
+    is left alone, so each reader has its own position; closing it leaves the file open)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = os.preadv(self._fd, [buffer], self._at)
+        self._at += n
+        return n
 
 
 class UpdateSpool:
@@ -78,7 +125,11 @@ class UpdateSpool:
         return len(self._entries)
 
     def reset(self) -> None:
-        """Forget every entry and delete every spilled file (also leftovers of a crash)."""
+        """Forget every entry, close every unnamed file and delete every named one (also
+        leftovers of a crash)."""
+        for entry in self._entries.values():
+            if entry.fd is not None:
+                os.close(entry.fd)
         self._entries.clear()
         self._count = 0
         if self.folder is not None and self.folder.is_dir():
@@ -98,11 +149,11 @@ class UpdateSpool:
                 what the reader trusts; the bytes themselves are re-checked).
         """
         view = memoryview(payload).cast("B")
-        path = None
+        path = fd = None
         data = None
         if self.folder is not None:
             try:
-                path = self._spill(view)
+                path, fd = self._spill(view)
             except (DiskFull, OSError) as exc:
                 _log.warning(
                     "could not spill %s's update to %s (%s); holding it in memory",
@@ -110,7 +161,7 @@ class UpdateSpool:
                     self.folder,
                     getattr(exc, "message", None) or exc,
                 )
-        if path is None:
+        if path is None and fd is None:
             data = bytes(view)
         self._entries[pid] = _Entry(
             digest.removeprefix("sha256:"),
@@ -118,13 +169,26 @@ class UpdateSpool:
             decoded.data_start,
             decoded.layout,
             path,
+            fd,
             data,
         )
 
-    def _spill(self, view: memoryview) -> Path:
+    def _spill(self, view: memoryview) -> tuple[Path | None, int | None]:
+        """Write ``view`` to an unnamed file (``(None, fd)``) or else a named one (``(path,
+        None)``)."""
         assert self.folder is not None
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_free_space(self.folder, len(view))
+        fd = _unnamed_file(self.folder)
+        if fd is not None:
+            try:
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+            except BaseException:
+                os.close(fd)
+                raise
+            return None, fd
         path = self.folder / _FILE.format(index=self._count)
         self._count += 1
         try:
@@ -135,7 +199,7 @@ class UpdateSpool:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        return path
+        return path, None
 
     def reader(
         self, pid: str, *, scheme: str, chunk: int, block: int, factor: float | None = None
@@ -150,7 +214,7 @@ class UpdateSpool:
 
 
 class SpooledUpdate:
-    """One spilled update read back once, front to back, with its SHA-256 re-computed.
+    """One spilled update read back once, front to back (a named file's SHA-256 re-computed).
 
     Blocks come in the payload's file order (the same for every update of a round: tensors
     ordered by dtype then name); each parameter tensor is cut into blocks of ``block``
@@ -185,10 +249,13 @@ class SpooledUpdate:
         self._chunk = chunk
         self._block = block
         self._factor = factor
-        self._hash = hashlib.sha256()
+        # Only a named file can have been changed by anyone else (see the module docstring).
+        self._hash = hashlib.sha256() if entry.path is not None else None
         self._read = 0
         self._source: io.RawIOBase | io.BytesIO
-        if entry.path is not None:
+        if entry.fd is not None:
+            self._source = _Positional(entry.fd)
+        elif entry.path is not None:
             try:
                 self._source = open(entry.path, "rb", buffering=0)  # noqa: SIM115 (closed in finish)
             except OSError as exc:
@@ -203,7 +270,9 @@ class SpooledUpdate:
         self._turn = 0
 
     def _where(self) -> str:
-        return str(self._entry.path) if self._entry.path is not None else "memory"
+        if self._entry.path is not None:
+            return str(self._entry.path)
+        return "an unnamed file" if self._entry.fd is not None else "memory"
 
     def _broken(self, what: str) -> IntegrityError:
         return IntegrityError(
@@ -229,7 +298,8 @@ class SpooledUpdate:
                     f"it ends after {self._read + got} bytes, not {self._entry.size}"
                 )
             got += k
-        self._pending[turn] = _hashing_thread().submit(self._hash.update, view)
+        if self._hash is not None:
+            self._pending[turn] = _hashing_thread().submit(self._hash.update, view)
         self._read += n
         return view
 
@@ -277,6 +347,14 @@ class SpooledUpdate:
                     values = (values.double() * self._factor).to(torch.float32)
                 yield entry.name, start, values
 
+    def close(self) -> None:
+        """Close the source without checking it (after an error elsewhere; idempotent)."""
+        for turn in (0, 1):
+            pending, self._pending[turn] = self._pending[turn], None
+            if pending is not None:
+                pending.exception()  # a buffer is not dropped while the hashing thread reads it
+        self._source.close()
+
     def finish(self) -> None:
         """Check that exactly the accepted bytes were read, then close the source.
 
@@ -293,7 +371,7 @@ class SpooledUpdate:
                 )
             if self._source.read(1):
                 raise self._broken(f"it is longer than the {self._entry.size} bytes accepted")
-            if self._hash.hexdigest() != self._entry.digest:
+            if self._hash is not None and self._hash.hexdigest() != self._entry.digest:
                 raise self._broken("its SHA-256 differs from the accepted payload's")
         finally:
             self._source.close()
