@@ -29,8 +29,9 @@ at a time; building it is reported as compute and left out of the overhead):
 
 - ``spool agg``: the coordinator's aggregation as it runs at round close, i.e.
   :func:`~lensemble.federation.robustness.aggregate_spooled` (mean) over N spilled updates:
-  read back from the spool, re-hashed, accumulated; MB of updates / s, against the copy floor
-  and against the copy + hash floor of those bytes.
+  read back from the spool (re-hashed only where the spool's file system cannot make unnamed
+  files), accumulated; MB of updates / s, against the copy floor and against the copy + hash
+  floor of those bytes.
 - ``round``: one committed round's non-compute time as the ledger's ``non_compute_s`` reports
   it (open, judge every update: hash, parse, dequantize, norm, spill; close: screen, read back
   and reduce, outer step, pre-commit check, model hash) **plus** the checkpoint write and the
@@ -330,7 +331,12 @@ def main() -> None:
         print(json.dumps(child(int(total), int(n), int(rounds), Path(folder), Path(spool))))
         return
     torch.set_num_threads(1)
-    scratch = args.scratch or Path(tempfile.gettempdir())
+    # Absolute: the spool is a symlink from the state folder, resolved from there.
+    scratch = (args.scratch or Path(tempfile.gettempdir())).resolve()
+    scratch.mkdir(parents=True, exist_ok=True)
+    if args.spool_scratch is not None:
+        args.spool_scratch = args.spool_scratch.resolve()
+        args.spool_scratch.mkdir(parents=True, exist_ok=True)
     print(
         f"torch {torch.__version__}, 1 intra-op thread; MB/s of float32 parameter bytes; "
         f"{args.clock} time"

@@ -90,8 +90,11 @@ def _unnamed_file(folder: Path) -> int | None:
 
 
 class _Positional(io.RawIOBase):
-    """Reads an unnamed spool file from its start with ``pread`` (the descriptor's own offset
-    is left alone, so each reader has its own position; closing it leaves the file open)."""
+    """Reads an unnamed spool file from its start with ``pread``.
+
+    The descriptor's own offset is left alone, so each reader has its own position; closing the
+    reader leaves the file open.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -125,8 +128,10 @@ class UpdateSpool:
         return len(self._entries)
 
     def reset(self) -> None:
-        """Forget every entry, close every unnamed file and delete every named one (also
-        leftovers of a crash)."""
+        """Forget every entry, close every unnamed file and delete every named one.
+
+        Named leftovers of a crash are deleted too.
+        """
         for entry in self._entries.values():
             if entry.fd is not None:
                 os.close(entry.fd)
@@ -174,8 +179,10 @@ class UpdateSpool:
         )
 
     def _spill(self, view: memoryview) -> tuple[Path | None, int | None]:
-        """Write ``view`` to an unnamed file (``(None, fd)``) or else a named one (``(path,
-        None)``)."""
+        """Write ``view`` to a new spool file.
+
+        Returns ``(None, fd)`` for an unnamed file, else ``(path, None)`` for a named one.
+        """
         assert self.folder is not None
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_free_space(self.folder, len(view))
