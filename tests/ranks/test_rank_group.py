@@ -100,8 +100,26 @@ def test_two_ranks_match_one_rank_after_a_round(tmp_path: Path) -> None:
     assert r2.mean_loss == pytest.approx(r1.mean_loss, rel=1e-6)
 
 
-def test_two_nodes_match_one_rank(tmp_path: Path) -> None:
-    """Node 1 is a real ``lensemble participant`` with ``LENSEMBLE_NODE_RANK=1`` (loopback)."""
+@pytest.mark.parametrize("node0_sorts", ["first", "last"])
+def test_two_nodes_match_one_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node0_sorts: str
+) -> None:
+    """Node 1 is a real ``lensemble participant`` with ``LENSEMBLE_NODE_RANK=1`` (loopback).
+
+    torch's c10d rendezvous orders the nodes by (host, pid): on one host the follower sorts
+    first whenever its pid is lower (after a pid wrap). Both orders are forced here, through
+    the pid in node 0's rendezvous descriptor, and rank 0 must still be node 0's.
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    generate = rdzv._NodeDescGenerator.generate
+    sort_pid = 0 if node0_sorts == "first" else 2**31 - 1
+
+    def placed(self: object, local_addr: str | None = None) -> object:
+        desc = generate(self, local_addr)  # type: ignore[arg-type]
+        return rdzv._NodeDesc(desc.addr, sort_pid, desc.local_id)
+
+    monkeypatch.setattr(rdzv._NodeDescGenerator, "generate", placed)
     overrides = _overrides(
         tmp_path, "federation.participants[0].ranks.nodes=2", "federation.transport=network"
     )
@@ -112,25 +130,30 @@ def test_two_nodes_match_one_rank(tmp_path: Path) -> None:
     exe = shutil.which("lensemble")
     assert exe is not None
     sets = [arg for item in overrides for arg in ("--set", item)]
-    follower = subprocess.Popen(
-        [exe, "participant", "--config", str(CONFIG), *sets, "--id", pid],
-        env={**os.environ, "LENSEMBLE_NODE_RANK": "1", "LENSEMBLE_RENDEZVOUS_HOST": "127.0.0.1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "follower.log"  # a file, not a pipe nobody reads until the end
+    with log.open("w") as errors:
+        follower = subprocess.Popen(
+            [exe, "participant", "--config", str(CONFIG), *sets, "--id", pid],
+            env={
+                **os.environ,
+                "LENSEMBLE_NODE_RANK": "1",
+                "LENSEMBLE_RENDEZVOUS_HOST": "127.0.0.1",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
     group = RankGroupLearner(two, pid, data)
     try:
         sharded = group.train_round(theta, 0, 6)
     finally:
         try:
             group.close()  # node 0 ends the group: the follower exits
-            _, errors = follower.communicate(timeout=300)
+            follower.wait(timeout=300)
         finally:
             if follower.poll() is None:
                 follower.kill()
                 follower.wait()
-    assert follower.returncode == 0, errors[-2000:]
+    assert follower.returncode == 0, log.read_text()[-2000:]
     reference = WorldModelLearner(one, pid, data).train_round(theta, 0, 6)
     assert max(float((reference.params[n] - sharded.params[n]).abs().max()) for n in theta) < (
         TOLERANCE

@@ -134,8 +134,8 @@ def _run_participant(
     from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.network.process import run_participant
     from lensemble.network.transport_errors import ShutdownRequested
-    from lensemble.ranks.launch import node_rank
     from lensemble.ranks.learner import build_learner
+    from lensemble.ranks.placement import node_rank
 
     layout = cfg.rank_layout(pid)
     if node_rank(layout) > 0:

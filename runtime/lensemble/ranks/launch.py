@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import re
 import signal
 import threading
@@ -28,8 +27,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lensemble.config.schema import NODE_RANK_ENV, RENDEZVOUS_HOST_ENV, RankLayout
-from lensemble.errors import RankFailure, UsageError
+from lensemble.config.schema import RENDEZVOUS_HOST_ENV, RankLayout
+from lensemble.errors import RankFailure
+from lensemble.ranks.placement import node_rank, rendezvous_host
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
@@ -41,30 +41,6 @@ _NEXT_LAUNCH = "lensemble/next-launch"
 _RUN_ID = re.compile(r"lensemble-[A-Za-z0-9_.-]{1,64}-[0-9a-f]{12}")
 #: Pause between two looks at the board while waiting for node 0's next launch (seconds).
 _POLL_S = 0.2
-
-
-def node_rank(layout: RankLayout) -> int:
-    """This node's rank in the participant's group, from ``LENSEMBLE_NODE_RANK`` (default 0).
-
-    Raises:
-        UsageError: The variable is not an integer in ``[0, nodes)``.
-    """
-    text = os.environ.get(NODE_RANK_ENV, "0").strip() or "0"
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < layout.nodes:
-        raise UsageError(
-            f"{NODE_RANK_ENV}={text!r} is not a node rank of a {layout.nodes}-node layout;",
-            remediation=f"set it to an integer from 0 to {layout.nodes - 1}.",
-        )
-    return value
-
-
-def rendezvous_host() -> str:
-    """Node rank 0's host, from ``LENSEMBLE_RENDEZVOUS_HOST`` (default ``127.0.0.1``)."""
-    return os.environ.get(RENDEZVOUS_HOST_ENV, "127.0.0.1").strip() or "127.0.0.1"
 
 
 def new_run_id(participant_id: str) -> str:

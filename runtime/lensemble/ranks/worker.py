@@ -14,6 +14,13 @@
    ``get_model_state_dict`` / ``get_optimizer_state_dict`` (``full_state_dict``,
    ``cpu_offload``), which writes them back into the round folder.
 
+Ranks are numbered by node rank: rank ``node_rank x processes_per_node + LOCAL_RANK``, so rank 0
+is always local rank 0 of node 0, the node that holds the round folder's inputs and talks to the
+coordinator. The ``RANK`` the elastic agent hands out is not used: torch's c10d rendezvous numbers
+the nodes in the sorted order of their (host name, process id), so which node's ranks come first
+depends on host names, and on one host on the process ids (after a pid wrap the follower comes
+first, and its rank 0 had no global model to read).
+
 A group restarted by the elastic agent (``TORCHELASTIC_RESTART_COUNT > 0``) only reports the
 round as failed: a rank died, so the round's update is given up, never half-trained. It does so
 without ``init_process_group`` or any other use of the store: torch's agent hands a restarted
@@ -47,6 +54,7 @@ from lensemble.ranks.exchange import (
     RoundJob,
     RoundResult,
 )
+from lensemble.ranks.placement import group_rank, node_rank
 
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 
@@ -61,23 +69,26 @@ def rank_main(folder_text: str) -> None:
         RuntimeError: A collective failed (another rank died); the elastic agent restarts the
             group, which then reports the round as failed.
     """
+    from lensemble.config import LensembleConfig
+
     folder = Path(folder_text)
+    job = RoundJob.read(folder)
+    config = LensembleConfig.model_validate_json(job.config_json)
+    layout = config.rank_layout(job.participant_id)
+    rank = group_rank(node_rank(layout), int(os.environ.get("LOCAL_RANK", "0")), layout)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         # A rank died this round: say so and stop, touching neither the store nor the peers
         # (the shared store still holds the dead group's addresses; see the module notes).
-        if int(os.environ.get("RANK", "0")) == 0:
+        if rank == 0:
             (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
         return
-    job = RoundJob.read(folder)
-    from lensemble.config import LensembleConfig
-
-    config = LensembleConfig.model_validate_json(job.config_json)
-    layout = config.rank_layout(job.participant_id)
     torch.set_num_threads(1)  # bit-identical reductions (lensemble.model.determinism)
     # A collective that waits on a rank that is gone fails within a round's time instead of
     # gloo's 30 minutes (the agent usually ends the group at once, when the dead rank exits).
     timeout = timedelta(seconds=config.federation.round_timeout_s)
-    dist.init_process_group(layout.backend, timeout=timeout)
+    dist.init_process_group(
+        layout.backend, rank=rank, world_size=layout.world_size, timeout=timeout
+    )
     try:
         job = _agree(folder, job)
         if job.stop:
