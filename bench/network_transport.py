@@ -274,43 +274,63 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
     return proc
 
 
-def grpc_throughput(
-    tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool
-) -> tuple[float, float]:
-    from lensemble.network.participant_client import CoordinatorClient
-    from lensemble.network.proto import lensemble_pb2 as pb
+class GrpcPeer:
+    """A coordinator process serving one open round, and a connected participant client.
 
-    mapping = config_mapping(tmp, 1, chunk_bytes, tls)
-    path, config = write_config(tmp, mapping)
-    server = _spawn("_serve", str(path), str(payload_bytes))
-    try:
-        client = CoordinatorClient(config, "p0")
-        client.join()
-        announcement = client.watch((-1, 1 << 30))
+    Spawned once and reused by every repetition, so that each repetition can time the gRPC
+    streams right next to the raw socket floors (the channel is connected, and its TLS
+    handshake done, by ``Join`` before anything is timed).
+    """
+
+    def __init__(self, tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool) -> None:
+        from lensemble.network.participant_client import CoordinatorClient
+        from lensemble.network.proto import lensemble_pb2 as pb
+
+        path, config = write_config(tmp, config_mapping(tmp, 1, chunk_bytes, tls))
+        self.payload_bytes = payload_bytes
+        self._server = _spawn("_serve", str(path), str(payload_bytes))
+        self._client = CoordinatorClient(config, "p0")
+        self._client.join()
+        announcement = self._client.watch((-1, 1 << 30))
         assert announcement is not None
-        fetch_s, submit_s = [], []
-        contribution = Contribution(os.urandom(payload_bytes), "", 0.0, 0.0)
-        contribution = Contribution(contribution.payload, bytes_hash(contribution.payload), 0, 0)
-        opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 3600)
-        for _ in range(3):
-            start = time.perf_counter()
-            data = client.fetch(
-                pb.RoundAnnouncement(
-                    round_index=0, model_hash=announcement.model_hash, model_bytes=payload_bytes
-                )
-            )
-            fetch_s.append(time.perf_counter() - start)
-            assert len(data) == payload_bytes
-            del data
-            start = time.perf_counter()
-            assert client.submit(opening, contribution).accepted
-            submit_s.append(time.perf_counter() - start)
-        client.close()
+        self._request = pb.RoundAnnouncement(
+            round_index=0, model_hash=announcement.model_hash, model_bytes=payload_bytes
+        )
+        payload = os.urandom(payload_bytes)
+        self._contribution = Contribution(payload, bytes_hash(payload), 0.0, 0.0)
+        self._opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 3600)
+
+    def once(self) -> tuple[float, float]:
+        """MB/s of one FetchModel (until the payload is in one buffer) and one SubmitUpdate."""
+        start = time.perf_counter()
+        data = self._client.fetch(self._request)
+        fetch_s = time.perf_counter() - start
+        assert len(data) == self.payload_bytes
+        del data
+        start = time.perf_counter()
+        assert self._client.submit(self._opening, self._contribution).accepted
+        submit_s = time.perf_counter() - start
+        mb = self.payload_bytes / 1e6
+        return mb / fetch_s, mb / submit_s
+
+    def close(self) -> None:
+        """Close the client and stop the coordinator process."""
+        self._client.close()
+        self._server.kill()
+        self._server.wait()
+
+
+def grpc_throughput(
+    tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool, repeats: int = 3
+) -> tuple[float, float]:
+    """Median MB/s of FetchModel and SubmitUpdate over ``repeats`` calls each."""
+    peer = GrpcPeer(tmp, payload_bytes, chunk_bytes, tls)
+    try:
+        runs = [peer.once() for _ in range(repeats)]
     finally:
-        server.kill()
-        server.wait()
-    mb = payload_bytes / 1e6
-    return mb / statistics.median(fetch_s), mb / statistics.median(submit_s)
+        peer.close()
+    fetch, submit = (statistics.median(x) for x in zip(*runs, strict=True))
+    return fetch, submit
 
 
 def socket_throughput(payload_bytes: int, certs: Path | None = None) -> tuple[float, float]:
@@ -381,6 +401,7 @@ def main() -> None:
     parser.add_argument("--skip-chunks", action="store_true")
     parser.add_argument("--latency", default="", help="table 0 at this size, e.g. 1M")
     parser.add_argument("--latency-rounds", type=int, default=11)
+    parser.add_argument("--repeats", type=int, default=5, help="table 2 repetitions")
     parser.add_argument(
         "--chunk", type=int, default=None, help="network.chunk_bytes for table 2 (default: config)"
     )
@@ -414,25 +435,46 @@ def main() -> None:
             )
         print()
 
-    print("2. Throughput on loopback (MB/s of payload; median of 3; ratio = gRPC mTLS / raw TLS)")
+    print(
+        f"2. Throughput on loopback (MB/s of payload; {args.repeats} interleaved repetitions: "
+        "raw TCP, raw TLS, gRPC mTLS, gRPC plaintext; medians, and for the ratios gRPC mTLS / "
+        "raw TLS of each repetition, their median and range)"
+    )
     print(
         f"{'MB':>6} {'TCP down':>9} {'TCP up':>8} {'TLS down':>9} {'TLS up':>8} "
         f"{'Fetch mTLS':>11} {'Submit mTLS':>12} {'Fetch plain':>12} {'Submit plain':>13} "
-        f"{'Fetch/TLS':>10} {'Submit/TLS':>11}"
+        f"{'Fetch/TLS':>16} {'Submit/TLS':>16}"
     )
     for total in sizes:
         payload = total * 4
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            fetch_tls, submit_tls = grpc_throughput(Path(a), payload, args.chunk, tls=True)
-            fetch_plain, submit_plain = grpc_throughput(Path(b), payload, args.chunk, tls=False)
-            tcp = [socket_throughput(payload) for _ in range(3)]
-            tls = [socket_throughput(payload, Path(a) / "certs") for _ in range(3)]
-        tcp_down, tcp_up = (statistics.median(x) for x in zip(*tcp, strict=True))
-        tls_down, tls_up = (statistics.median(x) for x in zip(*tls, strict=True))
+            secure = GrpcPeer(Path(a), payload, args.chunk, tls=True)
+            plain = GrpcPeer(Path(b), payload, args.chunk, tls=False)
+            rows = []
+            try:
+                for _ in range(args.repeats):
+                    rows.append(
+                        (
+                            *socket_throughput(payload),
+                            *socket_throughput(payload, Path(a) / "certs"),
+                            *secure.once(),
+                            *plain.once(),
+                        )
+                    )
+            finally:
+                secure.close()
+                plain.close()
+        med = [statistics.median(column) for column in zip(*rows, strict=True)]
+        fetch_ratio = [r[4] / r[2] for r in rows]
+        submit_ratio = [r[5] / r[3] for r in rows]
+
+        def spread(ratios: list[float]) -> str:
+            return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
         print(
-            f"{payload / 1e6:>6.0f} {tcp_down:>9.0f} {tcp_up:>8.0f} {tls_down:>9.0f} "
-            f"{tls_up:>8.0f} {fetch_tls:>11.0f} {submit_tls:>12.0f} {fetch_plain:>12.0f} "
-            f"{submit_plain:>13.0f} {fetch_tls / tls_down:>10.2f} {submit_tls / tls_up:>11.2f}"
+            f"{payload / 1e6:>6.0f} {med[0]:>9.0f} {med[1]:>8.0f} {med[2]:>9.0f} {med[3]:>8.0f} "
+            f"{med[4]:>11.0f} {med[5]:>12.0f} {med[6]:>12.0f} {med[7]:>13.0f} "
+            f"{spread(fetch_ratio):>16} {spread(submit_ratio):>16}"
         )
     print()
 

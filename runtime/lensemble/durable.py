@@ -21,7 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -157,7 +157,9 @@ def check_free_space(folder: Path, needed: int) -> None:
         )
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
+def atomic_write(
+    path: Path, data: bytes | Sequence[bytes | memoryview], *, mode: int | None = None
+) -> None:
     """Replace ``path`` with ``data`` atomically and durably.
 
     Temporary file ``.<name>.tmp-<pid>`` in the same folder, write, fsync, rename, fsync the
@@ -165,7 +167,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
 
     Args:
         path: The target file; its folder is created.
-        data: The complete new content.
+        data: The complete new content, or its pieces in order (written one after the other,
+            so a large file needs no buffer of its size).
         mode: Permission bits of the new file (e.g. ``0o600`` for keys); default per umask.
 
     Raises:
@@ -173,7 +176,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
         DiskError: The filesystem failed the write (EIO).
     """
     folder = path.parent
-    with reporting(folder, len(data)):
+    parts = [data] if isinstance(data, bytes | bytearray | memoryview) else list(data)
+    with reporting(folder, sum(memoryview(part).nbytes for part in parts)):
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{path.name}.tmp-{os.getpid()}"
         try:
@@ -184,10 +188,11 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(tmp, flags, 0o666 if mode is None else mode)
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    while view:
+                        written = os.write(fd, view)
+                        view = view[written:]
                 crash_point(f"before-fsync:{path}")
                 os.fsync(fd)
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from lensemble.federation.payload import (
     check_architecture,
     decode,
     encode,
+    encode_parts,
     manifest,
     model_hash,
     tensor_digest,
@@ -125,10 +127,28 @@ def test_architecture_check_quotes_the_first_differing_tensor() -> None:
 
 
 def test_large_payloads_are_assembled_byte_identical_to_safetensors() -> None:
-    # Above payload._LARGE the bytes are filled in place (huge pages), not joined.
+    # Above fresh_bytes.LARGE the bytes are filled in place (huge pages), not joined.
     tensors = {f"t{i}": torch.randn(1 << 20) for i in range(3)}
     tensors["h"] = torch.ones(5, dtype=torch.float16)
     data = encode(tensors, {})  # one metadata key: safetensors orders several at random
     assert type(data) is bytes and len(data) > 12 << 20
     assert data == st_save(tensors, metadata={"format": PAYLOAD_FORMAT})
     assert all(torch.equal(decode(data).tensors[k], v) for k, v in tensors.items())
+
+
+def test_payload_pieces_join_to_the_payload_and_view_the_tensors() -> None:
+    """What a checkpoint writes piece by piece is the payload, and no tensor was copied."""
+    tensors = {k: v.clone() for k, v in MIXED.items()}
+    parts = encode_parts(tensors, {"kind": "x"})
+    assert b"".join(parts) == encode(tensors, {"kind": "x"})
+    tensors["b"][0, 0] = 99.0  # a view sees the change; a copy would not
+    assert b"".join(parts) == encode(tensors, {"kind": "x"})
+    assert len(parts) == 1 + sum(1 for t in MIXED.values() if t.numel())
+
+
+def test_a_checkpoint_file_holds_the_encoded_bytes(tmp_path: Path) -> None:
+    from lensemble.durable import atomic_write
+
+    parts = encode_parts(MIXED, {"kind": "x"})
+    atomic_write(tmp_path / "ckpt.safetensors", parts)
+    assert (tmp_path / "ckpt.safetensors").read_bytes() == encode(MIXED, {"kind": "x"})

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lensemble.config.schema import RobustnessConfig
+from lensemble.durable import DiskFull
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation import robustness
 from lensemble.federation import spool as spool_module
@@ -128,26 +129,82 @@ def test_without_a_folder_the_payloads_stay_in_memory_and_give_the_same_result(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unnamed_spilled_files_leave_no_name_and_close_at_reset() -> None:
+def test_unnamed_spilled_files_leave_no_name_and_are_reused_then_closed() -> None:
     # tmpfs always supports O_TMPFILE, so this runs on any Linux machine (the CI's /tmp may be
     # overlayfs, which does not).
     config = RobustnessConfig()
-    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    first = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    # The next attempt's payloads are shorter (other metadata): a reused file is cut to size.
+    second = {pid: payload(d, "fp16", pid) for pid, d in updates(3, seed=1).items()}
+    assert all(len(second[pid]) < len(first[pid]) for pid in first)
     folder = Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}"
     before = open_descriptors()
     try:
-        on_disk, norms = spool_of(folder, payloads, sorted(payloads))
+        spool, norms = spool_of(folder, first, sorted(first))
         assert folder.is_dir() and list(folder.iterdir()) == []  # no path leads to an update
         assert open_descriptors() == before + 3
-        in_memory, _ = spool_of(None, payloads, sorted(payloads))
+        in_memory, _ = spool_of(None, first, sorted(first))
         screening = decide(norms, config)
         for _ in range(2):  # each reader has its own position: read back twice, same result
-            a = aggregate_spooled(on_disk, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+            a = aggregate_spooled(spool, screening, SHAPES, config, scheme="none", chunk=CHUNK)
             b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme="none", chunk=CHUNK)
             assert all(torch.equal(a[k], b[k]) for k in a)
         assert open_descriptors() == before + 3  # readers do not close the spool's files
-        on_disk.reset()
+        spool.reset()  # the next attempt: the same three files, overwritten
+        assert open_descriptors() == before + 3
+        arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
+        for pid in sorted(second):
+            decoded = decode(second[pid], copy=False)
+            norms[pid] = update_norm(dequantize(decoded.tensors, arch, "fp16", CHUNK))
+            spool.add(pid, second[pid], bytes_hash(second[pid]), decoded)
+        assert open_descriptors() == before + 3
+        again, _ = spool_of(None, second, sorted(second))
+        screening = decide(norms, config)
+        a = aggregate_spooled(spool, screening, SHAPES, config, scheme="fp16", chunk=CHUNK)
+        b = aggregate_spooled(again, screening, SHAPES, config, scheme="fp16", chunk=CHUNK)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        spool.close()
         assert open_descriptors() == before
+    finally:
+        for leftover in folder.glob("*"):
+            leftover.unlink()
+        folder.rmdir()
+
+
+def test_a_kept_file_that_cannot_grow_is_closed_and_the_update_held_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = RobustnessConfig()
+    small = {pid: payload(d, "fp16", pid) for pid, d in updates(2).items()}
+    large = {pid: payload(d, "none", pid) for pid, d in updates(2, seed=1).items()}
+    folder = Path("/dev/shm") / f"lensemble-spool-grow-{os.getpid()}"
+    before = open_descriptors()
+    try:
+        spool, _ = spool_of(folder, small, sorted(small))
+        spool.reset()
+        assert open_descriptors() == before + 2  # kept for the next attempt
+        needed: list[int] = []
+
+        def no_room(where: Path, n: int) -> None:
+            needed.append(n)
+            raise DiskFull(f"{where} has no room for {n} bytes")
+
+        monkeypatch.setattr(spool_module, "check_free_space", no_room)
+        norms: dict[str, float] = {}
+        arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
+        for pid in sorted(large):
+            decoded = decode(large[pid], copy=False)
+            norms[pid] = update_norm(dequantize(decoded.tensors, arch, "none", CHUNK))
+            spool.add(pid, large[pid], bytes_hash(large[pid]), decoded)
+        # Only the growth was asked for, and each refused file was closed, not leaked.
+        assert needed == [len(large[pid]) - len(small[pid]) for pid in sorted(large)]
+        assert open_descriptors() == before
+        in_memory, _ = spool_of(None, large, sorted(large))
+        screening = decide(norms, config)
+        a = aggregate_spooled(spool, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+        b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme="none", chunk=CHUNK)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        spool.close()
     finally:
         for leftover in folder.glob("*"):
             leftover.unlink()
@@ -232,3 +289,49 @@ def test_the_mean_starts_from_positive_zero_as_a_sum_from_zeros_does() -> None:
     want = (torch.zeros(3) + d["a"]["w"] + d["b"]["w"]) / 2
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     assert got.view(torch.int32)[0].item() == 0  # +0.0, not -0.0
+
+
+@pytest.mark.parametrize("scheme", ["none", "int8"])
+@pytest.mark.parametrize("window", [1, 4096, 3 * 4096 + 5])
+def test_an_unnamed_file_read_window_by_window_gives_the_same_blocks(
+    window: int, scheme: str
+) -> None:
+    """Windows of one page (smaller than a block), and ones that end mid-tensor."""
+    g = torch.Generator().manual_seed(3)
+    payloads = {
+        pid: payload({"w": torch.randn(20_000, generator=g), "b": torch.randn(3, 5)}, scheme, pid)
+        for pid in IDS[:2]
+    }
+    # tmpfs makes unnamed files on any Linux machine (the CI's /tmp may be overlayfs).
+    mapped = UpdateSpool(Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}")
+    held = UpdateSpool(None)
+    for pid, data in payloads.items():
+        for spool in (mapped, held):
+            spool.add(pid, data, bytes_hash(data), decode(data, copy=False))
+    assert all(entry.fd is not None for entry in mapped._entries.values())  # mapped, not named
+    assert all(len(p) > 6 * 4096 for p in payloads.values())
+    for pid in payloads:
+        a = mapped.reader(pid, scheme=scheme, chunk=CHUNK, block=5000, window=window)
+        b = held.reader(pid, scheme=scheme, chunk=CHUNK, block=5000)
+        pairs = list(zip(a.blocks(), b.blocks(), strict=True))
+        assert pairs and all(x[:2] == y[:2] and torch.equal(x[2], y[2]) for x, y in pairs)
+        a.finish()
+        b.finish()
+    mapped.close()
+    assert mapped.folder is not None
+    mapped.folder.rmdir()  # empty: no path ever led to an update
+
+
+def test_an_unnamed_file_whose_length_changed_fails_closed_before_it_is_mapped() -> None:
+    """Mapping a file shorter than the payload would turn a read into SIGBUS: it is refused."""
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(2).items()}
+    folder = Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}"
+    spool, _ = spool_of(folder, payloads, sorted(payloads))
+    victim = sorted(payloads)[0]
+    fd = spool._entries[victim].fd
+    assert fd is not None
+    os.ftruncate(fd, len(payloads[victim]) - 4)
+    with pytest.raises(IntegrityError, match="bytes long"):
+        spool.reader(victim, scheme="none", chunk=CHUNK, block=50)
+    spool.close()
+    folder.rmdir()

@@ -28,6 +28,7 @@ from lensemble.cli.output import report_error
 from lensemble.durable import disk_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
 from lensemble.extras import missing_extra
+from lensemble.hugepages import enable_for_this_process
 
 app = typer.Typer(
     name="lensemble",
@@ -91,6 +92,7 @@ def _root(
 
 def main() -> None:
     """Console entry point: run the app and turn Lensemble errors into exit codes."""
+    enable_for_this_process()  # before any command imports torch
     try:
         app()
     except LensembleError as exc:

@@ -32,7 +32,7 @@ from lensemble.federation.checkpoint_audit import (
     recorded_version_of,
     require_momentum,
 )
-from lensemble.federation.payload import decode, encode, model_hash, tensor_digest
+from lensemble.federation.payload import decode, encode_parts, model_hash, tensor_digest
 from lensemble.federation.signing import Signer
 
 KEEP = CHECKPOINTS_KEPT  # the coordinator volume is sized for it (config.sizing)
@@ -162,10 +162,11 @@ class CheckpointStore:
             meta["mac"] = self.signer.mac(digest)
             meta["mac_alg"] = self.signer.algorithm
             meta["mac_key_id"] = self.signer.key_id
-        data = encode(tensors, meta)
+        # Written piece by piece: no buffer of the checkpoint's size (parameters and momentum).
+        parts = encode_parts(tensors, meta)
         self.folder.mkdir(parents=True, exist_ok=True)
-        check_free_space(self.folder, len(data))
-        atomic_write(self.path(ckpt.version), data)
+        check_free_space(self.folder, sum(len(part) for part in parts))
+        atomic_write(self.path(ckpt.version), parts)
         for old in self.versions()[:-KEEP]:
             # No folder fsync: an old checkpoint a crash brings back is pruned by the next save
             # and never read before it (a resume loads the newest), so durability is unchanged
@@ -259,10 +260,10 @@ class InnerStateStore:
         last snapshot of round ``t - 1`` even when round ``t`` had several attempts.
         """
         path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
-        data = encode(dict(state), {"kind": "inner-state"})
+        parts = encode_parts(dict(state), {"kind": "inner-state"})
         self.folder.mkdir(parents=True, exist_ok=True)
-        check_free_space(self.folder, len(data))
-        atomic_write(path, data)
+        check_free_space(self.folder, sum(len(part) for part in parts))
+        atomic_write(path, parts)
         rounds = sorted({e[0] for e in self._entries()})
         for old in self._entries():
             if old[0] < rounds[-2:][0]:

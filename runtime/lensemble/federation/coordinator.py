@@ -294,6 +294,8 @@ class Coordinator:
         self._collection: _Collection | None = None
         self._closed: ClosedAttempt | None = None
         self._payload_cache: tuple[int, bytes] | None = None
+        # The reduction's result, reused every round (allocated at the first aggregation).
+        self._accumulator: Params | None = None
         self._commit_s: float | None = None  # checkpoint + ledger line of the last commit
         # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
@@ -616,6 +618,7 @@ class Coordinator:
             if submission is None:
                 break
             transport.reply(submission, self.accept(submission))
+            del submission  # its payload is spilled: let it go before the next one arrives
         # A transport may know why an absent participant is absent (its connection broke, it
         # sent an oversized stream): the ledger names that instead of "timeout".
         absence = getattr(transport, "absence_reasons", None)
@@ -644,6 +647,10 @@ class Coordinator:
                 machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
             )
         shapes = {name: spec.shape for name, spec in self.architecture.items()}
+        if self._accumulator is None:
+            self._accumulator = {
+                name: torch.empty(shape, dtype=torch.float32) for name, shape in shapes.items()
+            }
         try:
             combined = aggregate_spooled(
                 self._spool,
@@ -652,18 +659,27 @@ class Coordinator:
                 fed.robustness,
                 scheme=fed.quantization,
                 chunk=fed.int8_chunk,
+                out=self._accumulator,
             )
         finally:
             self._spool.reset()
         self._advance(machine, RoundState.COMMITTING)
-        params, momentum = self.outer.apply(self.params, combined, self.momentum)
-        change, problem = precommit_problem(self.params, params, fed.robustness.max_relative_change)
+        # The check reads the new model tensor by tensor; only when it passes is the step
+        # taken, in place: no second copy of the model and its momentum is ever held.
+        candidate = self.outer.candidate(self.params, combined, self.momentum)
+        change, problem = precommit_problem(
+            self.params, candidate, fed.robustness.max_relative_change
+        )
         defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
         if problem is not None:
             defences["precommit"] = problem
             return self._abort(
                 machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
             )
+        params, momentum = self.params, self.momentum
+        self._payload_cache = None  # the committed model's payload replaces it
+        self.outer.apply_in_place(params, combined, momentum)
+        del combined
         new_hash = model_hash(params, self.version + 1, parent)
         record = self._record(
             machine,

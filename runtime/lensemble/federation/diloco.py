@@ -26,7 +26,7 @@ order, so the result is bit-reproducible; a test checks it against ``torch.optim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -110,13 +110,36 @@ class OuterStep:
     momentum: float
     nesterov: bool
 
+    def step(
+        self, param: torch.Tensor, mean_delta: torch.Tensor, momentum: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One tensor's outer SGD step; pure (new tensors, inputs unchanged).
+
+        Args:
+            param: ``theta_t`` of one tensor (float32).
+            mean_delta: ``g`` of that tensor, the canonical-order mean pseudo-gradient.
+            momentum: ``v_{t-1}`` of that tensor (zeros before the first step).
+
+        Returns:
+            ``(theta_{t+1}, v_t)`` of that tensor, float32, shaped like ``param``.
+        """
+        lr = torch.tensor(self.lr, dtype=torch.float32)
+        mu = torch.tensor(self.momentum, dtype=torch.float32)
+        g = mean_delta.to(torch.float32)
+        # v = mu * m + g; update = g + mu * v (Nesterov) or v; theta - lr * update. Each product
+        # and sum is the same float32 operation as written out in one expression (both
+        # commute), computed into two buffers instead of six temporaries.
+        v = torch.mul(momentum, mu).add_(g)
+        update = torch.mul(v, mu).add_(g).mul_(lr) if self.nesterov else torch.mul(v, lr)
+        return torch.sub(param.to(torch.float32), update), v
+
     def apply(
         self,
         params: Mapping[str, torch.Tensor],
         mean_delta: Mapping[str, torch.Tensor],
         momentum: Mapping[str, torch.Tensor],
     ) -> tuple[Params, Params]:
-        """One outer SGD step; pure (inputs are not modified).
+        """One outer SGD step over every tensor; pure (inputs are not modified).
 
         Args:
             params: ``theta_t`` (float32).
@@ -126,17 +149,68 @@ class OuterStep:
         Returns:
             ``(theta_{t+1}, v_t)``, both name -> float32 tensor.
         """
-        lr = torch.tensor(self.lr, dtype=torch.float32)
-        mu = torch.tensor(self.momentum, dtype=torch.float32)
         new_params: Params = {}
         new_momentum: Params = {}
         for name in sorted(params):
-            g = mean_delta[name].to(torch.float32)
-            v = mu * momentum[name] + g
-            update = g + mu * v if self.nesterov else v
-            new_params[name] = params[name].to(torch.float32) - lr * update
-            new_momentum[name] = v
+            new_params[name], new_momentum[name] = self.step(
+                params[name], mean_delta[name], momentum[name]
+            )
         return new_params, new_momentum
+
+    def candidate(
+        self,
+        params: Mapping[str, torch.Tensor],
+        mean_delta: Mapping[str, torch.Tensor],
+        momentum: Mapping[str, torch.Tensor],
+    ) -> Mapping[str, torch.Tensor]:
+        """``theta_{t+1}`` computed tensor by tensor as it is read, none of it kept.
+
+        For a check that reads each new tensor once before the step is taken
+        (:func:`~lensemble.federation.robustness.precommit_problem`): it costs one tensor of
+        memory instead of a model. The values are :meth:`apply`'s, bit for bit.
+        """
+        return _Candidate(self, params, mean_delta, momentum)
+
+    def apply_in_place(
+        self, params: Params, mean_delta: Mapping[str, torch.Tensor], momentum: Params
+    ) -> None:
+        """:meth:`apply`, written into the tensors of ``params`` and ``momentum`` themselves.
+
+        Each tensor's new values are copied into it as soon as they are computed: the step
+        needs one tensor of memory beyond its inputs instead of two models, and allocates no
+        model-sized buffer that would be faulted in again every round.
+
+        Args:
+            params: ``theta_t`` (float32, contiguous), overwritten with ``theta_{t+1}``.
+            mean_delta: ``g`` (float32).
+            momentum: ``v_{t-1}`` (float32, contiguous), overwritten with ``v_t``.
+        """
+        for name in sorted(params):
+            new_param, new_momentum = self.step(params[name], mean_delta[name], momentum[name])
+            params[name].copy_(new_param)
+            momentum[name].copy_(new_momentum)
+
+
+class _Candidate(Mapping[str, torch.Tensor]):
+    """A read-only view whose items are :meth:`OuterStep.step`'s new parameters."""
+
+    def __init__(
+        self,
+        outer: OuterStep,
+        params: Mapping[str, torch.Tensor],
+        mean_delta: Mapping[str, torch.Tensor],
+        momentum: Mapping[str, torch.Tensor],
+    ) -> None:
+        self._outer, self._params, self._mean, self._momentum = outer, params, mean_delta, momentum
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._outer.step(self._params[name], self._mean[name], self._momentum[name])[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
 
 
 def zeros_like(params: Mapping[str, torch.Tensor]) -> Params:

@@ -12,22 +12,18 @@ lengths as little-endian integers), then a caller-supplied suffix (round index, 
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
 import json
 import re
 import struct
-import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
 from lensemble.errors import ArchitectureMismatch, PayloadError
+from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
 
 PAYLOAD_FORMAT = "lensemble-payload-v1"
 MODEL_HASH_DOMAIN = b"lensemble/global-model/v1\x00"
@@ -135,11 +131,31 @@ def encode(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> 
     Returns:
         The payload bytes; their length is the exact number of bytes sent.
     """
+    parts = encode_parts(tensors, metadata)
+    return _joined(parts, sum(len(part) for part in parts))
+
+
+def encode_parts(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]
+) -> list[bytes | memoryview]:
+    """:func:`encode`'s bytes as pieces, without copying a tensor: the header, then each tensor.
+
+    For a writer that takes the pieces one after the other (a checkpoint file): the file's
+    bytes are exactly :func:`encode`'s, and no model-sized buffer is built for them.
+
+    Args:
+        tensors: Name -> CPU tensor (contiguous ones are viewed, others copied once).
+        metadata: As for :func:`encode`.
+
+    Returns:
+        The header (with its length prefix) and a byte view of every non-empty tensor, in file
+        order; valid while the tensors are neither changed nor freed.
+    """
     prepared = [(name, t.detach().cpu().contiguous()) for name, t in tensors.items()]
     prepared.sort(key=lambda item: (-_ST_DTYPE_RANK[dtype_token(item[1].dtype)], item[0]))
     meta = {"format": PAYLOAD_FORMAT, **metadata}
     header: dict[str, object] = {"__metadata__": dict(sorted(meta.items()))}
-    chunks: list[object] = []
+    chunks: list[memoryview] = []
     offset = 0
     for name, t in prepared:
         size = t.numel() * t.element_size()
@@ -153,57 +169,22 @@ def encode(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> 
             chunks.append(t.reshape(-1).view(torch.uint8).numpy().data)
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
-    return _joined([struct.pack("<Q", len(text)) + text, *chunks], 8 + len(text) + offset)  # type: ignore[list-item]
-
-
-#: Payloads at least this large are assembled in huge pages (:func:`_joined`).
-_LARGE = 8 << 20
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
-
-
-@functools.cache
-def _c_api() -> tuple[Any, Any, Any]:
-    """CPython's uninitialised-bytes constructor, its buffer address, and libc's madvise."""
-    new = ctypes.pythonapi.PyBytes_FromStringAndSize
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
-    address = ctypes.pythonapi.PyBytes_AsString
-    address.restype, address.argtypes = ctypes.c_void_p, [ctypes.py_object]
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return new, address, madvise
+    return [struct.pack("<Q", len(text)) + text, *chunks]
 
 
 def _joined(parts: list[bytes | memoryview], total: int) -> bytes:
     """``b"".join(parts)`` (``total`` bytes), at memory bandwidth for large payloads.
 
-    A fresh multi-megabyte buffer is mapped page by page as it is first written, and with 4 KiB
-    pages those faults cost more than the copy itself (``b"".join`` ran at about a seventh of
-    ``numpy.copyto``'s speed in ``bench/runtime_overhead.py``). A large payload is therefore
-    created uninitialised through CPython's documented ``PyBytes_FromStringAndSize(NULL, n)``,
-    its buffer advised to use transparent huge pages, and filled by numpy before the object is
-    returned (nobody else has seen it yet). Where any of that is unavailable, plain ``join``.
+    Built in place (:class:`~lensemble.federation.fresh_bytes.BytesBuilder`): ``b"".join``
+    ran at about a seventh of ``numpy.copyto``'s speed in ``bench/runtime_overhead.py``, its
+    fresh buffer faulted in 4 KiB page by page.
     """
-    if total < _LARGE or sys.platform != "linux":
+    if total < LARGE:
         return b"".join(parts)
-    try:
-        new, address, madvise = _c_api()
-    except (AttributeError, OSError):  # pragma: no cover - not CPython on Linux
-        return b"".join(parts)
-    out = new(None, total)
-    start = address(out)
-    first = -(-start // _HUGE_PAGE) * _HUGE_PAGE
-    last = (start + total) // _HUGE_PAGE * _HUGE_PAGE
-    if last > first:
-        madvise(first, last - first, _MADV_HUGEPAGE)  # advice only: failure changes nothing
-    dest = np.ctypeslib.as_array((ctypes.c_ubyte * total).from_address(start))
-    position = 0
+    builder = BytesBuilder(total)
     for part in parts:
-        values = np.frombuffer(part, dtype=np.uint8)
-        dest[position : position + values.size] = values
-        position += values.size
-    assert position == total
-    return out  # type: ignore[no-any-return]
+        builder.write(part)
+    return builder.finish()
 
 
 @dataclass(frozen=True)

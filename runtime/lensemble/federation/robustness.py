@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import MEAN_BLOCK, canonical_mean
 from lensemble.federation.quantization import all_finite
-from lensemble.federation.spool import SpooledUpdate, UpdateSpool
+from lensemble.federation.spool import WINDOW_BUDGET, SpooledUpdate, UpdateSpool
 from lensemble.model.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
@@ -52,10 +52,15 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
         norm is a reduction whose bits depend on how torch splits it over threads, and it
         decides clipping, so it must not depend on the coordinator machine's core count.
     """
+    return _l2(delta[name] for name in sorted(delta))
+
+
+def _l2(tensors: Iterable[torch.Tensor]) -> float:
+    """L2 norm over several tensors: float64 norms of each, squared and summed in turn."""
     total = 0.0
     with single_threaded():
-        for name in sorted(delta):
-            part = float(torch.linalg.vector_norm(delta[name], ord=2, dtype=torch.float64))
+        for tensor in tensors:
+            part = float(torch.linalg.vector_norm(tensor, ord=2, dtype=torch.float64))
             total += part * part
     return math.sqrt(total)
 
@@ -260,6 +265,7 @@ def aggregate_spooled(
     *,
     scheme: str,
     chunk: int,
+    out: Params | None = None,
 ) -> Params:
     """:func:`aggregate` over spilled updates, holding one block per update at a time.
 
@@ -276,9 +282,12 @@ def aggregate_spooled(
         config: ``federation.robustness``.
         scheme: ``federation.quantization``.
         chunk: ``federation.int8_chunk``.
+        out: Float32 buffers of ``shapes`` to write the result into (any content: every
+            element is written before it is read), reused from round to round so that no
+            model-sized buffer is allocated each time; new ones when None.
 
     Returns:
-        Name -> float32 tensor of ``shapes``.
+        Name -> float32 tensor of ``shapes`` (views of ``out`` when given).
 
     Raises:
         ValueError: No update is kept.
@@ -287,8 +296,14 @@ def aggregate_spooled(
     order = sorted(screening.kept_ids)
     if not order:
         raise ValueError("aggregate needs at least one contribution")
+    # Every element is written before it is read: the mean's first update lands as d_0 + 0.0.
     flat = {
-        name: torch.zeros(math.prod(shape), dtype=torch.float32) for name, shape in shapes.items()
+        name: (
+            out[name].view(-1)
+            if out is not None
+            else torch.empty(math.prod(shape), dtype=torch.float32)
+        )
+        for name, shape in shapes.items()
     }
     mean = config.aggregator == "mean"
     reduce = (
@@ -304,7 +319,14 @@ def aggregate_spooled(
         for pid in order:
             factor = screening.clipped.get(pid)
             updates.append(
-                spool.reader(pid, scheme=scheme, chunk=chunk, block=block, factor=factor)
+                spool.reader(
+                    pid,
+                    scheme=scheme,
+                    chunk=chunk,
+                    block=block,
+                    factor=factor,
+                    window=WINDOW_BUDGET // len(order),  # all updates' windows: one budget
+                )
             )
         # Block by block across all updates (each yields the same blocks in the same order),
         # so an accumulator block stays in cache while every update adds into it.
@@ -312,7 +334,10 @@ def aggregate_spooled(
             name, start, first = parts[0]
             target = flat[name][start : start + first.numel()]
             if reduce is None:
-                for _, _, values in parts:  # canonical order, from zeros: 0 + d_0 + d_1 ...
+                # Canonical order: ((0 + d_0) + d_1) + ...; d_0 + 0.0 is 0.0 + d_0 bit for bit
+                # (-0.0 becomes +0.0 either way), without a pass that writes zeros first.
+                torch.add(first, 0.0, out=target)
+                for _, _, values in parts[1:]:
                     target.add_(values)
             else:
                 stacked = torch.stack([values for _, _, values in parts])  # canonical order
@@ -335,7 +360,9 @@ def relative_change(current: Mapping[str, torch.Tensor], new: Mapping[str, torch
         current: ``theta_t`` (float32).
         new: ``theta_{t+1}`` (float32, same names and shapes).
     """
-    change = update_norm({n: new[n] - current[n] for n in sorted(new)})
+    # One difference tensor alive at a time, not a model's worth; the same sums as
+    # update_norm of all the differences.
+    change = _l2(new[name] - current[name] for name in sorted(new))
     return change / max(1.0, update_norm(current))
 
 
@@ -348,7 +375,7 @@ def precommit_problem(
 
     Args:
         current: ``theta_t`` (float32).
-        new: ``theta_{t+1}`` (float32, same names and shapes).
+        new: ``theta_{t+1}`` (float32, same names and shapes); each tensor is read once.
         max_relative_change: ``federation.robustness.max_relative_change``.
 
     Returns:
@@ -356,10 +383,19 @@ def precommit_problem(
         not finite) and None when the model may be committed, else one sentence saying why
         not: a tensor with NaN or Inf, or a relative change above ``max_relative_change``.
     """
-    for name in sorted(new):
-        if not all_finite(new[name]):
-            return None, f"the new global model's tensor '{name}' has NaN or Inf values."
-    change = relative_change(current, new)
+    # Each new tensor is read once (``new`` may compute it on access, see
+    # OuterStep.candidate); the sums are relative_change's.
+    total = 0.0
+    with single_threaded():
+        for name in sorted(new):
+            value = new[name]
+            if not all_finite(value):
+                return None, f"the new global model's tensor '{name}' has NaN or Inf values."
+            part = float(
+                torch.linalg.vector_norm(value - current[name], ord=2, dtype=torch.float64)
+            )
+            total += part * part
+    change = math.sqrt(total) / max(1.0, update_norm(current))
     if not change <= max_relative_change:
         return change, (
             f"the new global model moves by {change:.4g} x max(1, its current L2 norm), more "

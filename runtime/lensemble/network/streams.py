@@ -15,10 +15,10 @@ against 3 GB/s for one join on this machine): the frames are byte-identical to
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Iterator
 
 from lensemble.errors import PayloadError
+from lensemble.federation.fresh_bytes import BytesBuilder
 
 #: Headroom (bytes) above ``chunk_bytes`` for protobuf framing and headers in one gRPC message.
 FRAME_OVERHEAD = 64 * 1024
@@ -99,9 +99,11 @@ def chunk_count(size: int, chunk_bytes: int) -> int:
 class Assembler:
     """Collects one stream's chunks into the payload, refusing oversize streams early.
 
-    The payload is written into one buffer of the declared size, allocated up front and handed
-    out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n`` bytes costs
-    ``n`` bytes of memory (plus the chunk in flight), never two copies.
+    The payload is written into one ``bytes`` object of the declared size, allocated up front
+    without being zero-filled (:class:`~lensemble.federation.fresh_bytes.BytesBuilder`; filling
+    40 MB with zeros first took a quarter of the coordinator's time for a SubmitUpdate stream)
+    and handed out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n``
+    bytes costs ``n`` bytes of memory (plus the chunk in flight), never two copies.
 
     Args:
         declared: Total bytes announced by the sender.
@@ -127,12 +129,7 @@ class Assembler:
         self.what = what
         self._received = 0
         self._hash = hashlib.sha256() if hashed else None
-        self._buffer = io.BytesIO()
-        if declared:
-            # One allocation of the final size; getvalue() then returns this very buffer.
-            self._buffer.seek(declared - 1)
-            self._buffer.write(b"\0")
-            self._buffer.seek(0)
+        self._buffer = BytesBuilder(declared)
 
     @property
     def received(self) -> int:
@@ -151,7 +148,7 @@ class Assembler:
                 f"{self.what} sent more than the {self.declared} bytes it declared;",
                 remediation="the sender is broken or hostile; the stream was refused.",
             )
-        self._buffer.write(data)
+        self._buffer.write(data)  # fits: checked above
         if self._hash is not None:
             self._hash.update(data)
         self._received += len(data)
@@ -179,6 +176,4 @@ class Assembler:
                 "bytes arrived;",
                 remediation="the connection broke or the sender is broken; it may resend.",
             )
-        payload = self._buffer.getvalue()
-        self._buffer = io.BytesIO()
-        return payload
+        return self._buffer.finish()

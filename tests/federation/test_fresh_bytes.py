@@ -1,0 +1,44 @@
+"""Bytes built in place: the same bytes as a join, and never handed out half written."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
+
+
+@pytest.mark.parametrize("size", [0, 5, LARGE - 1, LARGE, LARGE + 4097])
+def test_the_pieces_come_back_as_one_bytes_object(size: int) -> None:
+    data = os.urandom(size)
+    cuts = sorted({0, size, size // 3, size // 2, max(0, size - 1)})
+    builder = BytesBuilder(size)
+    for start, end in zip(cuts, cuts[1:], strict=False):
+        builder.write(memoryview(data)[start:end])
+    out = builder.finish()
+    assert type(out) is bytes and out == data
+    assert builder.size == builder.written == 0  # emptied: the object is not reachable from it
+
+
+@pytest.mark.parametrize("size", [7, LARGE + 3])
+def test_a_short_object_is_never_handed_out(size: int) -> None:
+    builder = BytesBuilder(size)
+    builder.write(b"\1" * (size - 1))
+    with pytest.raises(ValueError, match=f"{size - 1} of {size} bytes"):
+        builder.finish()
+
+
+@pytest.mark.parametrize("size", [7, LARGE + 3])
+def test_a_piece_that_does_not_fit_writes_nothing(size: int) -> None:
+    builder = BytesBuilder(size)
+    builder.write(b"\2" * (size - 2))
+    with pytest.raises(ValueError, match="would not fit"):
+        builder.write(b"\3" * 3)
+    builder.write(b"\4\4")
+    assert builder.finish() == b"\2" * (size - 2) + b"\4\4"
+
+
+def test_a_negative_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="-1 bytes"):
+        BytesBuilder(-1)
