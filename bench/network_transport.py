@@ -288,6 +288,7 @@ class GrpcPeer:
 
         path, config = write_config(tmp, config_mapping(tmp, 1, chunk_bytes, tls))
         self.payload_bytes = payload_bytes
+        self.chunk_bytes = config.network.chunk_bytes
         self._server = _spawn("_serve", str(path), str(payload_bytes))
         self._client = CoordinatorClient(config, "p0")
         self._client.join()
@@ -360,6 +361,116 @@ def socket_throughput(payload_bytes: int, certs: Path | None = None) -> tuple[fl
         peer.wait(30)
     mb = payload_bytes / 1e6
     return mb / down, mb / up
+
+
+_FLOOR_FETCH = "/floor.Floor/Fetch"
+_FLOOR_SUBMIT = "/floor.Floor/Submit"
+
+
+def grpc_floor_peer(port: int, payload_bytes: int, chunk_bytes: int, certs: Path) -> None:
+    """The gRPC floor's server: the fewest steps grpcio needs to stream the same bytes.
+
+    Generic handlers with identity serializers (bytes in, bytes out, no protobuf), the payload
+    cut into ``chunk_bytes`` pieces before the clock starts, mutual TLS with the run's own
+    certificates, grpcio's default options bar the message size: what Lensemble's FetchModel
+    and SubmitUpdate cost beyond it is ours.
+    """
+    from concurrent import futures
+
+    import grpc
+
+    payload = os.urandom(payload_bytes)
+    pieces = [payload[i : i + chunk_bytes] for i in range(0, payload_bytes, chunk_bytes)]
+
+    def fetch(_request: bytes, _context: Any) -> Any:
+        yield from pieces
+
+    def submit(chunks: Any, _context: Any) -> bytes:
+        return str(sum(len(chunk) for chunk in chunks)).encode()
+
+    handler = grpc.method_handlers_generic_handler(
+        "floor.Floor",
+        {
+            "Fetch": grpc.unary_stream_rpc_method_handler(fetch),
+            "Submit": grpc.stream_unary_rpc_method_handler(submit),
+        },
+    )
+    limit = chunk_bytes + (64 << 10)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ],
+    )
+    server.add_generic_rpc_handlers((handler,))
+    identity = certs / "coordinator"
+    credentials = grpc.ssl_server_credentials(
+        [((identity / "tls.key").read_bytes(), (identity / "tls.crt").read_bytes())],
+        root_certificates=(certs / "ca.crt").read_bytes(),
+        require_client_auth=True,
+    )
+    server.add_secure_port(f"127.0.0.1:{port}", credentials)
+    server.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    server.wait_for_termination()
+
+
+class GrpcFloor:
+    """A connected client of :func:`grpc_floor_peer` (spawned once, reused per repetition)."""
+
+    def __init__(self, payload_bytes: int, chunk_bytes: int, certs: Path) -> None:
+        import grpc
+
+        port = free_port()
+        self.payload_bytes, self.chunk_bytes = payload_bytes, chunk_bytes
+        self._server = _spawn("_floor", str(port), str(payload_bytes), str(chunk_bytes), str(certs))
+        identity = certs / IDS[0]
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=(certs / "ca.crt").read_bytes(),
+            private_key=(identity / "tls.key").read_bytes(),
+            certificate_chain=(identity / "tls.crt").read_bytes(),
+        )
+        limit = chunk_bytes + (64 << 10)
+        self._channel = grpc.secure_channel(
+            f"localhost:{port}",
+            credentials,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ],
+        )
+        self._fetch = self._channel.unary_stream(_FLOOR_FETCH)
+        self._submit = self._channel.stream_unary(_FLOOR_SUBMIT)
+        self._upload = os.urandom(payload_bytes)
+        self.once()  # connects (and shakes hands) outside any clock
+
+    def once(self) -> tuple[float, float]:
+        """MB/s of one download into one buffer and one upload until the server's answer."""
+        start = time.perf_counter()
+        buffer, got = bytearray(self.payload_bytes), 0
+        for piece in self._fetch(b""):
+            buffer[got : got + len(piece)] = piece
+            got += len(piece)
+        fetch_s = time.perf_counter() - start
+        assert got == self.payload_bytes
+        view = memoryview(self._upload)
+        start = time.perf_counter()
+        answer = self._submit(
+            bytes(view[i : i + self.chunk_bytes])
+            for i in range(0, self.payload_bytes, self.chunk_bytes)
+        )
+        submit_s = time.perf_counter() - start
+        assert int(answer) == self.payload_bytes
+        mb = self.payload_bytes / 1e6
+        return mb / fetch_s, mb / submit_s
+
+    def close(self) -> None:
+        """Close the channel and stop the server process."""
+        self._channel.close()
+        self._server.kill()
+        self._server.wait()
 
 
 # ------------------------------------------------------------------------------ main
@@ -436,20 +547,23 @@ def main() -> None:
         print()
 
     print(
-        f"2. Throughput on loopback (MB/s of payload; {args.repeats} interleaved repetitions: "
-        "raw TCP, raw TLS, gRPC mTLS, gRPC plaintext; medians, and for the ratios gRPC mTLS / "
-        "raw TLS of each repetition, their median and range)"
+        f"2. Throughput on loopback (MB/s of payload; {args.repeats} interleaved repetitions of "
+        "raw TCP, raw TLS, the gRPC floor (mTLS), FetchModel/SubmitUpdate over mTLS and in "
+        "plaintext: medians; for the ratios to raw TLS and to the gRPC floor, the median of "
+        "each repetition's ratio and their range)"
     )
     print(
-        f"{'MB':>6} {'TCP down':>9} {'TCP up':>8} {'TLS down':>9} {'TLS up':>8} "
-        f"{'Fetch mTLS':>11} {'Submit mTLS':>12} {'Fetch plain':>12} {'Submit plain':>13} "
-        f"{'Fetch/TLS':>16} {'Submit/TLS':>16}"
+        f"{'MB':>4} {'TCP dn':>6} {'TCP up':>6} {'TLS dn':>6} {'TLS up':>6} "
+        f"{'gRPC dn':>7} {'gRPC up':>7} {'Fetch':>6} {'Submit':>6} {'F pl':>5} {'S pl':>5} | "
+        f"{'Fetch/TLS':>16} {'Submit/TLS':>16} | {'Fetch/gRPC':>16} {'Submit/gRPC':>16}"
     )
     for total in sizes:
         payload = total * 4
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             secure = GrpcPeer(Path(a), payload, args.chunk, tls=True)
             plain = GrpcPeer(Path(b), payload, args.chunk, tls=False)
+            chunk = secure.chunk_bytes
+            floor = GrpcFloor(payload, chunk, Path(a) / "certs")
             rows = []
             try:
                 for _ in range(args.repeats):
@@ -457,24 +571,27 @@ def main() -> None:
                         (
                             *socket_throughput(payload),
                             *socket_throughput(payload, Path(a) / "certs"),
+                            *floor.once(),
                             *secure.once(),
                             *plain.once(),
                         )
                     )
             finally:
+                floor.close()
                 secure.close()
                 plain.close()
         med = [statistics.median(column) for column in zip(*rows, strict=True)]
-        fetch_ratio = [r[4] / r[2] for r in rows]
-        submit_ratio = [r[5] / r[3] for r in rows]
+        widths = (6, 6, 6, 6, 7, 7, 6, 6, 5, 5)  # the header's columns
 
         def spread(ratios: list[float]) -> str:
             return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
         print(
-            f"{payload / 1e6:>6.0f} {med[0]:>9.0f} {med[1]:>8.0f} {med[2]:>9.0f} {med[3]:>8.0f} "
-            f"{med[4]:>11.0f} {med[5]:>12.0f} {med[6]:>12.0f} {med[7]:>13.0f} "
-            f"{spread(fetch_ratio):>16} {spread(submit_ratio):>16}"
+            f"{payload / 1e6:>4.0f} "
+            + " ".join(f"{m:>{w}.0f}" for m, w in zip(med, widths, strict=True))
+            + f" | {spread([r[6] / r[2] for r in rows]):>16} "
+            f"{spread([r[7] / r[3] for r in rows]):>16} | "
+            f"{spread([r[6] / r[4] for r in rows]):>16} {spread([r[7] / r[5] for r in rows]):>16}"
         )
     print()
 
@@ -494,6 +611,8 @@ if __name__ == "__main__":
         _proc(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "_serve":
         serve(Path(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_floor":
+        grpc_floor_peer(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sock":
         certs = Path(sys.argv[4]) if len(sys.argv) > 4 else None
         socket_peer(int(sys.argv[2]), int(sys.argv[3]), certs)

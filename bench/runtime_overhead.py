@@ -6,17 +6,23 @@ shared machine's load does not decide the ratios (``--clock wall`` for wall time
 counts waiting for the disk). Floors are measured before and after the figures; the faster
 pass is used, which can only make a ratio look worse:
 
-- **copy floor**: ``numpy.copyto`` of the model's float32 bytes into a preallocated array
-  (reads and writes every byte once: memory bandwidth as Python sees it);
+- **copy floor**: a copy of the model's float32 bytes into buffers already touched once (reads
+  and writes every byte once: memory bandwidth as Python sees it, without page faults);
 - **hash floor**: ``hashlib.sha256`` over the same bytes (SHA-256 has its own ceiling, below
   memory bandwidth; the hashing figure is given against both floors).
+
+Each floor is the faster of two passes: tensor by tensor in the tensors' own memory, and over
+one contiguous numpy copy (which numpy backs with huge pages). The run uses the container
+image's huge-page environment (:mod:`lensemble.hugepages`) unless ``--memory-env as-is``.
 
 Per model size (float32 parameters, 1M-element tensors), in this process:
 
 - ``encode``: :func:`~lensemble.federation.payload.encode` of the model (the one copy that
   builds the payload); ``parse``: :func:`~lensemble.federation.payload.decode` with
   ``copy=False``, as the coordinator judges an update (header checks, tensors are views);
-  ``serialize`` = both together, MB of parameters / (encode s + parse s).
+  ``serialize`` = both together, MB of parameters / (encode s + parse s). ``fresh`` is a
+  reference, not a floor: the same bytes copied into a newly allocated array, which any new
+  payload must pay for (the kernel's first touch of every page).
 - ``hash``: :func:`~lensemble.federation.payload.tensor_digest` of the model (the model hash).
 - ``reduce``: :func:`~lensemble.federation.diloco.canonical_mean` over 4 in-memory updates
   (MB of updates summed / s): the reduction itself, in place.
@@ -129,6 +135,21 @@ def floors(params: Mapping[str, torch.Tensor]) -> tuple[float, float]:
     copy = mb / min(best_of(own_copy), best_of(lambda: np.copyto(dest, flat)))
     digest = mb / min(best_of(own_hash), best_of(lambda: hashlib.sha256(flat.data).digest()))
     return copy, digest
+
+
+def fresh_copy(params: Mapping[str, torch.Tensor]) -> float:
+    """MB/s of copying the model's bytes into a newly allocated buffer.
+
+    What building any new payload must do: memory bandwidth plus the kernel's first touch of
+    every page (numpy advises huge pages for it, as :mod:`lensemble.federation.fresh_bytes`
+    does). Not a floor: a reference for what a fresh buffer costs on this machine.
+    """
+    flat = np.concatenate([t.numpy() for t in params.values()])
+
+    def once() -> None:
+        np.copyto(np.empty_like(flat), flat)
+
+    return flat.nbytes / MB / best_of(once)
 
 
 def reset_peak_rss() -> None:
@@ -347,6 +368,7 @@ def in_process(total: int) -> dict[str, float]:
     copy, digest = floors(params)  # right after the figures (and before them, above)
     copy, digest = max(copy, before[0]), max(digest, before[1])  # the faster: conservative
     return {
+        "fresh": fresh_copy(params),
         "copy": copy,
         "hash": digest,
         "encode": mb / t_encode,
@@ -400,15 +422,16 @@ def main() -> None:
     )
     print(
         f"{'params':>6} | {'copy':>6} {'sha256':>6} | {'encode':>6} {'parse':>7} "
-        f"{'serial':>6} {'x copy':>6} | {'hash':>5} {'x sha':>5} {'x copy':>6} | "
-        f"{'reduce':>6} {'x copy':>6}"
+        f"{'serial':>6} {'x copy':>6} | {'fresh':>6} {'x fresh':>7} | {'hash':>5} {'x sha':>5} "
+        f"{'x copy':>6} | {'reduce':>6} {'x copy':>6}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
         r = in_process(size * 1_000_000)
         print(
             f"{size:>5}M | {r['copy']:>6.0f} {r['hash']:>6.0f} | {r['encode']:>6.0f} "
             f"{r['parse']:>7.0f} {r['serialize']:>6.0f} {r['serialize'] / r['copy']:>6.2f} | "
-            f"{r['model_hash']:>5.0f} {r['model_hash'] / r['hash']:>5.2f} "
+            f"{r['fresh']:>6.0f} {r['serialize'] / r['fresh']:>7.2f} | {r['model_hash']:>5.0f} "
+            f"{r['model_hash'] / r['hash']:>5.2f} "
             f"{r['model_hash'] / r['copy']:>6.2f} | {r['reduce']:>6.0f} "
             f"{r['reduce'] / r['copy']:>6.2f}",
             flush=True,

@@ -295,8 +295,9 @@ class CoordinatorClient:
                     limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
                     # Not hashed: the decoded model is checked against its model hash.
                     assembler = Assembler(chunk.total_bytes, limit, what, hashed=False)
-                assembler.add(chunk.data)
-                self.metrics.bytes_in.inc(len(chunk.data))
+                data = chunk.data  # each access copies the field out of the message
+                assembler.add(data)
+                self.metrics.bytes_in.inc(len(data))
         finally:
             call.cancel()
         if assembler is None:
