@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -14,7 +15,7 @@ def test_the_pieces_come_back_as_one_bytes_object(size: int) -> None:
     data = os.urandom(size)
     cuts = sorted({0, size, size // 3, size // 2, max(0, size - 1)})
     builder = BytesBuilder(size)
-    for start, end in zip(cuts, cuts[1:], strict=False):
+    for start, end in itertools.pairwise(cuts):
         builder.write(memoryview(data)[start:end])
     out = builder.finish()
     assert type(out) is bytes and out == data

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -9,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lensemble.errors import IntegrityError
+from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.checkpoint import MOMENTUM_PREFIX, CheckpointStore, state_hash
 from lensemble.federation.ledger import Ledger, canonical, line_digest
 from lensemble.federation.payload import decode, encode, model_hash
 from lensemble.federation.signing import HmacSigner
-from lensemble.federation.verify import verify_run
+from lensemble.federation.verify import require_matching_key, verify_run
 from tests.support.cli import run_cli
 from tests.support.federation import build, small_config
 
@@ -128,12 +129,20 @@ def test_an_edited_ledger_line_is_named_with_both_full_hashes(
     assert expected == lines[1]["line_hash"] and found == line_digest(lines[1])
 
 
-def test_a_rehashed_edit_breaks_the_next_link(tmp_path: Path) -> None:
+def test_a_rehashed_edit_is_named_at_its_line_or_breaks_the_next_link(tmp_path: Path) -> None:
     _run(tmp_path)
     lines = _lines(tmp_path)
+    original = canonical(lines[0]["record"])
     lines[0]["record"]["excluded"] = {"delta": "timeout"}
     lines[0]["line_hash"] = line_digest(lines[0])
     _write_lines(tmp_path, lines)
+    # The checkpoint line 1 commits holds the original record: line 1 itself is named first.
+    message = _resume_refused(tmp_path)
+    assert "ledger.jsonl:1" in message and "another round record" in message
+    expected, found = HASH.findall(message)
+    assert expected == "sha256:" + hashlib.sha256(original.encode()).hexdigest() != found
+    # Without that checkpoint, the next line's link to it breaks.
+    CheckpointStore(tmp_path).path(1).unlink()
     message = _resume_refused(tmp_path)
     assert "ledger.jsonl:2" in message and "does not chain" in message
 
@@ -241,7 +250,9 @@ def _rewrite_checkpoint_record(out: Path, record: dict) -> str:
 
 def test_verify_refuses_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
     result = run_cli("verify", str(tmp_path / "nothing"))
-    assert result.code == 2 and "ledger.jsonl" in result.err
+    assert result.code == 2 and "nothing does not exist" in result.err and not result.out
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 2 and "holds no ledger.jsonl" in result.err and not result.out
 
 
 def test_a_version_1_ledger_is_named_not_misread(tmp_path: Path) -> None:
@@ -326,3 +337,199 @@ def test_verify_checks_checkpoints_without_importing_torch(tmp_path: Path) -> No
         [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["True", "[1,", "2,", "3]", "False"]
+
+
+# ------------------------------------------------------------------------ keys on resume
+_KEY_VARIABLES = (
+    "LENSEMBLE_LEDGER_KEY_FILE",
+    "LENSEMBLE_LEDGER_KEY",
+    "LENSEMBLE_LEDGER_KMS_KEY_ID",
+)
+
+
+@pytest.fixture
+def no_key(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in _KEY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def _snapshot(out: Path) -> dict[str, bytes]:
+    """Every file of the run folder but the (empty) lock files a command may create."""
+    files = (p for p in sorted(out.rglob("*")) if p.is_file() and "lock" not in p.name)
+    return {str(p.relative_to(out)): p.read_bytes() for p in files}
+
+
+def test_a_signed_run_does_not_resume_without_its_key(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    signer = HmacSigner(KEY)
+    _run(tmp_path, signer=signer)
+    before = _snapshot(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        build(small_config(rounds=5), output_dir=tmp_path, resume=True)
+    message = str(caught.value)
+    assert caught.value.exit_code == 2
+    assert f"{tmp_path / 'ledger.jsonl'} is signed (hmac-sha256, key {signer.key_id})" in message
+    assert "LENSEMBLE_LEDGER_KEY_FILE" in message and "\n" not in message
+    assert _snapshot(tmp_path) == before  # nothing trained, nothing appended unsigned
+    # With the key, the same resume continues and every line verifies with it.
+    no_key.setenv("LENSEMBLE_LEDGER_KEY", KEY.hex())
+    coordinator, transport, _ = build(small_config(rounds=5), output_dir=tmp_path, resume=True)
+    coordinator.run(transport)
+    report = verify_run(tmp_path, signer=signer)
+    assert report.ok and report.signed == report.lines == 5
+
+
+def test_simulate_resume_of_a_signed_run_without_its_key_exits_2_at_once(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    _run(tmp_path, signer=HmacSigner(KEY))
+    before = _snapshot(tmp_path)
+    result = run_cli("simulate", "-r", "6", "-o", str(tmp_path), "--resume")
+    assert result.code == 2, result.err
+    assert "is signed" in result.err and "LENSEMBLE_LEDGER_KEY_FILE" in result.err
+    assert "Traceback" not in result.err and "collecting data" not in result.err
+    assert _snapshot(tmp_path) == before
+
+
+def test_the_network_coordinator_needs_the_key_of_a_signed_run_before_any_io(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    from lensemble.network import process
+    from tests.support.federation import initial_params
+
+    _run(tmp_path, signer=HmacSigner(KEY))
+
+    def no_io(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the coordinator opened its servers without the run's key")
+
+    no_key.setattr(process, "ProcessHarness", no_io)
+    config = small_config(rounds=5).model_copy(
+        update={"run": small_config().run.model_copy(update={"output_dir": str(tmp_path)})}
+    )
+    with pytest.raises(UsageError, match="is signed .* LENSEMBLE_LEDGER_KEY_FILE"):
+        process.run_coordinator(config, initial_params(3))
+
+
+def test_a_signed_kms_run_names_the_kms_key_to_set(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    from lensemble.federation.signing import KmsSigner
+
+    arn = "arn:aws:kms:eu-central-1:1:key/run"
+    _run(tmp_path, signer=KmsSigner(arn, _FakeKms()))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=f"set LENSEMBLE_LEDGER_KMS_KEY_ID={arn}"):
+        require_matching_key(tmp_path, "ledger.jsonl", None)
+
+
+def test_a_signed_first_checkpoint_alone_needs_the_key(tmp_path: Path) -> None:
+    from lensemble.federation.coordinator import Coordinator
+    from tests.support.federation import initial_params
+
+    # A coordinator that stopped before its first round left only its signed checkpoint v0.
+    Coordinator(small_config(), initial_params(3), output_dir=tmp_path, signer=HmacSigner(KEY))
+    assert not (tmp_path / "ledger.jsonl").exists()
+    with pytest.raises(UsageError, match="model-v000000.safetensors is signed"):
+        require_matching_key(tmp_path, "ledger.jsonl", None)
+    require_matching_key(tmp_path, "ledger.jsonl", HmacSigner(KEY))  # the key fits
+
+
+def test_a_key_for_an_unsigned_run_is_refused_as_unverifiable(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    _run(tmp_path)
+    before = _snapshot(tmp_path)
+    no_key.setenv("LENSEMBLE_LEDGER_KEY", KEY.hex())
+    with pytest.raises(IntegrityError) as caught:
+        build(small_config(rounds=5), output_dir=tmp_path, resume=True)
+    message = str(caught.value)
+    assert caught.value.exit_code == 3
+    assert "carries no MAC, but a signing key is configured" in message
+    assert "never signed or its MACs were removed" in message
+    assert _snapshot(tmp_path) == before
+    require_matching_key(tmp_path / "empty", "ledger.jsonl", HmacSigner(KEY))  # a new run: fine
+
+
+def test_verify_without_the_key_says_the_macs_were_not_checked(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    _run(tmp_path, signer=HmacSigner(KEY))
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 0 and "3 MACs present but not checked (no key)" in result.out
+    report = json.loads(run_cli("verify", str(tmp_path), "--json").out)
+    assert report["macs_checked"] is False and report["signed"] == 3
+
+
+# ------------------------------------------------------------------ what verify names
+def test_a_renamed_checkpoint_is_named_as_renamed_not_as_two_equal_hashes(tmp_path: Path) -> None:
+    _run(tmp_path)
+    store = CheckpointStore(tmp_path)
+    store.path(2).replace(store.path(3))  # mv model-v000002... model-v000003...
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3
+    assert result.out == (
+        f"BROKEN {store.path(3)}: is named version 3, but its contents record version 2 (the "
+        "file was renamed or copied over another version's name)\n"
+    )
+    with pytest.raises(IntegrityError) as caught:
+        store.load(3)
+    assert "named version 3, but its contents record version 2" in caught.value.message
+    assert "model-v000002.safetensors" in caught.value.remediation
+    assert "model-v000003" in _resume_refused(tmp_path)
+
+
+def _flip_momentum(out: Path, version: int) -> None:
+    path = CheckpointStore(out).path(version)
+    decoded = decode(path.read_bytes())
+    tensors = dict(decoded.tensors)
+    name = sorted(k for k in tensors if k.startswith(MOMENTUM_PREFIX))[0]
+    tensors[name] = tensors[name] + 1.0
+    path.write_bytes(encode(tensors, dict(decoded.metadata)))
+
+
+@pytest.mark.parametrize(
+    ("edited_line", "first"),
+    [(5, "model-v000003.safetensors:"), (3, "ledger.jsonl:3:"), (2, "ledger.jsonl:2:")],
+)
+def test_of_two_breaks_the_earliest_in_chain_order_is_named(
+    tmp_path: Path, edited_line: int, first: str
+) -> None:
+    _run(tmp_path, rounds=5)  # checkpoints v3, v4, v5 are kept
+    lines = _lines(tmp_path)
+    lines[edited_line - 1]["record"]["mean_inner_loss"] = 0.25  # line hash left as it was
+    _write_lines(tmp_path, lines)
+    _flip_momentum(tmp_path, 3)  # checkpoint v3, which line 3 commits
+    report = verify_run(tmp_path)
+    assert report.first_break is not None
+    assert report.first_break.sentence().split(" ", 1)[0].endswith(first)
+    assert first in _resume_refused(tmp_path, rounds=7)
+    result = json.loads(run_cli("verify", str(tmp_path), "--json").out)
+    assert result["status"] == "broken" and result["first_break"]["message"].split()[0].endswith(
+        first
+    )
+
+
+# ----------------------------------------------------------------- verify --json, bad input
+@pytest.mark.parametrize("case", ["missing folder", "not a run folder", "short key", "version 1"])
+def test_verify_json_reports_bad_input_as_json_and_exits_2(tmp_path: Path, case: str) -> None:
+    run = tmp_path / "run"
+    args: list[str] = []
+    if case == "missing folder":
+        run = tmp_path / "nothing"
+    elif case == "not a run folder":
+        run.mkdir()
+    else:
+        _run(run)
+    if case == "short key":
+        (tmp_path / "key").write_bytes(b"short")
+        args = ["--key-file", str(tmp_path / "key")]
+    if case == "version 1":
+        lines = _lines(run)
+        (run / "ledger.jsonl").write_text("".join(canonical(b["record"]) + "\n" for b in lines))
+    result = run_cli("verify", str(run), "--json", *args)
+    assert result.code == 2
+    out = json.loads(result.out)  # one JSON object, nothing else on stdout
+    assert out["status"] == "bad_input" and out["ok"] is False and out["exit_code"] == 2
+    assert out["error"] and "\n" not in out["error"] and out["run_dir"] == str(run)
+    assert result.err == f"error: {out['error']}\n"  # the same sentence for people

@@ -14,6 +14,7 @@ tests take minutes on 2 shared cores: integration tier, ``slow``. What they hold
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
 from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
 from lensemble.network.launcher import free_port
+from lensemble.ranks.launch import ELASTIC_LOGGER, SPAWN_LOGGER
 from lensemble.ranks.learner import RankGroupLearner
 from lensemble.simulation.in_process import run_in_process
 from lensemble.simulation.local_processes import run_local_processes
@@ -189,11 +191,35 @@ def test_network_transport_gives_the_in_process_chain(
     assert committed_chain(result.records) == in_process_chain
 
 
+class _TorchReports(logging.Handler):
+    """What torch's loggers that report a dead rank let through to their handlers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+#: Records torch's elastic agent and spawn let through while a rank of the killed-rank run died.
+_KILLED_RANK_TORCH_REPORTS: list[logging.LogRecord] = []
+
+
 @pytest.fixture(scope="module")
 def killed_rank_run(tmp_path_factory: pytest.TempPathFactory) -> SimulationResult:
     """Three rounds in process; a rank of alpine's 2-rank group kills itself in round 1."""
     config = _config(tmp_path_factory.mktemp("killed"), TWO_RANKS, "federation.rounds=3")
-    return run_in_process(config, faults=parse_faults(RANK_KILL))
+    seen = _TorchReports()
+    loggers = [logging.getLogger(name) for name in (ELASTIC_LOGGER, SPAWN_LOGGER)]
+    for logger in loggers:
+        logger.addHandler(seen)
+    try:
+        return run_in_process(config, faults=parse_faults(RANK_KILL))
+    finally:
+        for logger in loggers:
+            logger.removeHandler(seen)
+        _KILLED_RANK_TORCH_REPORTS[:] = seen.records
 
 
 def test_killed_rank_loses_that_round_only(killed_rank_run: SimulationResult) -> None:
@@ -201,6 +227,10 @@ def test_killed_rank_loses_that_round_only(killed_rank_run: SimulationResult) ->
     assert by_round[1].excluded == {"alpine": "rank_failure"}
     assert by_round[1].contributors == ["coastal"]
     assert by_round[0].contributors == by_round[2].contributors == ["alpine", "coastal"]
+    # The dead rank is an expected, handled failure: torch's traceback of it is held back
+    # (simulate prints one line of its own, cli.simulate_cmd.rank_failure_notes).
+    reports = [f"{r.levelname} {r.getMessage()}" for r in _KILLED_RANK_TORCH_REPORTS]
+    assert not [r for r in reports if r.startswith(("ERROR", "WARNING"))], reports
 
 
 def test_killed_rank_over_the_network_gives_the_in_process_ledger(

@@ -16,7 +16,7 @@ from lensemble.federation.diloco import OuterStep
 from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
 from lensemble.simulation.baselines import FEDAVG, DilocoRun, PooledRun, pooled_data
 from lensemble.simulation.in_process import run_in_process
-from lensemble.simulation.report import write_report_png
+from lensemble.simulation.report import score_curves, write_report_png
 from lensemble.simulation.summary import RoundMetrics, best_round, best_single_site
 from tests.model.conftest import params_digest
 
@@ -126,3 +126,29 @@ def test_the_report_plots_every_baseline_and_cumulative_bytes(tmp_path: Path) ->
     path = write_report_png(metrics, tmp_path / "report.png", inner_steps=25)
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert write_report_png([], tmp_path / "none.png") is None
+
+
+def test_the_report_leaves_a_gap_where_an_evaluated_round_lacks_a_score(tmp_path: Path) -> None:
+    def line(r: int, **scores: Any) -> dict[str, Any]:
+        return {"round": r, "bytes_up": 100, "bytes_down": 100, **scores}
+
+    metrics = [
+        line(0, federated=_report(0.5), pooled_oracle=_report(0.3), local_only={"a": _report(0.4)}),
+        line(1),  # not evaluated (every_rounds 2): no point, and no gap either
+        line(2, federated=None, pooled_oracle=_report(0.2), unscored="checkpoint v3 was pruned"),
+        line(3, federated=_report(0.25), pooled_oracle=None, local_only={"a": _report(0.35)}),
+        line(5, federated=_report(0.2), pooled_oracle=_report(0.1), local_only={"a": _report(0.3)}),
+    ]
+    rounds, curves = score_curves(metrics)
+    assert rounds == [1, 3, 4, 6]
+    assert set(curves) == {"federated", "pooled_oracle", "local_only:a"}  # no FedAvg trained
+    nan = float("nan")
+    expected = {
+        "federated": [0.5, nan, 0.25, 0.2],
+        "pooled_oracle": [0.3, 0.2, nan, 0.1],
+        "local_only:a": [0.4, nan, 0.35, 0.3],
+    }
+    for key, values in expected.items():
+        assert [str(v) for v in curves[key]] == [str(v) for v in values], key
+    path = write_report_png(metrics, tmp_path / "gaps.png", inner_steps=2)
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -57,3 +57,9 @@ def test_a_crash_around_the_metrics_line_resumes_with_complete_metrics(
     assert [m["round"] for m in lines] == [0, 1, 2]
     assert [m["model_hash"] for m in lines] == [m["model_hash"] for m in expected]
     assert lines[1]["federated"] == expected[1]["federated"]  # re-scored from its checkpoint
+    # The baselines on (pooled oracle and FedAvg, the defaults), trained again from the config
+    # and seed: the rebuilt line holds the values a line written at the time holds.
+    for key in ("pooled_oracle", "fedavg", "local_only", "unscored"):
+        assert lines[1][key] == expected[1][key], key
+    assert lines[1]["pooled_oracle"] is not None and lines[1]["fedavg"] is not None
+    assert [m["pooled_oracle"] for m in lines] == [m["pooled_oracle"] for m in expected]

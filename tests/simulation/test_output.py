@@ -86,3 +86,47 @@ def test_metrics_lines_copy_the_ledger_and_a_resume_drops_the_rounds_it_redoes(
     assert as_json["rounds_committed"] == 3 and as_json["hash_chain"][-1] == records[-1].model_hash
     assert as_json["local_only_mean_union_k_step_error"] is None
     assert json.loads(json.dumps(as_json)) == as_json
+
+
+class _Scores:
+    """An ``Evaluation`` stand-in whose scores name what they were computed from."""
+
+    def __init__(self) -> None:
+        self.baseline_rounds: list[int] = []
+
+    def score(self, line: RoundMetrics, params: dict, rounds: int) -> None:
+        line.federated = {"params_sum": float(sum(float(v.sum()) for v in params.values()))}
+        self.score_baselines(line, rounds)
+
+    def score_baselines(self, line: RoundMetrics, rounds: int) -> None:
+        self.baseline_rounds.append(rounds)
+        line.local_only = {"alpha": {"rounds": rounds}}
+        line.pooled_oracle = {"rounds": rounds}
+        line.fedavg = {"rounds": rounds}
+
+
+def test_a_rebuilt_line_carries_every_baseline_a_written_line_has(tmp_path: Path) -> None:
+    from lensemble.federation.checkpoint import CheckpointStore
+    from lensemble.simulation.in_process import rebuild_metrics
+
+    records = _committed_run(tmp_path, rounds=5)  # checkpoints v3, v4, v5 kept
+    config = validate_mapping(
+        {"run": {"output_dir": str(tmp_path)}, "federation": {"rounds": 5}}
+    )  # every round evaluated
+    scores = _Scores()
+    kept = rebuild_metrics(config, tmp_path, scores, records[3])  # type: ignore[arg-type]
+    ckpt = CheckpointStore(tmp_path).load(4)
+    assert ckpt is not None
+    assert kept.federated == {"params_sum": sum(float(v.sum()) for v in ckpt.params.values())}
+    assert kept.local_only == {"alpha": {"rounds": 4}}
+    assert kept.pooled_oracle == kept.fedavg == {"rounds": 4} and kept.unscored is None
+    pruned = rebuild_metrics(config, tmp_path, scores, records[0])  # type: ignore[arg-type]
+    assert pruned.federated is None and "checkpoint v1 was pruned" in str(pruned.unscored)
+    assert pruned.pooled_oracle == pruned.fedavg == {"rounds": 1}  # deterministic: recomputed
+    assert json.loads(pruned.to_json())["unscored"] == pruned.unscored
+    every_other = validate_mapping(
+        {"federation": {"rounds": 5}, "evaluation": {"every_rounds": 2}}
+    )  # round 2 (the third) is not evaluated
+    plain = rebuild_metrics(every_other, tmp_path, scores, records[2])  # type: ignore[arg-type]
+    assert plain.federated is plain.pooled_oracle is plain.fedavg is None
+    assert scores.baseline_rounds == [4, 1]

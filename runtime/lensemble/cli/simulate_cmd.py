@@ -103,6 +103,13 @@ def simulate(
         note = prepare_output_dir(cfg, resume)
         # One run per folder, held for the run's life; a second run exits 2 at once.
         with run_folder_lock(Path(cfg.run.output_dir)):
+            if resume:  # a signed run without its key (or the reverse): refused before anything
+                from lensemble.federation.signing import signer_from_env
+                from lensemble.federation.verify import require_matching_key
+
+                require_matching_key(
+                    Path(cfg.run.output_dir), cfg.observability.ledger_path, signer_from_env()
+                )
             if note is not None:
                 sys.stderr.write(note + "\n")
             if network:
@@ -173,6 +180,10 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
                 )
 
         def on_round(self, record: Any) -> None:
+            for note in rank_failure_notes(
+                record.round, record.attempt, record.state, record.excluded, fed.rounds
+            ):
+                err.print(f"  [yellow]{note}")
             if record.state == "aborted":
                 err.print(
                     f"  [red]round {record.round} attempt {record.attempt} aborted: "
@@ -221,6 +232,14 @@ def _run_network(
     def on_round(event: dict[str, Any]) -> None:
         contributors = event.get("contributors", [])
         excluded = event.get("excluded") or {}
+        for note in rank_failure_notes(
+            int(event.get("round", 0)),
+            int(event.get("attempt", 0)),
+            str(event.get("state", "")),
+            excluded,
+            fed.rounds,
+        ):
+            err.print(f"  {note}")
         err.print(
             f"  round {event.get('round')} attempt {event.get('attempt')} {event.get('state')}: "
             f"{len(contributors)}/{len(fed.participants)} contributors"
@@ -229,6 +248,37 @@ def _run_network(
         )
 
     return run_local_processes(path, overrides, cfg, resume=resume, on_round=on_round, faults=plan)
+
+
+def rank_failure_notes(
+    round_index: int, attempt: int, state: str, excluded: dict[str, str], rounds: int
+) -> list[str]:
+    """One line per participant a dead rank kept out of a round attempt (``rank_failure``).
+
+    Torch's own report of the dead rank is held back (:class:`lensemble.ranks.launch.
+    RankDeaths`), so this is what a person reads about it.
+
+    Args:
+        round_index: The round.
+        attempt: The attempt.
+        state: ``closed`` or ``aborted``.
+        excluded: Participant id -> why it did not contribute (the ledger's ``excluded``).
+        rounds: ``federation.rounds`` (the last round has no next one to rejoin).
+
+    Returns:
+        The lines, in participant id order (empty when no rank failed).
+    """
+    if state == "aborted":
+        where, rejoin = f"round {round_index} attempt {attempt}", " and rejoins in the next attempt"
+    else:
+        where = f"round {round_index}"
+        rejoin = f" and rejoins in round {round_index + 1}" if round_index + 1 < rounds else ""
+    return [
+        f"{where}: a rank of participant {pid} failed; {pid} is excluded with reason "
+        f"rank_failure{rejoin}"
+        for pid, why in sorted(excluded.items())
+        if why == "rank_failure"
+    ]
 
 
 def _plural(n: int, word: str) -> str:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from lensemble.errors import EXIT_FAIL_CLOSED, UsageError
+from lensemble.errors import EXIT_BAD_INPUT, EXIT_FAIL_CLOSED, LensembleError, UsageError
+
+if TYPE_CHECKING:
+    from lensemble.federation.verify import VerifyReport
 
 
 def verify(
@@ -26,12 +30,50 @@ def verify(
 ) -> None:
     """Walk the ledger's chain, check every checkpoint against its line and every MAC.
 
-    Exit 0 when the record holds, 3 at the first broken link (named with its line and both
-    full hashes), 2 when RUN_DIR is not a run folder or the key is unusable. Reads only.
+    Exit 0 when the record holds, 3 at the first broken link in chain order (named with its
+    line and both full hashes), 2 when RUN_DIR is not a run folder or the key is unusable.
+    Reads only. With --json every outcome is one JSON object on stdout, an unusable input
+    included (``{"status": "bad_input", "error": ...}``, the sentence also on stderr).
+    """
+    try:
+        report = _verify(run_dir, ledger, key_file)
+    except LensembleError as exc:
+        if json_out:
+            failure = {
+                "status": "bad_input" if exc.exit_code == EXIT_BAD_INPUT else "error",
+                "ok": False,
+                "error": str(exc),
+                "code": exc.code,
+                "exit_code": exc.exit_code,
+                "run_dir": str(run_dir),
+                "ledger": str(run_dir / ledger),
+            }
+            sys.stdout.write(json.dumps(failure, sort_keys=True) + "\n")
+        raise
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")
+    else:
+        _print(report)
+    if report.first_break is not None:
+        raise typer.Exit(EXIT_FAIL_CLOSED)
+
+
+def _verify(run_dir: Path, ledger: str, key_file: Path | None) -> VerifyReport:
+    """The report of ``run_dir``.
+
+    Raises:
+        UsageError: RUN_DIR is missing or not a run folder, a file cannot be read, the key is
+            unusable, or the ledger is a version 1 ledger.
+        ToolMissing: A KMS key is named but boto3 is missing.
     """
     from lensemble.federation.signing import signer_from_env
     from lensemble.federation.verify import verify_run
 
+    if not run_dir.is_dir():
+        raise UsageError(
+            f"the run folder {run_dir} does not exist or is not a folder;",
+            remediation="pass a run folder (the run's run.output_dir).",
+        )
     if not (run_dir / ledger).is_file():
         raise UsageError(
             f"{run_dir} holds no {ledger};",
@@ -39,28 +81,33 @@ def verify(
             "ledger path.",
         )
     signer = signer_from_env(key_file=key_file, audit=True)
-    report = verify_run(run_dir, ledger, signer)
-    if json_out:
-        sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")
-    else:
-        if report.first_break is not None:
-            sys.stdout.write(f"BROKEN {report.first_break.sentence()}\n")
-        else:
-            macs = (
-                f", {report.signed} MACs checked"
-                if report.macs_checked
-                else (
-                    f", {report.signed} MACs present but not checked (no key)"
-                    if report.signed
-                    else ", unsigned"
-                )
-            )
-            sys.stdout.write(
-                f"OK {report.lines} lines, {report.committed} rounds committed, checkpoints "
-                f"{', '.join(f'v{v}' for v in report.checkpoints) or 'none'} match{macs}; "
-                f"final model {report.model_hash or '(none)'}\n"
-            )
-        if report.repair is not None:
-            sys.stdout.write(f"note: a resume {report.repair.reason}.\n")
+    try:
+        return verify_run(run_dir, ledger, signer)
+    except OSError as exc:  # a file of the record that cannot be read (permissions)
+        raise UsageError(
+            f"cannot read {exc.filename or run_dir} ({exc.strerror or exc});",
+            remediation="run lensemble verify as a user who may read the whole run folder.",
+        ) from None
+
+
+def _print(report: VerifyReport) -> None:
+    """The report as one line (``OK ...`` or ``BROKEN <file>:<line>: ...``) plus any note."""
     if report.first_break is not None:
-        raise typer.Exit(EXIT_FAIL_CLOSED)
+        sys.stdout.write(f"BROKEN {report.first_break.sentence()}\n")
+    else:
+        macs = (
+            f", {report.signed} MACs checked"
+            if report.macs_checked
+            else (
+                f", {report.signed} MACs present but not checked (no key)"
+                if report.signed
+                else ", unsigned"
+            )
+        )
+        sys.stdout.write(
+            f"OK {report.lines} lines, {report.committed} rounds committed, checkpoints "
+            f"{', '.join(f'v{v}' for v in report.checkpoints) or 'none'} match{macs}; "
+            f"final model {report.model_hash or '(none)'}\n"
+        )
+    if report.repair is not None:
+        sys.stdout.write(f"note: a resume {report.repair.reason}.\n")

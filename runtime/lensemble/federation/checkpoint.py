@@ -31,6 +31,7 @@ from lensemble.federation.checkpoint_audit import (
     MOMENTUM_PREFIX,
     recorded_version_of,
     require_momentum,
+    require_recorded_version,
 )
 from lensemble.federation.payload import decode, encode_parts, model_hash, tensor_digest
 from lensemble.federation.signing import Signer
@@ -188,7 +189,8 @@ class CheckpointStore:
             The checkpoint, or None when there is none.
 
         Raises:
-            IntegrityError: The file is corrupt or its tensors do not hash to its model hash.
+            IntegrityError: The file is corrupt, its name and contents disagree on its version,
+                or its tensors do not hash to its model hash.
         """
         versions = self.versions()
         if not versions:
@@ -210,10 +212,10 @@ class CheckpointStore:
             if k.startswith(MOMENTUM_PREFIX)
         }
         require_momentum(path, set(params), set(momentum))
-        recorded_version = recorded_version_of(meta)
+        require_recorded_version(path, version, recorded_version_of(meta))
         expected = meta.get("model_hash", "")
-        actual = model_hash(params, recorded_version, meta.get("parent_hash", ""))
-        if actual != expected or recorded_version != version:
+        actual = model_hash(params, version, meta.get("parent_hash", ""))
+        if actual != expected:
             raise IntegrityError(
                 f"checkpoint {path} does not match its recorded model hash (recorded {expected}, "
                 f"recomputed {actual});",

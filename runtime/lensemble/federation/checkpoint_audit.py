@@ -26,6 +26,8 @@ PAYLOAD_FORMAT = "lensemble-payload-v1"
 MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _TOKENS = {"float32": "F32", "float16": "F16", "float64": "F64", "int8": "I8", "int32": "I32"}
 _TOKENS.update({"int64": "I64", "uint8": "U8"})
+#: Largest safetensors header :func:`checkpoint_metadata` reads (bytes); checkpoints' are KBs.
+MAX_HEADER_BYTES = 100 * 2**20
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,12 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
     momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
     require_momentum(path, set(params), {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
     recorded_version = recorded_version_of(meta)
+    require_recorded_version(path, version, recorded_version)
     expected = meta.get("model_hash", "")
     parent = meta.get("parent_hash", "")
-    suffix = struct.pack("<Q", recorded_version if recorded_version >= 0 else 0) + parent.encode()
+    suffix = struct.pack("<Q", recorded_version) + parent.encode()
     actual = "sha256:" + _digest(params, suffix)
-    if actual != expected or recorded_version != version:
+    if actual != expected:
         raise IntegrityError(
             f"checkpoint {path} does not match its recorded model hash (recorded {expected}, "
             f"recomputed {actual});",
@@ -165,6 +168,56 @@ def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
             remediation="the file was modified; restore it or start a new run folder.",
         )
+
+
+def require_recorded_version(path: Path, version: int, recorded: int) -> None:
+    """Refuse a checkpoint whose file name and contents disagree on its model version.
+
+    A checkpoint renamed or copied over another version's name hashes to its own recorded
+    model hash, so the hash comparison alone would print two identical hashes; this names the
+    real cause.
+
+    Args:
+        path: The checkpoint (named in the error).
+        version: The version its file name says (``model-v<version>.safetensors``).
+        recorded: The version its metadata records (-1 when absent or not an integer).
+
+    Raises:
+        IntegrityError: The two differ.
+    """
+    if recorded == version:
+        return
+    if recorded < 0:
+        raise IntegrityError(
+            f"checkpoint {path} is named version {version}, but its contents record no model "
+            "version;",
+            remediation="the file was modified; restore it from a backup or start a new run "
+            "folder.",
+        )
+    raise IntegrityError(
+        f"checkpoint {path} is named version {version}, but its contents record version "
+        f"{recorded} (the file was renamed or copied over another version's name);",
+        remediation=f"rename it back to model-v{recorded:06d}.safetensors, or restore the "
+        "folder from a backup.",
+    )
+
+
+def checkpoint_metadata(path: Path) -> dict[str, str]:
+    """A checkpoint's safetensors metadata, read from its header alone (no tensor is read).
+
+    Returns:
+        The metadata, or an empty dict when the file cannot be read or has no valid header
+        (verification names that file's problem).
+    """
+    try:
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > MAX_HEADER_BYTES:
+                return {}
+            header = json.loads(f.read(header_len))
+        return {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
+    except (OSError, ValueError, AttributeError, struct.error):
+        return {}
 
 
 def recorded_version_of(meta: dict[str, str]) -> int:

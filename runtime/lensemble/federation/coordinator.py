@@ -264,7 +264,10 @@ class Coordinator:
 
     Raises:
         ConfigError: Resuming a checkpoint written under a different config hash.
-        IntegrityError: The run record to resume from is broken (names the line; exit 3).
+        IntegrityError: The run record to resume from is broken (names the line; exit 3), or
+            ``signer`` is set and the record carries no MAC.
+        UsageError: Resuming a signed record without a signer (exit 2; names the ledger and
+            the key variable to set).
         DiskFull: The output folder has no room for the first checkpoint.
     """
 

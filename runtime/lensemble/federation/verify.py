@@ -2,23 +2,28 @@
 
 :func:`verify_run` is what ``lensemble verify`` prints and what every resume (``simulate
 --resume``, the network coordinator, ``lensemble up``) runs before any training or network I/O.
-It reads only; :func:`repair_tail` is the one repair a resume may make: a final ledger line torn
-or lost by a crash is rewritten from the latest checkpoint's copy of that round's record when
-the two agree (the torn text is a prefix of the line rebuilt from the checkpoint).
+It reads only. Of several broken links it reports the first in chain order: checkpoint v0, then
+ledger line 1, the checkpoint line 1 commits, line 2, and so on (:data:`Position`).
+:func:`require_valid` makes the one repair a resume may make: a final ledger line torn or lost by
+a crash is rewritten from the latest checkpoint's copy of that round's record when the two agree
+(the torn text is a prefix of the line rebuilt from the checkpoint). It also refuses a resume
+whose signing key does not fit the record (:func:`require_matching_key`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lensemble.errors import IntegrityError
+from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.checkpoint_audit import (
     AuditedCheckpoint,
     audit_checkpoint,
     checkpoint_folder,
+    checkpoint_metadata,
     checkpoint_path,
     checkpoint_versions,
 )
@@ -26,13 +31,18 @@ from lensemble.federation.ledger import (
     LEDGER_FORMAT,
     LedgerLine,
     ParsedLedger,
+    RoundRecord,
     build_line,
     canonical,
     legacy_error,
     line_digest,
     parse_ledger,
 )
-from lensemble.federation.signing import Signer
+from lensemble.federation.signing import KEY_ENV, KEY_FILE_ENV, KMS_KEY_ENV, KmsSigner, Signer
+
+#: Where a link sits in chain order: ``(ledger line, 0)`` for the line itself, ``(ledger line,
+#: 1)`` for the checkpoint that line commits (``(0, 1)`` for v0, before line 1).
+Position = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -108,9 +118,14 @@ class VerifyReport:
         return self.first_break is None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``lensemble verify --json``)."""
+        """JSON-ready form (``lensemble verify --json``): the fields, ``ok`` and ``status``.
+
+        ``status`` is ``valid`` or ``broken`` (``lensemble verify`` prints ``bad_input`` or
+        ``error`` itself when it cannot verify at all).
+        """
         out = asdict(self)
         out["ok"] = self.ok
+        out["status"] = "valid" if self.ok else "broken"
         out["first_break"] = (
             dict(asdict(self.first_break), message=self.first_break.sentence())
             if self.first_break
@@ -121,9 +136,12 @@ class VerifyReport:
 
 
 class _Broken(Exception):
-    def __init__(self, brk: Break) -> None:
+    def __init__(self, brk: Break, at: Position | None = None) -> None:
         super().__init__(brk.sentence())
         self.brk = brk
+        # A ledger line's own break by default; the checkpoint pass places its breaks.
+        self.placed = at is not None
+        self.at: Position = at if at is not None else (brk.line or 0, 0)
 
 
 def verify_run(
@@ -140,7 +158,8 @@ def verify_run(
 
     Returns:
         The report; ``first_break`` is None when every line chains, every committed model
-        chains, every checkpoint on disk matches its line, and every MAC checks.
+        chains, every checkpoint on disk matches its line, and every MAC checks. Otherwise it
+        is the earliest broken link in chain order (:data:`Position`), whichever check found it.
 
     Raises:
         UsageError: The ledger is a version 1 ledger.
@@ -150,11 +169,16 @@ def verify_run(
     parsed = parse_ledger(ledger_path)
     if parsed.legacy:
         raise legacy_error(ledger_path)
+    report.signed = sum(isinstance(line.body.get("mac"), dict) for line in parsed.lines)
+    breaks: list[_Broken] = []
     try:
         _walk(report, parsed, ledger_path, signer)
-        _checkpoints(report, parsed, run_dir, ledger_path, signer)
     except _Broken as exc:
-        report.first_break = exc.brk
+        breaks.append(exc)
+    breaks += _checkpoints(report, parsed, run_dir, ledger_path, signer, chained=not breaks)
+    if breaks:
+        report.first_break = min(breaks, key=lambda b: b.at).brk
+        report.repair = None
     return report
 
 
@@ -199,7 +223,10 @@ def _walk(report: VerifyReport, parsed: ParsedLedger, path: Path, signer: Signer
                 )
             )
         _check_mac(line, signer, path)
-        record = line.record
+        try:
+            record = line.record
+        except IntegrityError as exc:
+            raise _Broken(Break(str(path), n, exc.message.rstrip(";"))) from None
         if not model and version == 0:
             model = record.parent_hash
         if record.parent_hash != model:
@@ -252,7 +279,18 @@ def _check_mac(line: LedgerLine, signer: Signer | None, path: Path) -> None:
             )
         )
     value = str(mac.get("value", ""))
-    if mac.get("key_id") != signer.key_id or not signer.verify(line.line_hash, value):
+    if mac.get("key_id") != signer.key_id:
+        raise _Broken(
+            Break(
+                str(path),
+                line.number,
+                f"is signed with key {str(mac.get('key_id'))[:80]}, not with the configured key "
+                f"{signer.key_id}",
+                signer.key_id,
+                str(mac.get("key_id"))[:80],
+            )
+        )
+    if not signer.verify(line.line_hash, value):
         raise _Broken(
             Break(
                 str(path),
@@ -270,100 +308,162 @@ def _checkpoints(
     run_dir: Path,
     path: Path,
     signer: Signer | None,
-) -> None:
-    report.signed = sum(isinstance(line.body.get("mac"), dict) for line in parsed.lines)
-    committed = {
-        line.record.round + 1: line for line in parsed.lines if line.record.state == "closed"
-    }
+    *,
+    chained: bool,
+) -> list[_Broken]:
+    """Check every checkpoint on disk against its line; returns every broken link found.
+
+    Each checkpoint is checked on its own, so a broken one does not hide an earlier one; the
+    caller keeps the earliest in chain order. ``chained`` says the ledger walk found no break
+    (only then can a torn or lost final line be restored from the latest checkpoint).
+    """
+    breaks: list[_Broken] = []
+    committed: dict[int, LedgerLine] = {}
+    for entry in parsed.lines:
+        record = _record_or_none(entry)
+        if record is not None and record.state == "closed":
+            committed.setdefault(record.round + 1, entry)  # the first line that claims it
+    beyond = len(parsed.lines) + 1  # where a line the ledger lacks would be
     versions = checkpoint_versions(run_dir)
     last_version = max(committed, default=0)
+    last_line = committed[last_version].number if committed else 0
     for version in versions:
-        try:
-            ckpt = audit_checkpoint(checkpoint_path(run_dir, version), version, signer)
-        except IntegrityError as exc:
-            raise _Broken(
-                Break(str(checkpoint_path(run_dir, version)), None, exc.message.rstrip(";"))
-            ) from None
-        report.checkpoints.append(version)
-        if version == 0:
-            first = parsed.lines[0].record.parent_hash if parsed.lines else ckpt.model_hash
-            if ckpt.model_hash != first:
-                raise _Broken(
-                    Break(
-                        str(checkpoint_path(run_dir, 0)),
-                        None,
-                        "is not the model line 1 starts from",
-                        first,
-                        ckpt.model_hash,
-                    )
-                )
-            continue
         line = committed.get(version)
-        if line is None:
-            if version == last_version + 1 and version == versions[-1]:
-                report.repair = _tail_repair(parsed, ckpt, path, signer)
-                if report.repair is not None:
-                    report.model_hash = ckpt.model_hash
-                    continue
-            if parsed.torn is not None:
-                raise _Broken(
-                    Break(
-                        str(path),
-                        len(parsed.lines) + 1,
-                        f"is torn and does not agree with checkpoint v{version}'s copy of round "
-                        f"{version - 1}",
-                        "a prefix of the checkpoint's line",
-                        parsed.torn[:80],
-                    )
-                )
-            raise _Broken(
-                Break(
-                    str(checkpoint_path(run_dir, version)),
-                    None,
-                    f"commits round {version - 1}, which the ledger does not record",
-                    "a committed ledger line",
-                    "none",
-                )
+        at: Position = (0, 1) if version == 0 else ((line.number, 1) if line else (beyond, 1))
+        # Only the latest checkpoint, one version past the ledger, may restore a lost line.
+        tail = chained and version == last_version + 1 == versions[-1]
+        try:
+            _one_checkpoint(
+                report, parsed, run_dir, path, signer, version=version, line=line, tail=tail
             )
-        _match(line, ckpt, checkpoint_path(run_dir, version), path)
+        except _Broken as exc:
+            if not exc.placed:
+                exc.at = at
+            breaks.append(exc)
     if parsed.torn is not None and report.repair is None:
         if versions and versions[-1] == last_version:
             # The torn line is an attempt after the latest checkpoint: a resume redoes it.
             report.repair = Repair(
                 [line.text for line in parsed.lines],
-                f"drops the final line {len(parsed.lines) + 1}, torn by a crash (an attempt the "
-                "resume redoes)",
+                f"drops the final line {beyond}, torn by a crash (an attempt the resume redoes)",
             )
-        else:
-            raise _Broken(
-                Break(
-                    str(path),
-                    len(parsed.lines) + 1,
-                    "is torn and no checkpoint holds its record",
-                    "a complete line",
-                    parsed.torn[:80],
+        elif not any(b.at == (beyond, 0) for b in breaks):  # not named by the loop already
+            breaks.append(
+                _Broken(
+                    Break(
+                        str(path),
+                        beyond,
+                        "is torn and no checkpoint holds its record",
+                        "a complete line",
+                        parsed.torn[:80],
+                    )
                 )
             )
     if last_version and not versions:
-        raise _Broken(
-            Break(
-                str(checkpoint_folder(run_dir)),
-                None,
-                "holds no checkpoint, but the ledger commits rounds",
-                f"model-v{last_version:06d}.safetensors",
-                "none",
+        breaks.append(
+            _Broken(
+                Break(
+                    str(checkpoint_folder(run_dir)),
+                    None,
+                    "holds no checkpoint, but the ledger commits rounds",
+                    f"model-v{last_version:06d}.safetensors",
+                    "none",
+                ),
+                (last_line, 1),
             )
         )
     if versions and versions[-1] < last_version:
-        raise _Broken(
-            Break(
-                str(checkpoint_folder(run_dir)),
-                None,
-                "lacks the checkpoint of the last committed round",
-                f"model-v{last_version:06d}.safetensors",
-                f"model-v{versions[-1]:06d}.safetensors",
+        breaks.append(
+            _Broken(
+                Break(
+                    str(checkpoint_folder(run_dir)),
+                    None,
+                    "lacks the checkpoint of the last committed round",
+                    f"model-v{last_version:06d}.safetensors",
+                    f"model-v{versions[-1]:06d}.safetensors",
+                ),
+                (last_line, 1),
             )
         )
+    return breaks
+
+
+def _one_checkpoint(
+    report: VerifyReport,
+    parsed: ParsedLedger,
+    run_dir: Path,
+    path: Path,
+    signer: Signer | None,
+    *,
+    version: int,
+    line: LedgerLine | None,
+    tail: bool,
+) -> None:
+    """Check checkpoint ``version`` against ``line``, the committed line naming it (if any).
+
+    ``tail``: the checkpoint is the latest, one version past the ledger's last committed round,
+    so its record may restore a final line a crash tore or lost (sets ``report.repair``).
+    """
+    ckpt_path = checkpoint_path(run_dir, version)
+    try:
+        ckpt = audit_checkpoint(ckpt_path, version, signer)
+    except IntegrityError as exc:
+        # The break names the file already: "<file>: is named version 6, but ...".
+        what = exc.message.rstrip(";").removeprefix(f"checkpoint {ckpt_path} ")
+        raise _Broken(Break(str(ckpt_path), None, what)) from None
+    report.checkpoints.append(version)
+    if version == 0:
+        first = _record_or_none(parsed.lines[0]) if parsed.lines else None
+        start = first.parent_hash if first is not None else ckpt.model_hash
+        if ckpt.model_hash != start:
+            raise _Broken(
+                Break(
+                    str(ckpt_path),
+                    None,
+                    "is not the model line 1 starts from",
+                    start,
+                    ckpt.model_hash,
+                )
+            )
+        return
+    if line is not None:
+        _match(line, ckpt, ckpt_path, path)
+        return
+    if tail:
+        report.repair = _tail_repair(parsed, ckpt, path, signer)
+        if report.repair is not None:
+            report.model_hash = ckpt.model_hash
+            return
+    if parsed.torn is not None:
+        beyond = len(parsed.lines) + 1
+        raise _Broken(
+            Break(
+                str(path),
+                beyond,
+                f"is torn and does not agree with checkpoint v{version}'s copy of round "
+                f"{version - 1}",
+                "a prefix of the checkpoint's line",
+                parsed.torn[:80],
+            ),
+            (beyond, 0),
+        )
+    raise _Broken(
+        Break(
+            str(ckpt_path),
+            None,
+            f"commits round {version - 1}, which the ledger does not record",
+            "a committed ledger line",
+            "none",
+        )
+    )
+
+
+def _record_or_none(line: LedgerLine) -> RoundRecord | None:
+    """The line's round record, or None when it has none (the ledger walk names that line)."""
+    try:
+        return line.record
+    except IntegrityError:
+        return None
 
 
 def _match(line: LedgerLine, ckpt: AuditedCheckpoint, ckpt_path: Path, path: Path) -> None:
@@ -379,14 +479,18 @@ def _match(line: LedgerLine, ckpt: AuditedCheckpoint, ckpt_path: Path, path: Pat
                 str(recorded),
             )
         )
-    if ckpt.record != canonical(line.body.get("record")):
+    found = canonical(line.body.get("record"))
+    if ckpt.record != found:
+        # The checkpoint's copy is bound by the state hash the line names (checked above), so
+        # it is the line's record that changed, with its line hash recomputed.
         raise _Broken(
             Break(
-                str(ckpt_path),
-                None,
-                f"holds another round record than line {line.number}",
-                line.line_hash,
-                ckpt.record[:80],
+                str(path),
+                line.number,
+                f"holds another round record than the copy in {ckpt_path.name}, which it "
+                "commits (hashes of the two records)",
+                _text_hash(ckpt.record),
+                _text_hash(found),
             )
         )
     if ckpt.model_hash != line.record.model_hash:
@@ -399,6 +503,10 @@ def _match(line: LedgerLine, ckpt: AuditedCheckpoint, ckpt_path: Path, path: Pat
                 line.record.model_hash,
             )
         )
+
+
+def _text_hash(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _tail_repair(
@@ -433,18 +541,109 @@ def _last_model(lines: list[LedgerLine]) -> str:
     return model
 
 
+@dataclass(frozen=True)
+class Signature:
+    """The first MAC a run record carries: what signed it, and where it was found.
+
+    Attributes:
+        algorithm: ``hmac-sha256`` or ``kms-hmac-sha256``.
+        key_id: The key's id (an HMAC key's fingerprint, or a KMS key's ARN or alias).
+        where: The file carrying it (the ledger, or a checkpoint when no line is signed).
+    """
+
+    algorithm: str
+    key_id: str
+    where: str
+
+
+def record_signature(run_dir: Path, ledger_name: str = "ledger.jsonl") -> Signature | None:
+    """The first MAC of a run record, from its ledger lines, else its checkpoints' headers.
+
+    Reads only the ledger and each checkpoint's header (no tensor), and judges nothing:
+    :func:`verify_run` checks every MAC when given the key.
+
+    Returns:
+        The signature found, or None when neither a line nor a checkpoint carries a MAC.
+    """
+    ledger_path = run_dir / ledger_name
+    for line in parse_ledger(ledger_path).lines:
+        mac = line.body.get("mac")
+        if isinstance(mac, dict):
+            return Signature(
+                str(mac.get("alg", ""))[:40], str(mac.get("key_id", ""))[:200], str(ledger_path)
+            )
+    for version in checkpoint_versions(run_dir):
+        ckpt_path = checkpoint_path(run_dir, version)
+        meta = checkpoint_metadata(ckpt_path)
+        if meta.get("mac"):
+            return Signature(
+                meta.get("mac_alg", "")[:40], meta.get("mac_key_id", "")[:200], str(ckpt_path)
+            )
+    return None
+
+
+def require_matching_key(run_dir: Path, ledger_name: str, signer: Signer | None) -> None:
+    """Refuse to continue a run record with a signing key that does not fit it.
+
+    A resume without the key of a signed record would append lines and checkpoints without a
+    MAC, which no later ``lensemble verify --key-file`` accepts; a key for a record without any
+    MAC cannot tell a run that was never signed from one whose MACs were stripped, and would
+    leave the record half signed. Both are refused before any work (docs/run-record.md).
+
+    Args:
+        run_dir: The run folder.
+        ledger_name: The ledger inside it.
+        signer: The key this process signs with (None: unsigned).
+
+    Raises:
+        UsageError: The record is signed and no key is configured (exit 2; names the ledger
+            and the environment variable to set).
+        IntegrityError: A key is configured and the record, which holds lines or
+            checkpoints, carries no MAC at all (exit 3).
+    """
+    ledger_path = run_dir / ledger_name
+    signature = record_signature(run_dir, ledger_name)
+    if signer is None and signature is not None:
+        if signature.algorithm == KmsSigner.algorithm:
+            how = f"set {KMS_KEY_ENV}={signature.key_id}"
+        else:
+            how = f"set {KEY_FILE_ENV} to the run's key file (or {KEY_ENV} to the key in hex)"
+        raise UsageError(
+            f"the run record {signature.where} is signed ({signature.algorithm}, key "
+            f"{signature.key_id}) but no signing key is configured, so resuming would write "
+            "lines and checkpoints without a MAC;",
+            remediation=f"{how} and run the same command again; nothing was trained or written.",
+        )
+    has_record = bool(parse_ledger(ledger_path).lines) or bool(checkpoint_versions(run_dir))
+    if signer is not None and signature is None and has_record:
+        raise IntegrityError(
+            f"the run record {ledger_path} carries no MAC, but a signing key is configured "
+            f"({signer.algorithm}, key {signer.key_id}): either the run was never signed or "
+            "its MACs were removed;",
+            remediation=f"if it was started without a key, resume it with {KEY_FILE_ENV}, "
+            f"{KEY_ENV} and {KMS_KEY_ENV} unset (a run is signed from its first round or not at "
+            "all); if it was signed, restore the folder from a backup.",
+        )
+
+
 def require_valid(run_dir: Path, ledger_name: str, signer: Signer | None) -> VerifyReport:
     """Verify before any work: apply a pending crash repair, or refuse with the broken link.
 
-    Writes only to apply a repair (after checking there is room).
+    Checks first that ``signer`` fits the record (:func:`require_matching_key`). Writes only
+    to apply a repair (after checking there is room).
 
     Raises:
-        IntegrityError: The record is broken (names the line and both hashes; exit 3).
-        UsageError: The ledger is a version 1 ledger.
+        IntegrityError: The record is broken (names the line and both hashes; exit 3), or a
+            key is configured for a record without any MAC.
+        UsageError: The ledger is a version 1 ledger, or the record is signed and no key is
+            configured (exit 2).
         DiskFull: No room to apply the repair.
     """
     from lensemble.federation.ledger import Ledger
 
+    if parse_ledger(run_dir / ledger_name).legacy:
+        raise legacy_error(run_dir / ledger_name)
+    require_matching_key(run_dir, ledger_name, signer)
     report = verify_run(run_dir, ledger_name, signer)
     if report.first_break is None and report.repair is not None:
         Ledger(run_dir / ledger_name).rewrite_texts(report.repair.texts)

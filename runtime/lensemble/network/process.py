@@ -291,6 +291,7 @@ def run_coordinator(
     Raises:
         FolderLocked: Another coordinator writes ``run.output_dir`` (exit 2, at once).
         IntegrityError: The run record to resume from is broken (exit 3, before any I/O).
+        UsageError: The run record is signed and no key is configured (exit 2, before any I/O).
         ShutdownRequested: SIGTERM/SIGINT (the last checkpoint stands).
         QuorumNotReached: Too few participants joined, or a round stayed below quorum.
         ConfigError: TLS files or tokens are missing, a certificate expired, or the checkpoint

@@ -59,7 +59,7 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
             folder.mkdir(mode=0o700)
             RoundJob(config.model_dump_json(), participant_id, -1, 0).write(folder)
             try:
-                launch_round(layout, folder, run_id, fed.join_timeout_s)
+                deaths = launch_round(layout, folder, run_id, fed.join_timeout_s)
             except RankFailure as exc:
                 failures += 1
                 _log.warning("%s", exc)
@@ -77,6 +77,13 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
                 continue
             if (folder / STOPPED).exists():
                 return trained
+            if deaths:  # torch's report of them is held back (ranks.launch.RankDeaths)
+                _log.warning(
+                    "a rank of participant '%s' on this node died (%s); node 0 records the "
+                    "round as rank_failure and the group meets again for the next one",
+                    participant_id,
+                    "; ".join(deaths),
+                )
             trained += 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

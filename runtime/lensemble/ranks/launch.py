@@ -12,11 +12,20 @@ shared by consecutive launches is not safe: the c10d store on the rendezvous por
 multi-tenant within a process, so a launch on node 0 can find the previous launch's store still
 alive (it goes when garbage collection gets to it) with that id's rendezvous marked closed, and
 fail with ``RendezvousClosedError``.
+
+A rank that dies without a Python error of its own (killed by a signal, as the ``rank_kill``
+fault or the OOM killer do, or exiting with a code) is a failure Lensemble handles: the round is
+lost as ``rank_failure`` and the next round starts a new group. During a launch,
+:class:`RankDeaths` holds back torch's own report of it (an ERROR traceback of torch's
+``ProcessExitedException`` in the agent, and the warnings as it stops the other ranks) and
+:func:`launch_round` returns one phrase per dead rank for Lensemble's own one-line message. A
+rank that raised keeps its traceback (``ProcessRaisedException``), as does everything else.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import re
 import signal
@@ -41,6 +50,50 @@ _NEXT_LAUNCH = "lensemble/next-launch"
 _RUN_ID = re.compile(r"lensemble-[A-Za-z0-9_.-]{1,64}-[0-9a-f]{12}")
 #: Pause between two looks at the board while waiting for node 0's next launch (seconds).
 _POLL_S = 0.2
+
+
+#: torch's loggers that report a dead rank: the elastic agent's process context and spawn.
+ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+SPAWN_LOGGER = "torch.multiprocessing.spawn"
+
+
+class RankDeaths(logging.Filter):
+    """Holds back torch's report of ranks that died without a Python error, during one launch.
+
+    Installed on :data:`ELASTIC_LOGGER` and :data:`SPAWN_LOGGER` only while
+    :func:`launch_round` runs. It drops a record whose exception is torch's
+    ``ProcessExitedException`` (the rank was killed by a signal or exited with a code: no
+    traceback of the rank's own exists) and records the rank instead, and drops spawn's warning
+    that it is terminating the other ranks after a failure. A ``ProcessRaisedException`` (the
+    rank's own traceback), spawn's failure to stop a rank, and every other record pass.
+
+    Attributes:
+        deaths: One phrase per rank held back, e.g. ``local rank 1 (pid 3469) killed by
+            SIGKILL``, in the order torch reported them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deaths: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for the records described above (they are not printed), True otherwise."""
+        from torch.multiprocessing.spawn import ProcessExitedException
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ProcessExitedException):
+            how = (
+                f"killed by {exc.signal_name}"
+                if exc.signal_name
+                else f"exited with code {exc.exit_code}"
+            )
+            self.deaths.append(f"local rank {exc.error_index} (pid {exc.error_pid}) {how}")
+            return False
+        return not (
+            record.name == SPAWN_LOGGER
+            and record.levelno == logging.WARNING
+            and str(record.msg).startswith("Terminating process")
+        )
 
 
 def new_run_id(participant_id: str) -> str:
@@ -148,7 +201,7 @@ class LaunchBoard:
 
 def launch_round(
     layout: RankLayout, folder: Path, run_id: str, rendezvous_timeout_s: float
-) -> None:
+) -> list[str]:
     """Run :func:`lensemble.ranks.worker.rank_main` on this node's ranks for one round.
 
     Args:
@@ -160,9 +213,13 @@ def launch_round(
             callers pass ``federation.join_timeout_s``, outside the config hash, since a
             timeout changes nothing that is trained.
 
+    Returns:
+        One phrase per rank of this node that died without a Python error during the launch
+        (:class:`RankDeaths`; torch's report of it is held back), empty when none did.
+
     Raises:
         RankFailure: The group failed more often than ``layout.max_restarts`` within the
-            round (torch's ``ChildFailedError``, summarised).
+            round (torch's ``ChildFailedError``, summarised with the dead ranks).
         RendezvousError: torch's, when the nodes did not meet (another node left, or did not
             come within ``rendezvous_timeout_s``).
     """
@@ -189,6 +246,10 @@ def launch_round(
     # The agent installs its own handlers for these signals in the main thread and leaves them
     # there: put ours back, and hand a signal that arrived during the launch to them.
     saved = {sig: signal.getsignal(sig) for sig in _HANDLED}
+    deaths = RankDeaths()
+    loggers = [logging.getLogger(name) for name in (ELASTIC_LOGGER, SPAWN_LOGGER)]
+    for logger in loggers:
+        logger.addFilter(deaths)
     try:
         elastic_launch(config, rank_main)(str(folder))
     except SignalException as exc:
@@ -196,17 +257,21 @@ def launch_round(
         signal.raise_signal(exc.sigval)
         raise  # the previous handler ignored it: the round is still lost
     except ChildFailedError as exc:
+        died = f"; died: {', '.join(deaths.deaths)}" if deaths.deaths else ""
         raise RankFailure(
             f"the rank group failed {layout.max_restarts + 1} times in one round "
-            f"({len(exc.failures)} rank(s) in the last try);",
+            f"({len(exc.failures)} rank(s) in the last try{died});",
             remediation="see the ranks' errors above; raise max_restarts of the rank layout "
             "if the failures are transient.",
         ) from None
     finally:
+        for logger in loggers:
+            logger.removeFilter(deaths)
         _restore(saved)
         # The agent's rendezvous store (a server thread in this process) can outlive the launch
         # in a reference cycle and keep the port: free it now rather than at some later time.
         gc.collect()
+    return deaths.deaths
 
 
 def _restore(saved: dict[signal.Signals, Any]) -> None:

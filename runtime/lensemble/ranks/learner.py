@@ -5,9 +5,10 @@ that succeeds or fails (a dead rank loses exactly that round's update), the laun
 is then the start of the next round's group, and the participant process keeps a single thread
 with no long-lived children to supervise across coordinator restarts, SIGTERM and resume. The
 price is the start-up of the ranks each round (spawning R interpreters, importing torch,
-rendezvous, ``init_process_group``): 34 to 41 s per round with R = 2 on the 2-core development
-machine at load 11, where importing torch alone takes 7.5 s (``bench/sharded_participant.md``);
-where sharding pays (an inner loop of minutes per round on its own devices) it is small.
+rendezvous, ``init_process_group``): 4.5 to 4.8 s per round with R = 2 on the quiet 2-core
+development machine, 34 to 41 s at load 11, where importing torch alone takes 7.5 s
+(``bench/sharded_participant.md``); where sharding pays (an inner loop of minutes per round on
+its own devices) it is small.
 
 The inner optimizer state stays with the participant between rounds as full tensors in the
 same names as :class:`lensemble.model.inner_loop.WorldModelLearner`'s, so checkpoints, resume
@@ -98,7 +99,7 @@ class RankGroupLearner:
 
         try:
             try:
-                launch_round(
+                deaths = launch_round(
                     self.layout, folder, self._run_id(), self.config.federation.join_timeout_s
                 )
             except RendezvousError as exc:  # a node left the group or never came
@@ -109,9 +110,10 @@ class RankGroupLearner:
                     "group meets again for the next round.",
                 ) from None
             if (folder / FAILED).exists():
+                how = f" ({'; '.join(deaths)})" if deaths else ""
                 raise RankFailure(
                     f"a rank of participant '{self.participant_id}' died in round "
-                    f"{round_index}; its update for that round is lost;",
+                    f"{round_index}{how}; its update for that round is lost;",
                     remediation="the group starts again for the next round.",
                 )
             result = RoundResult.read(folder)

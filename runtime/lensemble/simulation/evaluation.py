@@ -101,6 +101,14 @@ class Evaluation:
     def score(self, line: RoundMetrics, params: Mapping[str, torch.Tensor], rounds: int) -> None:
         """Fill ``line`` with the global model's scores and every enabled baseline's."""
         line.federated = self.federated(params)
+        self.score_baselines(line, rounds)
+
+    def score_baselines(self, line: RoundMetrics, rounds: int) -> None:
+        """Fill ``line`` with every enabled baseline's scores after ``rounds`` rounds.
+
+        The baselines depend only on the config, the seed and the participants' data, never on
+        the federated run, so a line rebuilt on resume gets exactly the values the lost line had.
+        """
         line.local_only = self.local_only(rounds) or None
         line.pooled_oracle = self.pooled_oracle(rounds)
         line.fedavg = self.fedavg_ablation(rounds)

@@ -59,6 +59,8 @@ def run_in_process(
         ResidencyViolation: A participant tried to send something other than a pseudo-gradient.
         FolderLocked: Another process writes this folder's coordinator state (exit 2).
         IntegrityError: The run record to resume from is broken (exit 3, before any work).
+        UsageError: The run record to resume from is signed and no key is configured (exit 2,
+            before any work).
         DiskFull: The output folder's filesystem is full.
     """
     out = Path(config.run.output_dir)
@@ -109,7 +111,7 @@ def _run(
             out,
             coordinator.ledger.records(),
             coordinator.version,
-            lambda record: _rebuild_metrics(config, out, evaluation, record),
+            lambda record: rebuild_metrics(config, out, evaluation, record),
         )
     transport = InProcessTransport(participants, faults)
     metrics: list[RoundMetrics] = []
@@ -171,17 +173,44 @@ def _evaluated(config: LensembleConfig, round_index: int) -> bool:
     return last or (round_index + 1) % config.evaluation.every_rounds == 0
 
 
-def _rebuild_metrics(
+def rebuild_metrics(
     config: LensembleConfig, out: Path, evaluation: Evaluation, record: RoundRecord
 ) -> RoundMetrics:
-    """The metrics line of a committed round a crash lost, re-scored from its checkpoint."""
+    """The metrics line of a committed round a crash lost, scored as the lost line was.
+
+    An evaluated round gets every field a line written at the time has: the global model's
+    scores from its checkpoint, and every enabled baseline's (local-only, pooled oracle,
+    FedAvg), trained again up to that round from the config and seed, which gives the same
+    values. Should the round's checkpoint be gone (pruned; a crash loses only the newest
+    round's line, whose checkpoint is kept), the global model cannot be scored again: the line
+    then says why in ``unscored`` and the report leaves a gap there.
+
+    Args:
+        config: The run's config (``evaluation``, ``federation.rounds``).
+        out: The run folder (its checkpoints).
+        evaluation: The run's evaluation; its baselines train on up to the round (rounds
+            already trained are not repeated), so call this in round order.
+        record: The committed round's ledger record.
+
+    Returns:
+        The line: the record's lineage, and on an evaluated round its scores.
+
+    Raises:
+        IntegrityError: The round's checkpoint is corrupt (the resume verified it just before).
+    """
     line = RoundMetrics.of(record)
+    if not _evaluated(config, record.round):
+        return line
     version = record.round + 1
     store = CheckpointStore(out)
-    if _evaluated(config, record.round) and version in store.versions():
+    if version in store.versions():
         ckpt = store.load(version)
         assert ckpt is not None
-        line.federated = evaluation.federated(ckpt.params)
-        if config.evaluation.local_only_baseline:
-            line.local_only = evaluation.local_only(version)
+        evaluation.score(line, ckpt.params, version)
+    else:
+        evaluation.score_baselines(line, version)
+        line.unscored = (
+            f"rebuilt on resume after checkpoint v{version} was pruned: the global model of "
+            f"round {record.round} could not be scored again"
+        )
     return line

@@ -2,14 +2,53 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+_SCORED = ("federated", "local_only", "pooled_oracle", "fedavg")
+#: Curve key prefix of a participant's local-only model in :func:`score_curves`.
+LOCAL_PREFIX = "local_only:"
+
 
 def _union(report: dict[str, Any]) -> float:
     return float(report["union"]["k_step_error"])
+
+
+def _or_gap(report: dict[str, Any] | None) -> float:
+    """The union error, or NaN where an evaluated round lacks it: matplotlib breaks the line."""
+    return _union(report) if report else math.nan
+
+
+def score_curves(metrics: Sequence[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
+    """The top panel's curves: union k-step error per evaluated round, NaN where one lacks it.
+
+    An evaluated round is a line with any score, or one marked ``unscored`` (rebuilt on resume
+    without the global model's scores). Every curve has a value or a NaN at every evaluated
+    round, so matplotlib leaves a gap at a missing value instead of a segment across it.
+
+    Args:
+        metrics: Lines of ``metrics.jsonl`` (dicts), in round order.
+
+    Returns:
+        ``(rounds committed at each evaluated round, curves)``: ``federated``,
+        ``pooled_oracle``, ``fedavg`` and ``local_only:<participant>`` (sorted), each only
+        when some round has it; values are unitless errors, NaN for a gap.
+    """
+    evaluated = [m for m in metrics if m.get("unscored") or any(m.get(k) for k in _SCORED)]
+    rounds = [int(m["round"]) + 1 for m in evaluated]
+    pids = sorted({pid for m in evaluated for pid in m.get("local_only") or {}})
+    curves = {
+        key: [_or_gap(m.get(key)) for m in evaluated]
+        for key in ("federated", "pooled_oracle", "fedavg")
+        if any(m.get(key) for m in evaluated)
+    }
+    for pid in pids:
+        alone = [(m.get("local_only") or {}).get(pid) for m in evaluated]
+        curves[LOCAL_PREFIX + pid] = [_or_gap(report) for report in alone]
+    return rounds, curves
 
 
 def write_report_png(
@@ -20,10 +59,13 @@ def write_report_png(
     Top: normalised k-step latent prediction error on the union of all participants' held-out
     episodes against the round, for the federated model, each participant's local-only model
     (labelled), the best of them, the pooled-data oracle and the FedAvg ablation (whichever
-    the run trained). Bottom: cumulative bytes the federation sent (pseudo-gradients up plus
-    models down) against what synchronous data-parallel training would send for the same
-    steps: every participant exchanging a float32 gradient and model at each of the
-    ``inner_steps`` steps of a round, i.e. ``2 * inner_steps * bytes_down`` per round.
+    the run trained), at every evaluated round; a curve lacking a round's value (a line marked
+    ``unscored``, or a line of an older run rebuilt without its baselines) has a gap there
+    rather than a segment across it. Bottom: cumulative bytes the federation sent
+    (pseudo-gradients up plus models down) against what synchronous data-parallel training
+    would send for the same steps: every participant exchanging a float32 gradient and model
+    at each of the ``inner_steps`` steps of a round, i.e. ``2 * inner_steps * bytes_down`` per
+    round.
 
     Args:
         metrics: Lines of ``metrics.jsonl`` (dicts), in round order.
@@ -43,43 +85,38 @@ def write_report_png(
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
     )
-    evaluated = [m for m in metrics if m.get("federated")]
-    rounds = [m["round"] + 1 for m in evaluated]
-    with_local = [m for m in evaluated if m.get("local_only")]
-    if with_local:
-        local_rounds = [m["round"] + 1 for m in with_local]
-        pids = sorted(with_local[-1]["local_only"])
-        best = min(pids, key=lambda p: _union(with_local[-1]["local_only"][p]))
+    rounds, curves = score_curves(metrics)
+    local = [key for key in curves if key.startswith(LOCAL_PREFIX)]
+    if local:
+        last = {
+            key: next((v for v in reversed(curves[key]) if not math.isnan(v)), math.inf)
+            for key in local
+        }
+        best = min(local, key=lambda key: (last[key], key))
         # tab10 without the federated blue and the FedAvg green.
         palette = plt.get_cmap("tab10")
         colours = [palette(i) for i in (1, 3, 4, 5, 6, 7, 8, 9)]
-        for i, pid in enumerate(pids):
+        for i, key in enumerate(local):
             top.plot(
-                local_rounds,
-                [_union(m["local_only"][pid]) for m in with_local],
+                rounds,
+                curves[key],
                 color=colours[i % len(colours)],
-                alpha=0.9 if pid == best else 0.55,
-                linewidth=2.2 if pid == best else 1,
-                marker="s" if pid == best else None,
+                alpha=0.9 if key == best else 0.55,
+                linewidth=2.2 if key == best else 1,
+                marker="s" if key == best else None,
                 markersize=4,
-                label=f"{pid} alone" + (" (best site)" if pid == best else ""),
+                label=f"{key.removeprefix(LOCAL_PREFIX)} alone"
+                + (" (best site)" if key == best else ""),
             )
     for key, label, style in (
         ("pooled_oracle", "pooled-data oracle", {"color": "black", "linestyle": "--"}),
         ("fedavg", "FedAvg (outer lr 1, no momentum)", {"color": "tab:green", "linestyle": ":"}),
     ):
-        scored = [m for m in evaluated if m.get(key)]
-        if scored:
-            top.plot(
-                [m["round"] + 1 for m in scored],
-                [_union(m[key]) for m in scored],
-                linewidth=1.8,
-                label=label,
-                **style,
-            )
+        if key in curves:
+            top.plot(rounds, curves[key], linewidth=1.8, label=label, **style)
     top.plot(
         rounds,
-        [_union(m["federated"]) for m in evaluated],
+        curves.get("federated", [math.nan] * len(rounds)),
         marker="o",
         markersize=4,
         linewidth=2.5,
@@ -87,7 +124,7 @@ def write_report_png(
         label="federated (DiLoCo)",
         zorder=5,
     )
-    k = evaluated[0]["federated"]["k_steps"] if evaluated else "k"
+    k = next((m["federated"]["k_steps"] for m in metrics if m.get("federated")), "k")
     top.set_ylabel(f"held-out {k}-step latent error\n(normalised; union of participants)")
     top.set_yscale("log")
     top.grid(True, which="both", alpha=0.3)

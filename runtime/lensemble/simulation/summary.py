@@ -10,7 +10,7 @@ from typing import Any
 from lensemble.federation.ledger import RoundRecord, committed_chain
 
 # The fields of RoundMetrics that hold held-out scores rather than the ledger's lineage.
-_SCORES = ("federated", "local_only", "pooled_oracle", "fedavg")
+_SCORES = ("federated", "local_only", "pooled_oracle", "fedavg", "unscored")
 
 
 @dataclass
@@ -34,6 +34,9 @@ class RoundMetrics:
             on, else None.
         fedavg: Held-out scores of the FedAvg ablation on an evaluated round with it on, else
             None.
+        unscored: Why an evaluated round has no ``federated`` scores: set only on a line rebuilt
+            on resume whose checkpoint was already pruned (the baselines are still scored);
+            None otherwise. The report leaves a gap at such a round.
     """
 
     round: int
@@ -48,6 +51,7 @@ class RoundMetrics:
     local_only: dict[str, dict[str, Any]] | None = None
     pooled_oracle: dict[str, Any] | None = None
     fedavg: dict[str, Any] | None = None
+    unscored: str | None = None
 
     @classmethod
     def of(cls, record: RoundRecord) -> RoundMetrics:
