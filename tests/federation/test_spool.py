@@ -71,9 +71,13 @@ def payload(delta: dict[str, torch.Tensor], scheme: str, pid: str) -> bytes:
 
 
 def spool_of(
-    folder: Path | None, payloads: dict[str, bytes], order: list[str]
+    folder: Path | None,
+    payloads: dict[str, bytes],
+    order: list[str],
+    into: UpdateSpool | None = None,
 ) -> tuple[UpdateSpool, dict[str, float]]:
-    spool = UpdateSpool(folder)
+    """Judge-like norms of ``payloads`` and a spool (``into``, or a new one) holding them."""
+    spool = into if into is not None else UpdateSpool(folder)
     norms = {}
     arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
     for pid in order:  # arrival order
@@ -152,11 +156,7 @@ def test_unnamed_spilled_files_leave_no_name_and_are_reused_then_closed() -> Non
         assert open_descriptors() == before + 3  # readers do not close the spool's files
         spool.reset()  # the next attempt: the same three files, overwritten
         assert open_descriptors() == before + 3
-        arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
-        for pid in sorted(second):
-            decoded = decode(second[pid], copy=False)
-            norms[pid] = update_norm(dequantize(decoded.tensors, arch, "fp16", CHUNK))
-            spool.add(pid, second[pid], bytes_hash(second[pid]), decoded)
+        _, norms = spool_of(folder, second, sorted(second), into=spool)
         assert open_descriptors() == before + 3
         again, _ = spool_of(None, second, sorted(second))
         screening = decide(norms, config)
@@ -190,12 +190,7 @@ def test_a_kept_file_that_cannot_grow_is_closed_and_the_update_held_in_memory(
             raise DiskFull(f"{where} has no room for {n} bytes")
 
         monkeypatch.setattr(spool_module, "check_free_space", no_room)
-        norms: dict[str, float] = {}
-        arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
-        for pid in sorted(large):
-            decoded = decode(large[pid], copy=False)
-            norms[pid] = update_norm(dequantize(decoded.tensors, arch, "none", CHUNK))
-            spool.add(pid, large[pid], bytes_hash(large[pid]), decoded)
+        _, norms = spool_of(folder, large, sorted(large), into=spool)
         # Only the growth was asked for, and each refused file was closed, not leaked.
         assert needed == [len(large[pid]) - len(small[pid]) for pid in sorted(large)]
         assert open_descriptors() == before
