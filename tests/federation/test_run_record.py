@@ -533,3 +533,70 @@ def test_verify_json_reports_bad_input_as_json_and_exits_2(tmp_path: Path, case:
     assert out["status"] == "bad_input" and out["ok"] is False and out["exit_code"] == 2
     assert out["error"] and "\n" not in out["error"] and out["run_dir"] == str(run)
     assert result.err == f"error: {out['error']}\n"  # the same sentence for people
+
+
+# ------------------------------------------------------------------ what a second audit found
+def test_verify_never_prints_the_mac_a_forged_line_would_need(tmp_path: Path) -> None:
+    signer = HmacSigner(KEY)
+    _run(tmp_path, signer=signer)
+    lines = _lines(tmp_path)
+    lines[0]["mac"]["value"] = "00" * 32  # a wrong MAC on an otherwise valid line
+    _write_lines(tmp_path, lines)
+    wanted = signer.mac(lines[0]["line_hash"])  # what would sign it
+    key = tmp_path / "key"
+    key.write_bytes(KEY)
+    for args in ((), ("--json",)):
+        result = run_cli("verify", str(tmp_path), "--key-file", str(key), *args)
+        assert result.code == 3 and "does not verify" in result.out
+        assert wanted not in result.out + result.err
+    from lensemble.federation.coordinator import Coordinator
+    from tests.support.federation import initial_params
+
+    with pytest.raises(IntegrityError) as caught:
+        Coordinator(
+            small_config(rounds=5),
+            initial_params(3),
+            output_dir=tmp_path,
+            resume=True,
+            signer=signer,
+        )
+    assert wanted not in caught.value.message + (caught.value.remediation or "")
+
+
+def test_a_key_file_is_used_byte_for_byte(tmp_path: Path) -> None:
+    from lensemble.federation.signing import read_key_file
+
+    raw = b"\r" + b"k" * 30 + b"\n"  # 32 bytes that begin and end with whitespace
+    key = tmp_path / "key"
+    key.write_bytes(raw)
+    assert read_key_file(key).mac("sha256:" + "0" * 64) == HmacSigner(raw).mac("sha256:" + "0" * 64)
+
+
+def test_ledger_macs_stripped_beside_signed_checkpoints_break_without_a_key(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    _run(tmp_path, signer=HmacSigner(KEY))
+    lines = _lines(tmp_path)
+    prev = ""
+    for body in lines:  # the MACs removed and the chain re-hashed; checkpoints left as signed
+        body.pop("mac")
+        body["prev"] = prev
+        body["line_hash"] = prev = line_digest(body)
+    _write_lines(tmp_path, lines)
+    broken = verify_run(tmp_path).first_break
+    assert broken is not None and broken.line == 1 and "MACs were removed" in broken.what
+    assert run_cli("verify", str(tmp_path)).code == 3
+
+
+def test_a_checkpoint_renamed_past_the_rounds_is_named_not_the_rounds(tmp_path: Path) -> None:
+    _run(tmp_path, rounds=3)
+    store = CheckpointStore(tmp_path)
+    store.path(2).replace(store.path(9))
+    from lensemble.simulation.output import prepare_output_dir
+
+    config = small_config(rounds=5).model_copy(
+        update={"run": small_config(rounds=5).run.model_copy(update={"output_dir": str(tmp_path)})}
+    )
+    with pytest.raises(IntegrityError) as caught:
+        prepare_output_dir(config, resume=True)
+    assert "is named version 9, but its contents record version 2" in caught.value.message

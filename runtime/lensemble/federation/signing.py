@@ -153,13 +153,14 @@ class KmsSigner:
 
 
 def read_key_file(path: Path) -> HmacSigner:
-    """An :class:`HmacSigner` from a key file.
+    """An :class:`HmacSigner` from a key file: its bytes exactly, whitespace and newline included.
 
     Raises:
         UsageError: The file is missing, unreadable or shorter than 32 bytes.
     """
     try:
-        key = path.read_bytes().strip()
+        # The file's bytes exactly: random bytes may begin or end with whitespace.
+        key = path.read_bytes()
     except OSError as exc:
         raise UsageError(
             f"cannot read the ledger key file {path} ({exc.strerror});",

@@ -171,6 +171,21 @@ def verify_run(
         raise legacy_error(ledger_path)
     report.signed = sum(isinstance(line.body.get("mac"), dict) for line in parsed.lines)
     breaks: list[_Broken] = []
+    if signer is None and report.signed == 0 and parsed.lines:
+        # A run is signed from its first round or not at all: signed checkpoints beside a
+        # ledger without a MAC mean the ledger's MACs were removed (a key would catch it too).
+        signature = record_signature(run_dir, ledger_name)
+        if signature is not None:
+            breaks.append(
+                _Broken(
+                    Break(
+                        str(ledger_path),
+                        1,
+                        f"carries no MAC, but {signature.where} is signed ({signature.algorithm}, "
+                        f"key {signature.key_id}): the ledger's MACs were removed",
+                    )
+                )
+            )
     try:
         _walk(report, parsed, ledger_path, signer)
     except _Broken as exc:
@@ -296,7 +311,8 @@ def _check_mac(line: LedgerLine, signer: Signer | None, path: Path) -> None:
                 str(path),
                 line.number,
                 f"has a MAC that does not verify with key {signer.key_id}",
-                signer.mac(line.line_hash) if signer.algorithm == "hmac-sha256" else "a valid MAC",
+                # Never the MAC the key would give: printed, it would sign a forged line.
+                f"a MAC of this line made with key {signer.key_id}",
                 value,
             )
         )
@@ -649,9 +665,14 @@ def require_valid(run_dir: Path, ledger_name: str, signer: Signer | None) -> Ver
         Ledger(run_dir / ledger_name).rewrite_texts(report.repair.texts)
         report = verify_run(run_dir, ledger_name, signer)
     if report.first_break is not None:
-        raise IntegrityError(
-            f"the run record in {run_dir} is broken at {report.first_break.sentence()};",
-            remediation="nothing was trained; restore the folder from a backup, or start a new "
-            "run folder (`lensemble verify` prints the same).",
-        )
+        raise broken_record(run_dir, report.first_break)
     return report
+
+
+def broken_record(run_dir: Path, first_break: Break) -> IntegrityError:
+    """The error that refuses work on a broken run record (exit 3), naming its first break."""
+    return IntegrityError(
+        f"the run record in {run_dir} is broken at {first_break.sentence()};",
+        remediation="nothing was trained; restore the folder from a backup, or start a new "
+        "run folder (`lensemble verify` prints the same).",
+    )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from lensemble.durable import append_line, atomic_write, check_free_space
 from lensemble.errors import UsageError
 from lensemble.federation.checkpoint import CheckpointStore
+from lensemble.federation.verify import broken_record, verify_run
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
@@ -47,6 +48,8 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
 
     Raises:
         UsageError: The folder cannot be created or written, or ``--resume`` would shrink a run.
+        IntegrityError: ``--resume`` of a record whose checkpoints claim more rounds than
+            ``federation.rounds`` and that is broken (exit 3, names the first break).
     """
     out = config.run.output_dir
     # Fail before collecting data, not after a minute of work.
@@ -72,6 +75,12 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
             "--resume to continue it, or -o to write elsewhere."
         )
     if resume and committed > config.federation.rounds:
+        # The count comes from checkpoint file names: a record broken there (a file renamed
+        # to a later version) is the cause to report, not the rounds (the full verification,
+        # MACs included, runs before any work).
+        report = verify_run(Path(out), config.observability.ledger_path, None)
+        if report.first_break is not None:
+            raise broken_record(Path(out), report.first_break)
         raise UsageError(
             f"the run in {out} already committed {committed} rounds, more than "
             f"federation.rounds ({config.federation.rounds});",
