@@ -600,3 +600,14 @@ def test_a_checkpoint_renamed_past_the_rounds_is_named_not_the_rounds(tmp_path: 
     with pytest.raises(IntegrityError) as caught:
         prepare_output_dir(config, resume=True)
     assert "is named version 9, but its contents record version 2" in caught.value.message
+
+
+def test_a_checkpoint_hash_break_gives_both_hashes_as_fields_and_its_line(tmp_path: Path) -> None:
+    _run(tmp_path, rounds=3)
+    _flip_momentum(tmp_path, 3)
+    result = run_cli("verify", str(tmp_path), "--json")
+    assert result.code == 3
+    brk = json.loads(result.out)["first_break"]
+    assert HASH.fullmatch(brk["expected"]) and HASH.fullmatch(brk["found"])
+    assert brk["expected"] != brk["found"]
+    assert "recorded state hash" in brk["what"] and "ledger line 3" in brk["what"]

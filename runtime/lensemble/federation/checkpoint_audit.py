@@ -49,6 +49,26 @@ class AuditedCheckpoint:
     state_hash: str
 
 
+class HashMismatch(IntegrityError):
+    """A checkpoint's tensors do not hash to the hash it records (exit 3).
+
+    Attributes:
+        what: What does not hold, without the file (e.g. ``does not match its recorded model
+            hash``).
+        recorded: The hash the file records (full).
+        recomputed: The hash of its contents (full).
+    """
+
+    def __init__(
+        self, path: Path, what: str, recorded: str, recomputed: str, *, remediation: str
+    ) -> None:
+        super().__init__(
+            f"checkpoint {path} {what} (recorded {recorded}, recomputed {recomputed});",
+            remediation=remediation,
+        )
+        self.what, self.recorded, self.recomputed = what, recorded, recomputed
+
+
 def checkpoint_folder(run_dir: Path) -> Path:
     """``<run_dir>/coordinator/checkpoints``."""
     return run_dir / "coordinator" / "checkpoints"
@@ -125,9 +145,11 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
     suffix = struct.pack("<Q", recorded_version) + parent.encode()
     actual = "sha256:" + _digest(params, suffix)
     if actual != expected:
-        raise IntegrityError(
-            f"checkpoint {path} does not match its recorded model hash (recorded {expected}, "
-            f"recomputed {actual});",
+        raise HashMismatch(
+            path,
+            "does not match its recorded model hash",
+            expected,
+            actual,
             remediation="the file was modified; restore it or start a new run folder.",
         )
     record = meta.get("record", "")
@@ -135,10 +157,12 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
     suffix = _state_suffix(version, expected, parent, meta.get("config_hash", ""), record)
     recomputed = "sha256:" + _digest(dict(tensors), suffix)
     if recomputed != recorded_state:
-        raise IntegrityError(
-            f"checkpoint {path} does not match its recorded state hash (recorded "
-            f"{recorded_state or '(none)'}, recomputed {recomputed}): its parameters, outer "
-            "momentum or round record changed;",
+        raise HashMismatch(
+            path,
+            "does not match its recorded state hash (its parameters, outer momentum or round "
+            "record changed)",
+            recorded_state or "(none)",
+            recomputed,
             remediation="restore it from a backup or start a new run folder.",
         )
     if signer is not None and not signer.verify(recomputed, meta.get("mac", "")):

@@ -21,6 +21,7 @@ from typing import Any
 from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.checkpoint_audit import (
     AuditedCheckpoint,
+    HashMismatch,
     audit_checkpoint,
     checkpoint_folder,
     checkpoint_metadata,
@@ -425,6 +426,11 @@ def _one_checkpoint(
         ckpt = audit_checkpoint(ckpt_path, version, signer)
     except IntegrityError as exc:
         # The break names the file already: "<file>: is named version 6, but ...".
+        if isinstance(exc, HashMismatch):  # both hashes as fields, as a ledger break has them
+            of_line = f" (it is the checkpoint of ledger line {line.number})" if line else ""
+            raise _Broken(
+                Break(str(ckpt_path), None, exc.what + of_line, exc.recorded, exc.recomputed)
+            ) from None
         what = exc.message.rstrip(";").removeprefix(f"checkpoint {ckpt_path} ")
         raise _Broken(Break(str(ckpt_path), None, what)) from None
     report.checkpoints.append(version)
