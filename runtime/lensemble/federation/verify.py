@@ -289,7 +289,8 @@ def _check_mac(line: LedgerLine, signer: Signer | None, path: Path) -> None:
             Break(
                 str(path),
                 line.number,
-                f"carries no MAC, but the run is signed ({signer.algorithm}, key {signer.key_id})",
+                f"carries no MAC, but a signing key is given ({signer.algorithm}, key "
+                f"{signer.key_id})",
                 "a MAC",
                 "none",
             )
