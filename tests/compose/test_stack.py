@@ -638,3 +638,27 @@ def test_cli_up_without_a_docker_engine_exits_4(
     assert result.err.startswith("error: ")
     assert "Traceback" not in result.err
     assert not (tmp_path / RECORD_NAME).exists()
+
+
+def test_a_coordinator_refusing_a_broken_record_is_named_with_its_exit_code(
+    cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    # The coordinator verifies its run record before any network I/O and exits 3 with one
+    # sentence; `up` quotes that sentence and passes the code through.
+    said = (
+        "error: the run record in /var/lib/lensemble is broken at /var/lib/lensemble/ledger."
+        "jsonl:4: was edited (expected sha256:aa, found sha256:bb); nothing was trained"
+    )
+    containers = healthy_stack(cfg)
+    containers["coordinator"] = FakeContainer(
+        [""],
+        states=[RUNNING, ContainerState("exited", 3)],
+        logs=[["starting", said, "a later line that is not an error"]],
+    )
+    with pytest.raises(StackFailed) as info:
+        run_up(cfg, tmp_path, FakeEngine(containers))
+    assert info.value.exit_code == 3
+    assert "coordinator stopped with exit code 3 before it was ready: the run record" in str(
+        info.value
+    )
+    assert "ledger.jsonl:4: was edited" in str(info.value)

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -114,6 +114,19 @@ class ExpectedService:
     service: str
     role: str
     participant_id: str | None
+
+
+#: How much of a container's last error line a stack error quotes (characters).
+ERROR_QUOTE_CHARS = 600
+
+
+def last_error(lines: Iterable[str]) -> str | None:
+    """The last ``error: ...`` line a Lensemble process wrote (its text, bounded), if any."""
+    said = None
+    for line in lines:
+        if line.startswith("error: "):
+            said = line.removeprefix("error: ").strip()
+    return said[:ERROR_QUOTE_CHARS] if said else None
 
 
 def default_stack_dir(config: LensembleConfig) -> Path:
@@ -279,9 +292,21 @@ def wait_ready(
             if line is None:
                 state = engine.state(container)
                 if state.finished:
+                    # Its own one-line error says why (a broken run record names its line);
+                    # a coordinator's exit code is passed through, as after a run.
+                    said = last_error(engine.follow(container, new_only=False))
+                    why = f": {said}" if said else "."
+                    code = state.exit_code
+                    passed = (
+                        code
+                        if name == COORDINATOR
+                        and code in (EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_FAIL_CLOSED)
+                        else EXIT_RUN_FAILED
+                    )
                     raise StackFailed(
-                        f"{name} stopped with exit code {state.exit_code} before it was ready.",
+                        f"{name} stopped with exit code {code} before it was ready{why}",
                         remediation=f"Its log: {record.logs_hint(name)}; then `lensemble down`.",
+                        exit_code=passed,
                     )
                 continue
             check_ready_line(
