@@ -300,27 +300,30 @@ def test_kms_signing_uses_generate_for_the_coordinator_and_verify_for_auditors(
     assert broken is not None and broken.line == 1
 
 
+def _network_coordinator_without_io(out: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Start the network coordinator on ``out`` resuming 5 rounds; opening servers fails."""
+    from lensemble.network import process
+    from tests.support.federation import initial_params
+
+    def no_io(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the coordinator opened its servers {case}")
+
+    monkeypatch.setattr(process, "ProcessHarness", no_io)
+    config = small_config(rounds=5).model_copy(
+        update={"run": small_config().run.model_copy(update={"output_dir": str(out)})}
+    )
+    process.run_coordinator(config, initial_params(3))
+
+
 def test_the_network_coordinator_verifies_before_any_network_io(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lensemble.network import process
-
     _run(tmp_path)
     lines = _lines(tmp_path)
     lines[2]["record"]["model_hash"] = "sha256:" + "1" * 64
     _write_lines(tmp_path, lines)
-
-    def no_io(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the coordinator opened its servers on a broken run record")
-
-    monkeypatch.setattr(process, "ProcessHarness", no_io)
-    config = small_config(rounds=5).model_copy(
-        update={"run": small_config().run.model_copy(update={"output_dir": str(tmp_path)})}
-    )
-    from tests.support.federation import initial_params
-
     with pytest.raises(IntegrityError, match="ledger.jsonl:3"):
-        process.run_coordinator(config, initial_params(3))
+        _network_coordinator_without_io(tmp_path, monkeypatch, "on a broken run record")
 
 
 def test_verify_checks_checkpoints_without_importing_torch(tmp_path: Path) -> None:
@@ -396,20 +399,9 @@ def test_simulate_resume_of_a_signed_run_without_its_key_exits_2_at_once(
 def test_the_network_coordinator_needs_the_key_of_a_signed_run_before_any_io(
     tmp_path: Path, no_key: pytest.MonkeyPatch
 ) -> None:
-    from lensemble.network import process
-    from tests.support.federation import initial_params
-
     _run(tmp_path, signer=HmacSigner(KEY))
-
-    def no_io(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the coordinator opened its servers without the run's key")
-
-    no_key.setattr(process, "ProcessHarness", no_io)
-    config = small_config(rounds=5).model_copy(
-        update={"run": small_config().run.model_copy(update={"output_dir": str(tmp_path)})}
-    )
     with pytest.raises(UsageError, match="is signed .* LENSEMBLE_LEDGER_KEY_FILE"):
-        process.run_coordinator(config, initial_params(3))
+        _network_coordinator_without_io(tmp_path, no_key, "without the run's key")
 
 
 def test_a_signed_kms_run_names_the_kms_key_to_set(

@@ -89,6 +89,18 @@ def spool_of(
     return spool, norms
 
 
+def assert_reduces_as_in_memory(
+    spool: UpdateSpool, payloads: dict[str, bytes], norms: dict[str, float], scheme: str
+) -> None:
+    """The mean over ``spool`` is bit for bit the mean over ``payloads`` held in memory."""
+    config = RobustnessConfig()
+    in_memory, _ = spool_of(None, payloads, sorted(payloads))
+    screening = decide(norms, config)
+    a = aggregate_spooled(spool, screening, SHAPES, config, scheme=scheme, chunk=CHUNK)
+    b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme=scheme, chunk=CHUNK)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("scheme", ["none", "fp16", "bf16", "int8"])
 @pytest.mark.parametrize("aggregator", ["mean", "trimmed_mean", "median"])
 @pytest.mark.parametrize("mode", ["clip", "reject"])
@@ -158,11 +170,7 @@ def test_unnamed_spilled_files_leave_no_name_and_are_reused_then_closed() -> Non
         assert open_descriptors() == before + 3
         _, norms = spool_of(folder, second, sorted(second), into=spool)
         assert open_descriptors() == before + 3
-        again, _ = spool_of(None, second, sorted(second))
-        screening = decide(norms, config)
-        a = aggregate_spooled(spool, screening, SHAPES, config, scheme="fp16", chunk=CHUNK)
-        b = aggregate_spooled(again, screening, SHAPES, config, scheme="fp16", chunk=CHUNK)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert_reduces_as_in_memory(spool, second, norms, "fp16")
         spool.close()
         assert open_descriptors() == before
     finally:
@@ -174,7 +182,6 @@ def test_unnamed_spilled_files_leave_no_name_and_are_reused_then_closed() -> Non
 def test_a_kept_file_that_cannot_grow_is_closed_and_the_update_held_in_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = RobustnessConfig()
     small = {pid: payload(d, "fp16", pid) for pid, d in updates(2).items()}
     large = {pid: payload(d, "none", pid) for pid, d in updates(2, seed=1).items()}
     folder = Path("/dev/shm") / f"lensemble-spool-grow-{os.getpid()}"
@@ -194,11 +201,7 @@ def test_a_kept_file_that_cannot_grow_is_closed_and_the_update_held_in_memory(
         # Only the growth was asked for, and each refused file was closed, not leaked.
         assert needed == [len(large[pid]) - len(small[pid]) for pid in sorted(large)]
         assert open_descriptors() == before
-        in_memory, _ = spool_of(None, large, sorted(large))
-        screening = decide(norms, config)
-        a = aggregate_spooled(spool, screening, SHAPES, config, scheme="none", chunk=CHUNK)
-        b = aggregate_spooled(in_memory, screening, SHAPES, config, scheme="none", chunk=CHUNK)
-        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert_reduces_as_in_memory(spool, large, norms, "none")
         spool.close()
     finally:
         for leftover in folder.glob("*"):

@@ -353,19 +353,6 @@ def aggregate_spooled(
     return {name: flat[name].reshape(shape) for name, shape in shapes.items()}
 
 
-def relative_change(current: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor]) -> float:
-    """``||new - current|| / max(1, ||current||)`` in float64 (L2 over all tensors).
-
-    Args:
-        current: ``theta_t`` (float32).
-        new: ``theta_{t+1}`` (float32, same names and shapes).
-    """
-    # One difference tensor alive at a time, not a model's worth; the same sums as
-    # update_norm of all the differences.
-    change = _l2(new[name] - current[name] for name in sorted(new))
-    return change / max(1.0, update_norm(current))
-
-
 def precommit_problem(
     current: Mapping[str, torch.Tensor],
     new: Mapping[str, torch.Tensor],
@@ -379,12 +366,13 @@ def precommit_problem(
         max_relative_change: ``federation.robustness.max_relative_change``.
 
     Returns:
-        ``(relative change, problem)``: the :func:`relative_change` (None when the new model is
-        not finite) and None when the model may be committed, else one sentence saying why
-        not: a tensor with NaN or Inf, or a relative change above ``max_relative_change``.
+        ``(relative change, problem)``: ``||new - current|| / max(1, ||current||)`` in float64,
+        L2 over all tensors (None when the new model is not finite); and None when the model may
+        be committed, else one sentence saying why not: a tensor with NaN or Inf, or a relative
+        change above ``max_relative_change``.
     """
     # Each new tensor is read once (``new`` may compute it on access, see
-    # OuterStep.candidate); the sums are relative_change's.
+    # OuterStep.candidate); the sums are update_norm's over the differences.
     total = 0.0
     with single_threaded():
         for name in sorted(new):
