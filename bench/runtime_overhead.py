@@ -11,15 +11,21 @@ pass is used, which can only make a ratio look worse:
 - **hash floor**: ``hashlib.sha256`` over the same bytes (SHA-256 has its own ceiling, below
   memory bandwidth; the hashing figure is given against both floors).
 
-Each floor is the faster of two passes: tensor by tensor in the tensors' own memory, and over
-one contiguous numpy copy (which numpy backs with huge pages). The run uses the container
+Each floor is the faster of two passes: tensor by tensor in the tensors' own memory (once for
+separately allocated tensors, once for the flat model), and over one contiguous numpy copy
+(which numpy backs with huge pages). The run uses the container
 image's huge-page environment (:mod:`lensemble.hugepages`) unless ``--memory-env as-is``.
 
 Per model size (float32 parameters, 1M-element tensors), in this process:
 
+The model is held as the coordinator holds it, float32 views into one buffer
+(:mod:`lensemble.federation.flat`).
+
 - ``encode``: :func:`~lensemble.federation.payload.encode` of the model (the one copy that
-  builds the payload); ``parse``: :func:`~lensemble.federation.payload.decode` with
-  ``copy=False``, as the coordinator judges an update (header checks, tensors are views);
+  builds the payload; as every round does, it writes over the previous payload once that is
+  released, see :mod:`lensemble.federation.fresh_bytes`); ``parse``:
+  :func:`~lensemble.federation.payload.decode` with ``copy=False``, as the coordinator judges
+  an update (header checks, tensors are views);
   ``serialize`` = both together, MB of parameters / (encode s + parse s). ``fresh`` is a
   reference, not a floor: the same bytes copied into a newly allocated array, which any new
   payload must pay for (the kernel's first touch of every page).
@@ -207,6 +213,7 @@ class SyntheticTransport:
         fed = self.config.federation
         # Every update carries the base values under its own header: one payload alive at a
         # time besides the base, as a network transport holds one upload (2 models in all).
+        # Built as a remote participant builds it, in its own memory: never recycled here.
         payload = encode(
             self.base,
             {
@@ -218,6 +225,7 @@ class SyntheticTransport:
                 "int8_chunk": str(fed.int8_chunk),
                 "base_hash": self.opening.model_hash,
             },
+            recycle=False,
         )
         digest = bytes_hash(payload)  # the participant's declared hash: its side, not ours
         self.compute += time.perf_counter() - start
@@ -297,7 +305,7 @@ def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[st
     spilled = UpdateSpool(spool / "aggregation")
     norms = {}
     for i, pid in enumerate(ids):
-        payload = encode({k: v * (1.0 + 0.01 * i) for k, v in base.items()}, {})
+        payload = encode({k: v * (1.0 + 0.01 * i) for k, v in base.items()}, {}, recycle=False)
         spilled.add(pid, payload, bytes_hash(payload), decode(payload, copy=False))
         norms[pid] = 1.0
         del payload
@@ -346,10 +354,12 @@ def run_child(
 # ----------------------------------------------------------------------- the parent: the table
 def in_process(total: int) -> dict[str, float]:
     from lensemble.federation.diloco import canonical_mean
+    from lensemble.federation.flat import flat_copy
     from lensemble.federation.payload import decode, encode, tensor_digest
 
     before = floors(make_params(total, seed=2))
-    params = make_params(total)
+    # The model as the coordinator holds it: views into one buffer (lensemble.federation.flat).
+    params = flat_copy(make_params(total))
     mb = total * 4 / MB
     data = encode(params, {})
 

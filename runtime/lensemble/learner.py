@@ -56,7 +56,10 @@ class Learner(Protocol):
         ...
 
     def inner_state(self) -> Params:
-        """Inner optimizer state (and EMA target) as named tensors, for checkpoints."""
+        """Inner optimizer state (and EMA target) as named tensors, for checkpoints.
+
+        The tensors are copies: a snapshot may be written from them while training goes on.
+        """
         ...
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections import namedtuple
 from pathlib import Path
 
@@ -117,6 +118,44 @@ def test_a_crash_at_every_write_point_resumes_to_the_same_final_hash(tmp_path: P
         assert committed_chain(Ledger(out / "ledger.jsonl").records())[-1] == reference
         assert verify_run(out).ok, _label
         shutil.rmtree(out)
+
+
+def test_a_crash_while_a_commit_is_written_behind_redoes_that_round_exactly(
+    tmp_path: Path,
+) -> None:
+    """Round 1's checkpoint dies after every participant trained round 2 on its model.
+
+    The coordinator opens round 2 while round 1's commit is still being written; the crash
+    leaves round 1 uncommitted, so the resume redoes it, and each participant must rewind to
+    its snapshot of round 0, two rounds behind what it last trained.
+    """
+    straight, transport, _ = build(small_config(rounds=3), output_dir=tmp_path / "straight")
+    reference = straight.run(transport).model_hash
+    out = tmp_path / "run"
+    trained_round_2: set[str] = set()
+    everyone = threading.Event()
+
+    def crash_at(label: str) -> None:
+        if "inner-r000002" in label and label.startswith("before-rename"):
+            trained_round_2.add(label)
+            if len(trained_round_2) == 4:
+                everyone.set()
+        if label.startswith("before-rename") and "model-v000002" in label:
+            assert everyone.wait(30), "round 2 did not open while round 1 was being written"
+            raise SimulatedCrash(label)
+
+    durable.set_crash_hook(crash_at)
+    try:
+        coordinator, transport, _ = build(small_config(rounds=3), output_dir=out)
+        with pytest.raises(SimulatedCrash):
+            coordinator.run(transport)
+    finally:
+        durable.set_crash_hook(None)
+    assert [r.round for r in Ledger(out / "ledger.jsonl").records()] == [0]
+    resumed, transport2, _ = build(small_config(rounds=3), output_dir=out, resume=True)
+    assert resumed.version == 1
+    assert resumed.run(transport2).model_hash == reference
+    assert verify_run(out).ok
 
 
 def test_a_second_run_on_the_folder_fails_at_once_naming_the_holder(tmp_path: Path) -> None:

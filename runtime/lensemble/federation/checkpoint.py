@@ -258,8 +258,10 @@ class InnerStateStore:
     def save(self, round_index: int, attempt: int, state: Mapping[str, torch.Tensor]) -> None:
         """Save the inner state after training ``(round_index, attempt)``.
 
-        Snapshots of the two most recent rounds are kept: resuming before round ``t`` needs the
-        last snapshot of round ``t - 1`` even when round ``t`` had several attempts.
+        Snapshots of the three most recent rounds are kept: resuming before round ``t`` needs
+        the last snapshot of round ``t - 1`` even when round ``t`` had several attempts, and
+        even when this participant already trained round ``t + 1``, which the coordinator opens
+        while round ``t``'s commit is still being written (a crash then redoes round ``t``).
         """
         path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
         parts = encode_parts(dict(state), {"kind": "inner-state"})
@@ -268,7 +270,7 @@ class InnerStateStore:
         atomic_write(path, parts)
         rounds = sorted({e[0] for e in self._entries()})
         for old in self._entries():
-            if old[0] < rounds[-2:][0]:
+            if old[0] < rounds[-3:][0]:
                 # No folder fsync, as for coordinator checkpoints: a pruned snapshot a crash
                 # brings back is older than the ones kept, and latest_before reads the newest.
                 (self.folder / old[2]).unlink(missing_ok=True)

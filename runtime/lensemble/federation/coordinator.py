@@ -17,8 +17,11 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
 5. COMMITTING: the outer Nesterov SGD step and the pre-commit check of the new model (finite,
    bounded change; a failure aborts the attempt), the new model's hash (chained to its parent),
    an atomic checkpoint, then the ledger line. This is the only place global state changes.
+   Under :meth:`Coordinator.run` the checkpoint and the ledger line are written behind: the
+   next round opens while they are made durable on a commit thread, and that round cannot
+   aggregate, abort or end the run before they are (docs/performance.md#write-behind-commits).
 
-The coordinator is single-threaded: transports hand it submissions one at a time.
+The coordinator judges submissions on one thread: transports hand them over one at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +53,8 @@ from lensemble.errors import (
     ScaleOutOfRange,
 )
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
-from lensemble.federation.diloco import OuterStep, zeros_like
+from lensemble.federation.diloco import OuterStep
+from lensemble.federation.flat import flat_copy, flat_empty, flat_zeros
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import (
@@ -227,6 +232,16 @@ class _Collection:
         return key == (self.opening.round_index, self.opening.attempt)
 
 
+@dataclass
+class _PendingCommit:
+    """A committed attempt whose checkpoint and ledger line are still being written."""
+
+    record: RoundRecord
+    machine: RoundMachine
+    # Resolves to the seconds the checkpoint and the ledger append took; raises their error.
+    written: Future[float]
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """The outcome of :meth:`Coordinator.run`.
@@ -293,6 +308,8 @@ class Coordinator:
         self.max_header_bytes = HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(wire)
         self.observer = observer
         self.rejections: Counter[str] = Counter()
+        # Every attempt decided by this process, in order; under run() the last commit may
+        # still be being written until the next attempt (or run) settles it.
         self.records: list[RoundRecord] = []
         self._collection: _Collection | None = None
         self._closed: ClosedAttempt | None = None
@@ -300,6 +317,9 @@ class Coordinator:
         # The reduction's result, reused every round (allocated at the first aggregation).
         self._accumulator: Params | None = None
         self._commit_s: float | None = None  # checkpoint + ledger line of the last commit
+        # Write-behind (run()): the commit being made durable while the next round collects.
+        self._pending: _PendingCommit | None = None
+        self._committer: ThreadPoolExecutor | None = None
         # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
         self._spool.reset()
@@ -313,8 +333,10 @@ class Coordinator:
         if ckpt is not None:
             self._restore(ckpt)
         else:
-            params = {k: v.detach().to(torch.float32).clone() for k, v in initial_params.items()}
-            self._set_state(0, params, zeros_like(params), model_hash(params, 0, ""), "")
+            # Model and momentum each live in one buffer (flat.py: huge pages, same values).
+            params = flat_copy(initial_params)
+            momentum = flat_zeros({k: v.shape for k, v in params.items()})
+            self._set_state(0, params, momentum, model_hash(params, 0, ""), "")
             self._checkpoint_hash = self._save_checkpoint(record=None)
 
     # ------------------------------------------------------------------ state and persistence
@@ -344,7 +366,13 @@ class Coordinator:
                     "resume with the same config (only federation.rounds may change) or use a "
                     "new run.output_dir."
                 )
-        self._set_state(ckpt.version, ckpt.params, ckpt.momentum, ckpt.model_hash, ckpt.parent_hash)
+        self._set_state(
+            ckpt.version,
+            flat_copy(ckpt.params),
+            flat_copy(ckpt.momentum),
+            ckpt.model_hash,
+            ckpt.parent_hash,
+        )
         if self.ledger is not None:
             self._repair_ledger()
 
@@ -369,18 +397,74 @@ class Coordinator:
     def _save_checkpoint(self, record: RoundRecord | None) -> str | None:
         if self.checkpoints is None:
             return None
-        return self.checkpoints.save(
-            CoordinatorCheckpoint(
-                self.version,
-                self.params,
-                self.momentum,
-                self.model_hash,
-                self.parent_hash,
-                self.config_hash,
-                canonical_json(hashed_view(self.config)).decode(),
-                record.to_json() if record else "",
-            )
+        return self.checkpoints.save(self._checkpoint_of(record))
+
+    def _checkpoint_of(self, record: RoundRecord | None) -> CoordinatorCheckpoint:
+        # The tensors are referenced, not copied: nothing changes them before the commit is
+        # settled (the next outer step waits for it).
+        return CoordinatorCheckpoint(
+            self.version,
+            self.params,
+            self.momentum,
+            self.model_hash,
+            self.parent_hash,
+            self.config_hash,
+            canonical_json(hashed_view(self.config)).decode(),
+            record.to_json() if record else "",
         )
+
+    def _write_commit(self, record: RoundRecord, ckpt: CoordinatorCheckpoint | None) -> float:
+        """Checkpoint, then ledger line (the order a resume relies on); returns seconds."""
+        start = time.perf_counter()
+        checkpoint = self.checkpoints.save(ckpt) if (self.checkpoints and ckpt) else None
+        if self.ledger is not None:
+            self.ledger.append(record, checkpoint)
+        return time.perf_counter() - start
+
+    def _write_behind(
+        self, record: RoundRecord, machine: RoundMachine, transport: CoordinatorTransport
+    ) -> None:
+        """Hand a committed attempt's checkpoint and ledger line to the commit thread.
+
+        The transport stops collecting at once (as after a synchronous commit), so the next
+        round can open, and the record joins ``records`` (the attempts decided so far); the
+        observer hears of it only once it is durable (:meth:`_settle`).
+        """
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-commit")
+        ckpt = self._checkpoint_of(record) if self.checkpoints else None
+        written = self._committer.submit(self._write_commit, record, ckpt)
+        self._pending = _PendingCommit(record, machine, written)
+        self.records.append(record)
+        transport.round_closed(record)
+
+    def _settle(self, *, last: bool = False) -> None:
+        """Wait until the commit written behind is durable; re-raise its error.
+
+        Args:
+            last: No other attempt opened since, so the observer hears that it CLOSED (a
+                later round's state would be overwritten by a late CLOSED otherwise).
+
+        Raises:
+            DiskFull, OSError, IntegrityError: Whatever the checkpoint or the ledger append
+                raised; the round is then not committed and a resume redoes it.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        self._commit_s = pending.written.result()
+        pending.machine.advance(RoundState.CLOSED)
+        if last:
+            self._notify(pending.machine)
+        if self.observer is not None:
+            self.observer.on_round(pending.record)
+
+    def _settle_after_failure(self) -> None:
+        """Wait for the commit behind while another error ends the run; log, never mask it."""
+        try:
+            self._settle(last=True)
+        except Exception as exc:  # the error already propagating is the one to report
+            _log.error("the commit of the previous round failed as well: %s", exc)
 
     def model_payload(self) -> bytes:
         """The current global model as a safetensors payload (cached per version)."""
@@ -562,13 +646,30 @@ class Coordinator:
                 remediation="start more participants, check their logs, or lower "
                 "federation.quorum.",
             )
-        while self.version < fed.rounds:
-            self.run_round(transport)
+        try:
+            while self.version < fed.rounds:
+                self.run_round(transport, write_behind=True)
+            self._settle(last=True)
+        except BaseException:
+            self._settle_after_failure()
+            raise
+        finally:
+            if self._committer is not None:
+                self._committer.shutdown(wait=True)
+                self._committer = None
         transport.finish()
         return RunSummary(list(self.records), self.model_hash, self.version, self.params)
 
-    def run_round(self, transport: CoordinatorTransport) -> RoundRecord:
+    def run_round(
+        self, transport: CoordinatorTransport, *, write_behind: bool = False
+    ) -> RoundRecord:
         """Run round ``self.version`` with retries; returns its committed record.
+
+        Args:
+            transport: Where the round's model goes and its updates come from.
+            write_behind: Leave the checkpoint and ledger line of the commit to the commit
+                thread (:meth:`run` does; the next attempt settles it). False returns with
+                both durable.
 
         Raises:
             QuorumNotReached: Still below quorum after ``max_round_retries`` retries.
@@ -576,7 +677,7 @@ class Coordinator:
         fed = self.config.federation
         record = None
         for attempt in range(fed.max_round_retries + 1):
-            record = self.run_attempt(transport, attempt)
+            record = self.run_attempt(transport, attempt, write_behind=write_behind)
             if record.state == RoundState.CLOSED:
                 return record
         assert record is not None
@@ -596,8 +697,14 @@ class Coordinator:
             "federation.round_timeout_s, or lower federation.quorum.",
         )
 
-    def run_attempt(self, transport: CoordinatorTransport, attempt: int) -> RoundRecord:
-        """One attempt at round ``self.version``: open, collect, and commit or abort."""
+    def run_attempt(
+        self, transport: CoordinatorTransport, attempt: int, *, write_behind: bool = False
+    ) -> RoundRecord:
+        """One attempt at round ``self.version``: open, collect, and commit or abort.
+
+        A commit written behind by the previous attempt is settled once collection ends,
+        before this attempt aggregates, aborts or writes anything (:meth:`_settle`).
+        """
         fed = self.config.federation
         t = self.version
         machine = RoundMachine(t, attempt)
@@ -622,6 +729,8 @@ class Coordinator:
                 break
             transport.reply(submission, self.accept(submission))
             del submission  # its payload is spilled: let it go before the next one arrives
+        # The previous round must be durable before this one can change anything.
+        self._settle()
         # A transport may know why an absent participant is absent (its connection broke, it
         # sent an oversized stream): the ledger names that instead of "timeout".
         absence = getattr(transport, "absence_reasons", None)
@@ -651,9 +760,7 @@ class Coordinator:
             )
         shapes = {name: spec.shape for name, spec in self.architecture.items()}
         if self._accumulator is None:
-            self._accumulator = {
-                name: torch.empty(shape, dtype=torch.float32) for name, shape in shapes.items()
-            }
+            self._accumulator = flat_empty(shapes)
         try:
             combined = aggregate_spooled(
                 self._spool,
@@ -694,6 +801,9 @@ class Coordinator:
             new_hash=new_hash,
         )
         self._set_state(self.version + 1, params, momentum, new_hash, parent)
+        if write_behind:
+            self._write_behind(record, machine, transport)
+            return record
         commit_start = time.perf_counter()
         checkpoint = self._save_checkpoint(record)
         self._advance(machine, RoundState.CLOSED)

@@ -10,6 +10,14 @@ created uninitialised through CPython's documented ``PyBytes_FromStringAndSize(N
 buffer advised to use transparent huge pages, and filled by numpy; only :meth:`BytesBuilder.
 finish` hands it out, and only once every byte has been written, so no uninitialised byte is
 ever seen. Small payloads, and any interpreter without that C API, use a ``bytearray``.
+
+A builder made with ``recycle=True`` (the encoder of outgoing payloads) also keeps the last
+object it finished, and the next such builder of the same size writes over it instead of
+faulting in new pages, but only when nothing else holds it any more: its reference count
+shows the slot is its only holder. Every view of a ``bytes`` object (``memoryview``, numpy,
+``torch.frombuffer``) holds a reference, so an object that can still be seen is never reused.
+The cached hash is reset, so to Python it is a new object with the same identity. One slot per
+process: the memory kept is one released payload, which the next one would have taken anyway.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -44,34 +53,92 @@ def _c_api() -> tuple[Any, Any, Any] | None:
     return new, address, madvise
 
 
+@functools.cache
+def _hash_slot_offset() -> int | None:
+    """Bytes from a ``bytes`` object's data back to its cached hash, or None if unknown.
+
+    CPython 3.11-3.13 store the hash (``ob_shash``) just before the data; checked here against
+    ``hash()`` of a probe rather than assumed, and recycling is off when it does not hold or
+    when reference counts are not exact (a free-threaded build).
+    """
+    api = _c_api()
+    if api is None or not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None
+    new, address, _ = api
+    probe = new(None, 64)
+    ctypes.memset(address(probe), 7, 64)
+    expected = hash(probe)
+    offset = ctypes.sizeof(ctypes.c_ssize_t)
+    found = ctypes.c_ssize_t.from_address(address(probe) - offset).value
+    kept = [probe]
+    del probe
+    only_holder = sys.getrefcount(kept[0]) == 2  # the list's reference and the argument's
+    return offset if found == expected and only_holder else None
+
+
+class _Slot:
+    """The last recyclable object finished in this process, to be written over when free."""
+
+    def __init__(self) -> None:
+        self._kept: list[bytes] = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bytes | None:
+        """The kept object if it is ``size`` bytes long and nothing else holds it."""
+        offset = _hash_slot_offset()
+        api = _c_api()
+        if offset is None or api is None:
+            return None
+        with self._lock:
+            # References: the list's and getrefcount's argument; any other holder adds one.
+            if not self._kept or len(self._kept[0]) != size or sys.getrefcount(self._kept[0]) != 2:
+                return None
+            out = self._kept.pop()
+        ctypes.c_ssize_t.from_address(api[1](out) - offset).value = -1  # no cached hash
+        return out
+
+    def keep(self, out: bytes) -> None:
+        with self._lock:
+            self._kept[:] = [out]
+
+
+_SLOT = _Slot()
+
+
 class BytesBuilder:
     """Appends pieces into one ``bytes`` object of a size known up front.
 
     Args:
         size: Bytes of the finished object (>= 0).
+        recycle: Write over the last recyclable object of this size when nothing holds it,
+            and keep this one for the next builder (see the module's docstring).
 
     Raises:
         ValueError: ``size`` is negative.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, recycle: bool = False) -> None:
         if size < 0:
             raise ValueError(f"a payload cannot be {size} bytes long")
         self.size = size
         self.written = 0
+        self._recycle = recycle
         self._out: bytes | bytearray
         api = _c_api() if size >= LARGE else None
         if api is None:
+            self._recycle = False
             self._out = bytearray(size)
             self._dest = np.frombuffer(self._out, dtype=np.uint8)
             return
         new, address, madvise = api
-        self._out = new(None, size)
+        reused = _SLOT.take(size) if recycle else None
+        self._out = reused if reused is not None else new(None, size)
         start = address(self._out)
-        first = -(-start // _HUGE_PAGE) * _HUGE_PAGE
-        last = (start + size) // _HUGE_PAGE * _HUGE_PAGE
-        if last > first:
-            madvise(first, last - first, _MADV_HUGEPAGE)  # advice only: failure changes nothing
+        if reused is None:
+            first = -(-start // _HUGE_PAGE) * _HUGE_PAGE
+            last = (start + size) // _HUGE_PAGE * _HUGE_PAGE
+            if last > first:
+                madvise(first, last - first, _MADV_HUGEPAGE)  # advice only
         self._dest = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(start))
 
     def write(self, piece: bytes | bytearray | memoryview) -> None:
@@ -98,4 +165,8 @@ class BytesBuilder:
         out, self._out = self._out, bytearray()
         self._dest = np.empty(0, dtype=np.uint8)
         self.size = self.written = 0
-        return out if isinstance(out, bytes) else bytes(out)
+        if not isinstance(out, bytes):
+            return bytes(out)
+        if self._recycle:
+            _SLOT.keep(out)
+        return out

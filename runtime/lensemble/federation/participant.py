@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,23 @@ class Participant:
         )
         self.states = InnerStateStore(output_dir, participant_id) if output_dir else None
         self._trained: tuple[int, int] | None = None
+        # contribute(snapshot_behind=True): the inner-state snapshot still being written.
+        self._snapshot: Future[None] | None = None
+        self._writer: ThreadPoolExecutor | None = None
+
+    def settle_snapshot(self) -> None:
+        """Wait until the last inner-state snapshot is durable; re-raise its error.
+
+        A transport that lets the snapshot be written behind (``contribute(...,
+        snapshot_behind=True)``) calls this before the last byte of the update leaves, so an
+        update is never counted without the inner state that produced it on disk.
+
+        Raises:
+            DiskFull, DiskError: The snapshot could not be written.
+        """
+        pending, self._snapshot = self._snapshot, None
+        if pending is not None:
+            pending.result()
 
     def restore(self, round_index: int, attempt: int = 0) -> bool:
         """Put the inner state back to just before training ``(round_index, attempt)``.
@@ -132,6 +150,7 @@ class Participant:
         """
         if self.states is None:
             return False
+        self.settle_snapshot()
         found = self.states.latest_before(round_index, attempt)
         self.learner.load_inner_state(found[1] if found else {})
         self._trained = found[0] if found else None
@@ -152,16 +171,22 @@ class Participant:
         """
         if self.states is None or self._trained != (round_index, attempt):
             return False
+        self.settle_snapshot()  # a snapshot still being written would outlive the discard
         self.states.discard(round_index, attempt)
         self.restore(round_index, attempt)
         return True
 
-    def contribute(self, opening: RoundOpening, model_payload: bytes) -> Contribution:
+    def contribute(
+        self, opening: RoundOpening, model_payload: bytes, *, snapshot_behind: bool = False
+    ) -> Contribution:
         """Train on local data from the round's global model and seal the pseudo-gradient.
 
         Args:
             opening: The round being collected.
             model_payload: The global model's payload, as fetched.
+            snapshot_behind: Write the inner-state snapshot on a thread while the caller
+                sends the update; the caller must call :meth:`settle_snapshot` before the
+                update's last byte leaves. False returns with the snapshot durable.
 
         Returns:
             The sealed payload and its statistics.
@@ -172,6 +197,7 @@ class Participant:
             PayloadError: The pseudo-gradient is not finite.
         """
         fed = self.config.federation
+        self.settle_snapshot()  # the previous round's, before training changes the state
         decode_start = time.perf_counter()
         global_params, _ = verify_model_payload(
             model_payload, opening.model_hash, self.architecture
@@ -203,7 +229,16 @@ class Participant:
         serialize_s = time.perf_counter() - encode_start
         self._trained = here
         if self.states is not None:
-            self.states.save(opening.round_index, opening.attempt, self.learner.inner_state())
+            # inner_state() returns copies, taken now: later training cannot change them.
+            state = self.learner.inner_state()
+            if snapshot_behind:
+                if self._writer is None:
+                    self._writer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-snapshot")
+                self._snapshot = self._writer.submit(
+                    self.states.save, opening.round_index, opening.attempt, state
+                )
+            else:
+                self.states.save(opening.round_index, opening.attempt, state)
         return Contribution(
             payload,
             bytes_hash(payload),

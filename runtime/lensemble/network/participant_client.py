@@ -304,8 +304,25 @@ class CoordinatorClient:
             raise PayloadError("the coordinator sent no model bytes.")
         return assembler.finish()
 
-    def submit(self, opening: RoundOpening, contribution: Contribution) -> pb.SubmitReply:
-        """Stream a sealed pseudo-gradient and return the coordinator's verdict."""
+    def submit(
+        self,
+        opening: RoundOpening,
+        contribution: Contribution,
+        before_last: Callable[[], None] | None = None,
+    ) -> pb.SubmitReply:
+        """Stream a sealed pseudo-gradient and return the coordinator's verdict.
+
+        Args:
+            opening: The round the update is for.
+            contribution: The sealed update.
+            before_last: Called before the last chunk is sent (the participant's inner-state
+                snapshot is settled there, so it is durable before the update can count).
+
+        Raises:
+            grpc.RpcError: The call failed.
+            Exception: Whatever ``before_last`` raised; the stream then ended short, so the
+                coordinator refused the update.
+        """
         payload = contribution.payload
         header = pb.UpdateHeader(
             participant_id=self.id,
@@ -318,18 +335,34 @@ class CoordinatorClient:
             compute_s=contribution.compute_s,
         )
 
+        failed: list[Exception] = []
+        count = chunk_count(len(payload), self.chunk_bytes)
+
         def stream() -> Iterator[bytes]:
             # Serialized UpdateChunk frames: the header, then one copy of each chunk.
             prefix = pb.UpdateChunk(header=header).SerializeToString()
-            for view in chunks(payload, self.chunk_bytes):
+            for index, view in enumerate(chunks(payload, self.chunk_bytes)):
+                if index == count - 1 and before_last is not None:
+                    try:
+                        before_last()
+                    except Exception as exc:  # raised below, once the call has ended
+                        failed.append(exc)
+                        return
                 self.metrics.bytes_out.inc(len(view))
                 yield with_bytes_field(prefix, UPDATE_DATA_FIELD, view)
                 prefix = b""
 
-        deadline = self.timeout_s * (chunk_count(len(payload), self.chunk_bytes) + 1)
-        reply: pb.SubmitReply = self._submit_update(
-            stream(), timeout=deadline, metadata=self.metadata
-        )
+        deadline = self.timeout_s * (count + 1)
+        try:
+            reply: pb.SubmitReply = self._submit_update(
+                stream(), timeout=deadline, metadata=self.metadata
+            )
+        except grpc.RpcError:
+            if failed:
+                raise failed[0] from None
+            raise
+        if failed:
+            raise failed[0]
         return reply
 
     def abstain(self, opening: RoundOpening, reason: str) -> pb.AbstainReply:
@@ -647,6 +680,7 @@ class ParticipantLoop:
         contribution = self._train(announcement, opening)
         if contribution is not None:
             self._submit(opening, contribution)
+            self.participant.settle_snapshot()  # when the update never reached its last chunk
 
     def _train(
         self, announcement: pb.RoundAnnouncement, opening: RoundOpening
@@ -678,7 +712,8 @@ class ParticipantLoop:
                 learner: Any = self.participant.learner
                 learner.arm_rank_kill(int(kill.value or 1))
             try:
-                contribution = self.participant.contribute(opening, payload)
+                # The snapshot is written while the update streams; see _submit.
+                contribution = self.participant.contribute(opening, payload, snapshot_behind=True)
             except IntegrityError as exc:
                 _log.warning("model of %s failed verification (try %d): %s", where, attempt, exc)
                 continue
@@ -715,7 +750,9 @@ class ParticipantLoop:
         while True:
             self._check_stop()
             try:
-                reply = self.client.submit(opening, contribution)
+                reply = self.client.submit(
+                    opening, contribution, before_last=self.participant.settle_snapshot
+                )
             except grpc.RpcError as exc:
                 error = classify(exc)
                 self.metrics.verdict(False, error.reason)
