@@ -5,11 +5,11 @@ Four tables, all measured in the same run on this machine:
 0. **Round period** (``--latency 1M``), N = 4, no compute, one coordinator and four participant
    processes on loopback, with mutual TLS and in plaintext: the seconds between two consecutive
    commits (the ledger's ``closed_at``). It covers everything a steady-state round costs: the
-   previous round's checkpoint and ledger line (both fsync'd before the next opening), the
-   opening and its announcement, every FetchModel stream, the participants' decode and hash
-   check, their (no) training, seal, inner-state snapshot and hash, every SubmitUpdate stream,
-   validation, reduction, outer step and the new model hash. The first round (joining) is left
-   out.
+   previous round's checkpoint and ledger line (written behind, while this round collects, and
+   waited for before it aggregates), the opening and its announcement, every FetchModel
+   stream, the participants' decode and hash check, their (no) training, seal, inner-state
+   snapshot and hash, every SubmitUpdate stream, validation, reduction, outer step and the new
+   model hash. The first round (joining) is left out.
 1. **Round non-compute overhead**, N = 4 participants, 10M and 100M float32 parameters, learners
    that do no compute (one scaled copy), so the round is overhead: network transport (one
    coordinator and four participant *processes* on loopback, mutual TLS) against the in-process
@@ -172,7 +172,8 @@ def network_round(total: int, rounds: int, tls: bool = True) -> list[RoundRecord
 def round_periods(records: list[RoundRecord]) -> list[float]:
     """Seconds between consecutive commits (``closed_at``): everything a round costs.
 
-    One period covers the previous round's checkpoint and ledger line, the opening and its
+    One period covers the previous round's checkpoint and ledger line (written behind, beside
+    this round's collection, and settled before its aggregation), the opening and its
     announcement, every FetchModel, the participants' decode, (no) training and seal, every
     SubmitUpdate, validation, the reduction, the outer step and the new model's hash. The
     first round is left out (it includes the participants joining).

@@ -15,7 +15,8 @@ scaled by a constant), every participant in every round. Lensemble runs its netw
 Reported per system and size: the **round period**, the median of the seconds between two
 consecutive round ends (Lensemble: the ledger's ``closed_at`` of consecutive commits; Flower: the
 end of consecutive ``aggregate_fit`` calls), which covers everything a steady-state round costs
-(for Lensemble: the previous round's fsync'd checkpoint and ledger line, the opening, every model
+(for Lensemble: the previous round's checkpoint and ledger line, fsync'd on a commit thread beside
+this round's collection and waited for before its aggregation, the opening, every model
 download, the participants' work, every upload, validation, reduction and outer step), and the
 server's **peak RSS** (``ru_maxrss`` of the coordinator / Flower server process). Each cell is the
 median over ``--repeats`` interleaved repetitions (Lensemble, Flower, Lensemble, ...).
