@@ -62,6 +62,11 @@ def test_rejections_the_ledger_records_are_counted_by_participant_and_reason() -
     assert _value(metrics, "lensemble_updates_clipped_total", participant="alpine", reason="norm")
     assert _value(metrics, "lensemble_participant_missed_rounds", participant="desert") == 1
     assert _value(metrics, "lensemble_participant_missed_rounds", participant="alpine") == 0
+    # The ledger's count moves when the line is durable, not when the attempt closes.
+    assert _value(metrics, "lensemble_model_version") == 0
+    metrics.round_committed(
+        _record("closed", ["alpine"], {"coastal": "non_finite", "desert": "timeout"})
+    )
     assert _value(metrics, "lensemble_model_version") == 1
     assert _value(metrics, "lensemble_round_non_compute_ratio") == 0.25
     assert _value(metrics, "lensemble_deserialize_seconds_sum") == 0.25

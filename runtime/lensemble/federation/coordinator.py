@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -240,6 +241,8 @@ class _PendingCommit:
     machine: RoundMachine
     # Resolves to the seconds the checkpoint and the ledger append took; raises their error.
     written: Future[float]
+    # Set once the durable line has been announced (or its failure logged).
+    announced: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -433,10 +436,50 @@ class Coordinator:
         if self._committer is None:
             self._committer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-commit")
         ckpt = self._checkpoint_of(record) if self.checkpoints else None
-        written = self._committer.submit(self._write_commit, record, ckpt)
-        self._pending = _PendingCommit(record, machine, written)
+        pending = _PendingCommit(
+            record, machine, self._committer.submit(self._write_commit, record, ckpt)
+        )
+        self._pending = pending
         self.records.append(record)
         transport.round_closed(record)
+
+        def written(future: Future[float]) -> None:  # on the commit thread, once it is done
+            try:
+                if future.exception() is None:
+                    self._announce_durable(record, transport)
+                else:
+                    _log.error(
+                        "the checkpoint or ledger line of round %d failed (%s); the run stops "
+                        "once the round now collecting ends, and a resume redoes round %d.",
+                        record.round,
+                        future.exception(),
+                        record.round,
+                    )
+            finally:
+                pending.announced.set()
+
+        pending.written.add_done_callback(written)
+
+    def _announce_durable(self, record: RoundRecord, transport: CoordinatorTransport) -> None:
+        """Tell the transport and the observer that ``record``'s line is durable.
+
+        Under write-behind this runs on the commit thread (observers must be thread-safe;
+        the network coordinator's log and metrics are).
+        """
+        durable = getattr(transport, "round_durable", None)
+        if durable is not None:
+            durable(record)
+        if self.observer is not None:
+            self.observer.on_round(record)
+
+    def _commit_failed(self) -> bool:
+        """True once a commit written behind has failed (collection may stop early)."""
+        pending = self._pending
+        return (
+            pending is not None
+            and pending.written.done()
+            and (pending.written.exception() is not None)
+        )
 
     def _settle(self, *, last: bool = False) -> None:
         """Wait until the commit written behind is durable; re-raise its error.
@@ -453,11 +496,10 @@ class Coordinator:
         if pending is None:
             return
         self._commit_s = pending.written.result()
+        pending.announced.wait()  # the durable line's announcement, made on the commit thread
         pending.machine.advance(RoundState.CLOSED)
         if last:
             self._notify(pending.machine)
-        if self.observer is not None:
-            self.observer.on_round(pending.record)
 
     def _settle_after_failure(self) -> None:
         """Wait for the commit behind while another error ends the run; log, never mask it."""
@@ -729,6 +771,8 @@ class Coordinator:
                 break
             transport.reply(submission, self.accept(submission))
             del submission  # its payload is spilled: let it go before the next one arrives
+            if self._commit_failed():
+                break  # the previous round is not durable: _settle raises why
         # The previous round must be durable before this one can change anything.
         self._settle()
         # A transport may know why an absent participant is absent (its connection broke, it
@@ -896,8 +940,7 @@ class Coordinator:
             self.ledger.append(record, checkpoint)
         self.records.append(record)
         transport.round_closed(record)
-        if self.observer is not None:
-            self.observer.on_round(record)
+        self._announce_durable(record, transport)
 
 
 def _utc_now() -> str:

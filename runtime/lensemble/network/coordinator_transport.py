@@ -346,6 +346,13 @@ class GrpcCoordinatorTransport:
                 self._refuse_pending(pending, Reason.CLOSED_ROUND.value, "the round closed first.")
         self.metrics.round_closed(record, sorted(self.expected), deserialize_s=decode_s)
 
+    def round_durable(self, record: RoundRecord) -> None:
+        """The attempt's ledger line is durable: committed-round metrics move now.
+
+        Called from the coordinator's commit thread when it writes commits behind.
+        """
+        self.metrics.round_committed(record)
+
     def take_traffic(self) -> Traffic:
         """Model bytes streamed, update bytes received, and the slowest contributor's compute."""
         with self._cond:

@@ -266,6 +266,18 @@ class Metrics:
             self.serialize.observe(time.perf_counter() - self._opening_at)
             self._opening_at = None
 
+    def round_committed(self, record: RoundRecord) -> None:
+        """A committed attempt's ledger line is durable: count it (any thread).
+
+        ``model_version`` is the ledger's count, so it moves only now, not when the attempt
+        closed (the coordinator may write its checkpoint and line behind, beside the next
+        round). An aborted attempt changes nothing here.
+        """
+        if record.state == "closed":
+            self.model_version.set(record.round + 1)
+            if record.mean_inner_loss is not None:
+                self.round_mean_inner_loss.set(record.mean_inner_loss)
+
     def round_closed(
         self,
         record: RoundRecord,
@@ -292,10 +304,6 @@ class Metrics:
         q = record.quantization
         self.round_payload_bytes.labels(direction="up", quantization=q).set(record.bytes_up)
         self.round_payload_bytes.labels(direction="down", quantization=q).set(record.bytes_down)
-        if record.state == "closed":
-            self.model_version.set(record.round + 1)
-            if record.mean_inner_loss is not None:
-                self.round_mean_inner_loss.set(record.mean_inner_loss)
         contributed = set(record.contributors)
         for pid in participants:
             missed = self.missed_rounds.labels(participant=pid)
