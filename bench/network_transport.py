@@ -155,6 +155,7 @@ def write_config(tmp: Path, mapping: dict[str, Any]) -> tuple[Path, LensembleCon
 # --------------------------------------------------------------------- 1. round overhead
 def network_round(total: int, rounds: int, tls: bool = True) -> list[RoundRecord]:
     """The ledger records of a network run: one coordinator and four participant processes."""
+    os.sync()  # start on a quiet disk: an earlier run's writeback would slow this one's fsyncs
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         path, _ = write_config(tmp, config_mapping(tmp, rounds, tls=tls))

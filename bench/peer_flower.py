@@ -196,6 +196,10 @@ def main() -> None:
             total = parse_count(text)
             rounds = rounds_for(total)
             for system in systems:
+                # Every run starts on a quiet disk: the writeback a previous (larger) run left
+                # behind would otherwise slow the fsyncs of the next one (it made 1M rounds
+                # after a 50M run 50% slower), which is the bench's doing, not the system's.
+                os.sync()
                 if system == "flower":
                     periods, rss = run_flower(args.flwr_python, total, rounds)
                 else:

@@ -258,6 +258,7 @@ def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[st
     """
     from lensemble.config.load import validate_mapping
     from lensemble.federation.coordinator import Coordinator
+    from lensemble.federation.flat import flat_empty
     from lensemble.federation.payload import bytes_hash, decode, encode
     from lensemble.federation.robustness import aggregate_spooled, decide
     from lensemble.federation.spool import UpdateSpool
@@ -313,7 +314,7 @@ def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[st
     screening = decide(norms, config.federation.robustness)
     robust = config.federation.robustness
     # Into one accumulator reused from call to call, as the coordinator keeps its own.
-    acc = {k: torch.empty(v) for k, v in shapes.items()}
+    acc = flat_empty(shapes)
     agg = best_of(
         lambda: aggregate_spooled(
             spilled, screening, shapes, robust, scheme="none", chunk=0, out=acc
