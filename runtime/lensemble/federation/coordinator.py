@@ -430,8 +430,9 @@ class Coordinator:
         """Hand a committed attempt's checkpoint and ledger line to the commit thread.
 
         The transport stops collecting at once (as after a synchronous commit), so the next
-        round can open, and the record joins ``records`` (the attempts decided so far); the
-        observer hears of it only once it is durable (:meth:`_settle`).
+        round can open, and the record joins ``records`` (the attempts decided so far). The
+        transport's ``round_durable`` and the observer's ``on_round`` hear of it from the commit
+        thread once its line is durable; :meth:`_settle` waits for that.
         """
         if self._committer is None:
             self._committer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-commit")
