@@ -237,7 +237,6 @@ class _Collection:
 class _PendingCommit:
     """A committed attempt whose checkpoint and ledger line are still being written."""
 
-    record: RoundRecord
     machine: RoundMachine
     # Resolves to the seconds the checkpoint and the ledger append took; raises their error.
     written: Future[float]
@@ -437,9 +436,7 @@ class Coordinator:
         if self._committer is None:
             self._committer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-commit")
         ckpt = self._checkpoint_of(record) if self.checkpoints else None
-        pending = _PendingCommit(
-            record, machine, self._committer.submit(self._write_commit, record, ckpt)
-        )
+        pending = _PendingCommit(machine, self._committer.submit(self._write_commit, record, ckpt))
         self._pending = pending
         self.records.append(record)
         transport.round_closed(record)
