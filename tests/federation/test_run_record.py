@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -172,7 +173,9 @@ def test_a_checkpoint_without_momentum_is_an_integrity_error_not_a_traceback(
     assert "lacks the outer momentum" in _resume_refused(tmp_path)
 
 
-def test_a_torn_final_line_is_repaired_from_the_checkpoint(tmp_path: Path) -> None:
+def test_a_torn_final_line_is_repaired_from_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     reference = _run(tmp_path / "straight", rounds=4)
     out = tmp_path / "torn"
     coordinator, transport, _ = build(small_config(rounds=4), output_dir=out)
@@ -182,8 +185,15 @@ def test_a_torn_final_line_is_repaired_from_the_checkpoint(tmp_path: Path) -> No
     (out / "ledger.jsonl").write_text(text[: len(text) - 40])  # the crash tore line 3
     report = verify_run(out)
     assert report.ok and report.repair is not None and "torn" in report.repair.reason
-    resumed, transport2, _ = build(small_config(rounds=4), output_dir=out, resume=True)
+    with caplog.at_level(logging.WARNING, logger="lensemble.federation.ledger"):
+        resumed, transport2, _ = build(small_config(rounds=4), output_dir=out, resume=True)
     assert resumed.version == 3
+    # Repaired aloud, and the torn bytes are kept as they were.
+    (kept,) = out.glob("ledger.jsonl.*.before-repair")
+    assert kept.read_text() == text[: len(text) - 40]
+    assert any(
+        "torn by a crash" in r.getMessage() and kept.name in r.getMessage() for r in caplog.records
+    )
     assert resumed.run(transport2).model_hash == reference
     assert verify_run(out).ok and (out / "ledger.jsonl").read_text().startswith(text)
 

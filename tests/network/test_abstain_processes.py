@@ -17,7 +17,8 @@ import yaml
 
 from lensemble.config.load import validate_mapping
 from lensemble.federation.faults import parse_faults
-from lensemble.federation.ledger import committed_chain
+from lensemble.federation.ledger import Ledger, committed_chain
+from lensemble.network.launcher import ProcessFailed
 from lensemble.simulation.local_processes import run_local_processes
 from tests.support.federation import RankFailingLearner, build
 from tests.support.network import NETPROC, network_mapping
@@ -69,3 +70,46 @@ def test_faults_of_the_in_process_transport_are_refused_over_the_network(tmp_pat
     config = validate_mapping(mapping)
     with pytest.raises(Exception, match="'drop:alpha@0' is injected by the in-process"):
         run_local_processes(path, [], config, program=NETPROC, faults=parse_faults("drop:alpha@0"))
+
+
+def test_a_rank_group_out_of_restarts_leaves_and_the_run_goes_on(tmp_path: Path) -> None:
+    """alpha loses round 1 to a dead rank, then round 2 beyond ``max_restarts`` (1): it leaves.
+
+    In process the participant is recorded ``left`` from round 2 on and the run finishes with
+    the other three (quorum 3); over the network alpha's process says ``Leave`` and exits, and
+    the coordinator's ledger and hash chain are the in-process ones.
+    """
+    mapping = network_mapping(
+        tmp_path, rounds=4, round_timeout_s=ROUND_TIMEOUT_S, join_timeout_s=ROUND_TIMEOUT_S
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    config = validate_mapping(mapping)
+    plan = parse_faults("rank_kill:alpha@1,rank_kill:alpha@2", config.participant_ids)
+
+    in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    coordinator, transport, participants = build(
+        validate_mapping(in_process), faults=plan, learner=RankFailingLearner
+    )
+    reference = coordinator.run(transport).records
+    assert set(transport.left) == {"alpha"}
+    assert [r.state for r in reference] == ["closed"] * 4
+    assert reference[1].excluded == {"alpha": "rank_failure"}
+    assert reference[2].excluded == reference[3].excluded == {"alpha": "left"}
+    assert reference[3].contributors == ["bravo", "charlie", "delta"]
+    assert participants["alpha"].learner.failed_rounds == [1, 2]  # type: ignore[attr-defined]
+
+    # alpha's process exits non-zero, and the run fails once it is over, naming alpha.
+    with pytest.raises(ProcessFailed, match="participant alpha exited with code 1"):
+        run_local_processes(path, [], config, program=NETPROC, evaluate_final=False, faults=plan)
+    records = Ledger(Path(config.run.output_dir) / config.observability.ledger_path).records()
+    assert [(r.round, r.attempt, r.state, r.contributors, r.excluded) for r in records] == [
+        (r.round, r.attempt, r.state, r.contributors, r.excluded) for r in reference
+    ]
+    assert committed_chain(records) == committed_chain(reference)
+    # The rounds after alpha left did not wait for it.
+    assert all(r.wall_s < ROUND_TIMEOUT_S / 2 for r in records)
+    # alpha said why it left before it exited.
+    logs = Path(config.run.output_dir) / "logs"
+    assert "alpha left (rank_restarts_exhausted)" in (logs / "coordinator.log").read_text("utf-8")
+    assert "more than max_restarts=1" in (logs / "alpha.log").read_text(encoding="utf-8")

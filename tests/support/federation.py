@@ -15,7 +15,7 @@ import torch
 
 from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
-from lensemble.errors import RankFailure
+from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
@@ -70,12 +70,17 @@ class RankFailingLearner(QuadraticLearner):
     ``arm_rank_kill`` (what the in-process transport and a network participant call for
     ``rank_kill:ID@R``) makes the next ``train_round`` raise :class:`RankFailure` before it
     trains, as a rank group whose rank died reports the round lost with its inner state
-    unchanged. So both transports can be driven through the same fault in milliseconds.
+    unchanged. So both transports can be driven through the same fault in milliseconds. As
+    ``RankedLearner`` does, a failure beyond ``max_restarts`` raises
+    :class:`RankGroupExhausted` instead.
     """
 
-    def __init__(self, participant_id: str, seed: int = 0, lr: float = 0.1) -> None:
+    def __init__(
+        self, participant_id: str, seed: int = 0, lr: float = 0.1, max_restarts: int = 1
+    ) -> None:
         super().__init__(participant_id, seed, lr)
         self.participant_id = participant_id
+        self.max_restarts = max_restarts
         self._kill_next = -1
         self.failed_rounds: list[int] = []
 
@@ -88,6 +93,12 @@ class RankFailingLearner(QuadraticLearner):
         kill, self._kill_next = self._kill_next, -1
         if kill >= 0:
             self.failed_rounds.append(round_index)
+            if len(self.failed_rounds) > self.max_restarts:
+                raise RankGroupExhausted(
+                    f"participant '{self.participant_id}' lost {len(self.failed_rounds)} rounds "
+                    f"to dead ranks, more than max_restarts={self.max_restarts} (injected);",
+                    remediation="none needed: a test fault.",
+                )
             raise RankFailure(
                 f"rank {kill} of participant '{self.participant_id}' died in round "
                 f"{round_index} (injected);",

@@ -387,7 +387,12 @@ class Coordinator:
         lines = self.ledger.lines()
         kept = [line for line in lines if line.record.round < self.version]
         if len(kept) != len(lines):
-            self.ledger.rewrite_texts(line.text for line in kept)
+            dropped = len(lines) - len(kept)
+            self.ledger.rewrite_texts(
+                (line.text for line in kept),
+                why=f"drops its last {dropped} line(s), attempts of round {self.version} after "
+                f"checkpoint v{self.version} (the resume redoes that round)",
+            )
         if self.version > 0 and not any(
             line.record.round == self.version - 1 and line.record.state == "closed" for line in kept
         ):

@@ -12,21 +12,28 @@ late update is still on its way trains the next attempt only once that update wa
 an update the coordinator refuses is forgotten (:meth:`Participant.forget`), so the hash chain is
 the network transport's for the same faults. Everything is a function of the config, seed and
 fault plan.
+
+A participant whose rank group exhausts its restarts (:class:`~lensemble.errors.RankGroupExhausted`)
+leaves the run as its network process does (it says ``Leave`` and exits): it is absent (``left``)
+from that attempt on, and the run goes on without it while the quorum allows.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lensemble.errors import RankFailure
+from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import RANK_FAILURE, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.transport import Traffic
+
+_log = logging.getLogger("lensemble.federation.inprocess")
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,9 @@ class InProcessTransport:
         self._waiting: dict[str, int] = {}
         #: Participant id -> why it sends nothing in the open attempt (a rank died).
         self._absence: dict[str, str] = {}
+        #: Participant id -> the error it left the run with (its rank group exhausted its
+        #: restarts): absent from every later attempt, as a network participant that exited.
+        self.left: dict[str, RankGroupExhausted] = {}
 
     def now(self) -> float:
         """Virtual time (seconds)."""
@@ -111,7 +121,9 @@ class InProcessTransport:
         self._waiting = {}
         self._absence = {}
         for rank, pid in enumerate(order):
-            if self._in_flight(pid):
+            if pid in self.left:
+                self._absence[pid] = LEFT
+            elif self._in_flight(pid):
                 self._waiting[pid] = rank
             else:
                 self._contribute(pid, rank)
@@ -134,6 +146,13 @@ class InProcessTransport:
             contribution = self.participants[pid].contribute(opening, model_payload)
         except RankFailure:
             self._absence[pid] = RANK_FAILURE
+            return
+        except RankGroupExhausted as exc:
+            # Over the network this participant's process says Leave and exits non-zero; the
+            # run goes on without it (quorum permitting), so it does here too.
+            _log.error("participant '%s' leaves the run: %s", pid, exc)
+            self.left[pid] = exc
+            self._absence[pid] = LEFT
             return
         self.sent_by[pid] += 1
         self._down += len(model_payload)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from typing import Any
 from lensemble.durable import append_line, atomic_write, check_free_space
 from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.signing import Signer
+
+_log = logging.getLogger("lensemble.federation.ledger")
 
 LEDGER_FORMAT = "lensemble-ledger-v2"
 
@@ -307,16 +311,35 @@ class Ledger:
         """Every line's round record, in order (same errors as :meth:`lines`)."""
         return [line.record for line in self.lines()]
 
-    def rewrite_texts(self, texts: Iterable[str]) -> None:
+    def rewrite_texts(self, texts: Iterable[str], *, why: str) -> Path | None:
         """Replace the ledger atomically with these line texts (resume drops or repairs a tail).
+
+        Nothing is lost and nothing happens quietly: when the contents change, the old ledger
+        is first kept, byte for byte, beside it as ``<name>.<UTC time>.before-repair``, and a
+        warning names the repair and that file.
+
+        Args:
+            texts: The complete new contents, line by line.
+            why: What the rewrite repairs, e.g. ``"drops the final line 5, torn by a crash"``.
+
+        Returns:
+            The file keeping the old contents, or None when they were already these.
 
         Raises:
             DiskFull: Not enough room (checked before anything is written).
         """
         data = "".join(t + "\n" for t in texts).encode()
-        check_free_space(self.path.parent, len(data))
+        old = self.path.read_bytes() if self.path.exists() else b""
+        if old == data:
+            return None
+        check_free_space(self.path.parent, len(data) + len(old))
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        kept = self.path.with_name(f"{self.path.name}.{stamp}.before-repair")
+        atomic_write(kept, old)
         atomic_write(self.path, data)
         self._tail = None
+        _log.warning("the ledger %s %s; its previous contents are kept in %s", self.path, why, kept)
+        return kept
 
 
 def legacy_error(path: Path) -> UsageError:

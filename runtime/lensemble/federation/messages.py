@@ -60,6 +60,10 @@ class Submission:
 #: (:class:`lensemble.errors.RankFailure`): it sent nothing, and its group restarts next round.
 RANK_FAILURE = "rank_failure"
 
+#: ``RoundRecord.excluded`` reason of a participant that said it stopped taking part (the network
+#: transport's ``Leave``; in process, a participant whose rank group exhausted its restarts).
+LEFT = "left"
+
 #: The closed vocabulary of reasons a participant may give for sitting out an open attempt (the
 #: network transport's ``Abstain`` call; the in-process transport records the same reasons).
 #: Anything else a peer sends is refused and changes nothing.

@@ -669,7 +669,7 @@ def require_valid(run_dir: Path, ledger_name: str, signer: Signer | None) -> Ver
     require_matching_key(run_dir, ledger_name, signer)
     report = verify_run(run_dir, ledger_name, signer)
     if report.first_break is None and report.repair is not None:
-        Ledger(run_dir / ledger_name).rewrite_texts(report.repair.texts)
+        Ledger(run_dir / ledger_name).rewrite_texts(report.repair.texts, why=report.repair.reason)
         report = verify_run(run_dir, ledger_name, signer)
     if report.first_break is not None:
         raise broken_record(run_dir, report.first_break)

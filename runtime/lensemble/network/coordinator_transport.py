@@ -48,6 +48,7 @@ from lensemble.federation.coordinator import ClosedAttempt, admit_attempt
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import (
     ABSTENTION_REASONS,
+    LEFT,
     Reason,
     RoundOpening,
     Submission,
@@ -380,7 +381,7 @@ class GrpcCoordinatorTransport:
     def _why_absent(self, participant: str) -> str:
         """Ledger reason of a participant not present at an opening (caller holds the lock)."""
         if participant in self._left:
-            return "left"
+            return LEFT
         return "disconnected" if participant in self._joined else "not_joined"
 
     def _nobody_to_wait_for(self) -> bool:
@@ -731,7 +732,7 @@ class GrpcCoordinatorTransport:
             self._left.add(participant_id)
             if self._opening is not None and participant_id not in self._judged:
                 self._missed.add(participant_id)
-                self._absence.setdefault(participant_id, "left")
+                self._absence.setdefault(participant_id, LEFT)
             self._cond.notify_all()
         self.metrics.seen(participant_id)
         self.metrics.set_joined(len(self._joined - self._left))

@@ -44,6 +44,7 @@ from lensemble.errors import (
     IntegrityError,
     PayloadError,
     RankFailure,
+    RankGroupExhausted,
 )
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.messages import RANK_FAILURE, RoundOpening
@@ -618,6 +619,8 @@ class ParticipantLoop:
             CertificateRejected: The TLS handshake failed on a certificate (not retried).
             ResidencyViolation: The learner tried to release something other than a
                 pseudo-gradient (fails closed).
+            RankGroupExhausted: The rank group lost more rounds than its ``max_restarts``
+                (the participant has said ``Leave`` first).
         """
         self.join()
         done = threading.Event()
@@ -630,6 +633,11 @@ class ParticipantLoop:
         presence.start()
         try:
             self._rounds()
+        except RankGroupExhausted:
+            # Say goodbye before exiting, so the coordinator records "left" at once (as the
+            # in-process transport does) instead of a broken connection.
+            self.client.leave(RankGroupExhausted.code)
+            raise
         finally:
             done.set()
             self.client.end_presence()

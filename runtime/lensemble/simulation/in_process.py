@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lensemble.config import LensembleConfig, config_hash
-from lensemble.errors import UsageError
+from lensemble.errors import RankGroupExhausted, UsageError
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.coordinator import (
     Coordinator,
@@ -56,6 +56,9 @@ def run_in_process(
 
     Raises:
         QuorumNotReached: A round stayed below quorum after every retry.
+        RankGroupExhausted: A participant's rank group lost more rounds than its
+            ``max_restarts``: it left, and the run finished without it (ledger and metrics
+            written); raised once the run is over.
         ResidencyViolation: A participant tried to send something other than a pseudo-gradient.
         FolderLocked: Another process writes this folder's coordinator state (exit 2).
         IntegrityError: The run record to resume from is broken (exit 3, before any work).
@@ -128,6 +131,14 @@ def _run(
         if on_metrics is not None:
             on_metrics(line)
     transport.finish()
+    if transport.left:
+        # As over the network, where that participant's process exits non-zero after saying
+        # Leave: the run finished without it, and the command says so and fails.
+        exc = transport.left[min(transport.left)]
+        raise RankGroupExhausted(
+            f"{exc.message} it left the run, which finished without it (ledger in {out});",
+            remediation=exc.remediation,
+        )
     if scored is None:  # resumed a finished run: evaluate what is there
         scored = RoundMetrics(coordinator.version - 1, coordinator.model_hash, [], None, 0, 0, 0, 0)
         evaluation.score(scored, coordinator.params, coordinator.version)

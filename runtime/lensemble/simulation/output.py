@@ -92,6 +92,8 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
 def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
     """Remove a previous run's coordinator state, ledger, metrics, report and inner states.
 
+    The copies of the ledger that a resume's repair kept go too.
+
     Each participant's data cache (``participants/<id>/data``), any certificates and the
     coordinator's lock file (held by the caller) are kept.
     """
@@ -104,6 +106,8 @@ def fresh_output(out: Path, ledger_path: str = "ledger.jsonl") -> None:
             item.unlink(missing_ok=True)
     for name in (ledger_path, METRICS_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
+    for kept in out.glob(f"{ledger_path}.*.before-repair"):  # Ledger.rewrite_texts's copies
+        kept.unlink(missing_ok=True)
     for folder in (out / "participants").glob("*/state"):
         shutil.rmtree(folder, ignore_errors=True)
 
