@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from lensemble import __version__
 from lensemble.config import LensembleConfig
@@ -37,15 +39,54 @@ from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import Authenticator
 from lensemble.network.streams import (
     Assembler,
+    FrameError,
     TooLarge,
     chunk_count,
     chunks,
     grpc_message_limit,
+    split_bytes_field,
     with_bytes_field,
 )
 
 #: Field number of ``ModelChunk.data`` (its last field, lensemble.proto).
 MODEL_DATA_FIELD = pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number
+#: Field number of ``UpdateChunk.data``.
+UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
+
+
+@dataclass(frozen=True)
+class UpdateFrame:
+    """One received ``UpdateChunk``, as :func:`parse_update_frame` read it.
+
+    Attributes:
+        header: The header (the first chunk's), or None.
+        data: The chunk's payload bytes: a view of the received frame, not a copy.
+        error: Why the frame is malformed (then ``header`` is None and ``data`` empty), else
+            None.
+    """
+
+    header: pb.UpdateHeader | None
+    data: memoryview
+    error: str | None = None
+
+
+def parse_update_frame(raw: bytes) -> UpdateFrame:
+    """SubmitUpdate's request deserializer: never raises, whatever the peer sent.
+
+    The data field is split off without a copy (:func:`streams.split_bytes_field`), and only
+    the rest is parsed by protobuf; a malformed frame becomes an :class:`UpdateFrame` with
+    ``error`` set, which the handler refuses as ``bad_payload``.
+    """
+    try:
+        other, data = split_bytes_field(raw, UPDATE_DATA_FIELD)
+        message = pb.UpdateChunk.FromString(other)
+    except FrameError as exc:
+        return UpdateFrame(None, memoryview(b""), exc.message)
+    except DecodeError:
+        return UpdateFrame(None, memoryview(b""), "a chunk frame is not a valid UpdateChunk.")
+    return UpdateFrame(message.header if message.HasField("header") else None, data)
+
+
 #: The service's full name, as gRPC routes it.
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
 
@@ -259,17 +300,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             prefix = b""
             self.transport.count_down(len(view))
 
-    def SubmitUpdate(
-        self, request_iterator: Iterator[pb.UpdateChunk], context: Any
-    ) -> pb.SubmitReply:
-        """Receive one pseudo-gradient stream and return the coordinator's verdict."""
+    def SubmitUpdate(self, request_iterator: Iterator[UpdateFrame], context: Any) -> pb.SubmitReply:
+        """Receive one pseudo-gradient stream and return the coordinator's verdict.
+
+        The chunks arrive as :class:`UpdateFrame` (see :func:`add_service`).
+        """
         transport = self.transport
         rpc = "SubmitUpdate"
         first = next(request_iterator, None)
-        if first is None or not first.HasField("header"):
+        if first is None or first.header is None:
+            why = first.error if first is not None and first.error else None
             rejection = Rejection(
                 Reason.BAD_PAYLOAD.value,
-                "the update stream did not start with a header chunk.",
+                why or "the update stream did not start with a header chunk.",
                 transport.collecting_round,
             )
             self._abort(context, rejection, rpc=rpc)
@@ -325,10 +368,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._abort(context, rejection, rpc=rpc, count=False)
         return self._reply(outcome)
 
-    def _assemble(
-        self, first: pb.UpdateChunk, rest: Iterator[pb.UpdateChunk], context: Any
-    ) -> bytes:
+    def _assemble(self, first: UpdateFrame, rest: Iterator[UpdateFrame], context: Any) -> bytes:
         header = first.header
+        assert header is not None  # SubmitUpdate refused a stream without one
         what = f"the update of {header.participant_id} for round {header.round_index}"
         current = self.transport.collecting_round
 
@@ -347,9 +389,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         try:
             assembler.add(first.data)
             for chunk in rest:
-                if chunk.HasField("header"):
+                if chunk.error is not None:
+                    raise PayloadError(f"{what} is malformed: {chunk.error}")
+                if chunk.header is not None:
                     raise PayloadError(f"{what} carries a second header chunk.")
                 assembler.add(chunk.data)
+                del chunk  # its frame goes now, not when the next one has arrived
             payload = assembler.finish()
         except PayloadError as exc:
             refused(Reason.BAD_PAYLOAD.value)
@@ -493,8 +538,9 @@ def add_service(service: CoordinatorService, server: Any) -> None:
     """Register ``service`` on ``server`` as the generated code does, FetchModel's frames as is.
 
     ``FetchModel`` yields serialized ``ModelChunk`` frames (:func:`streams.with_bytes_field`),
-    so its response serializer passes bytes through; every other method keeps the generated
-    protobuf handlers.
+    so its response serializer passes bytes through; ``SubmitUpdate`` reads its chunks with
+    :func:`parse_update_frame` (the data as a view of the frame); every other method keeps the
+    generated protobuf handlers.
     """
     collected = _Handlers()
     pb_grpc.add_CoordinatorServicer_to_server(service, collected)  # type: ignore[no-untyped-call]
@@ -504,6 +550,11 @@ def add_service(service: CoordinatorService, server: Any) -> None:
         service.FetchModel,
         request_deserializer=generated.request_deserializer,
         response_serializer=_passthrough,
+    )
+    handlers["SubmitUpdate"] = grpc.stream_unary_rpc_method_handler(
+        service.SubmitUpdate,
+        request_deserializer=parse_update_frame,
+        response_serializer=handlers["SubmitUpdate"].response_serializer,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

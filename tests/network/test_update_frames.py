@@ -1,0 +1,102 @@
+"""SubmitUpdate's chunk frames: the data field taken as a view, the rest parsed by protobuf.
+
+``parse_update_frame`` is the coordinator's request deserializer for every byte a participant
+streams, so it must agree with protobuf on every well-formed frame and turn every malformed one
+into a refusal, never an exception, an out-of-bounds read or a loop.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lensemble.network.proto import lensemble_pb2 as pb
+from lensemble.network.service import parse_update_frame
+from lensemble.network.streams import FrameError, split_bytes_field
+
+pytestmark = pytest.mark.unit
+
+HEADER = pb.UpdateHeader(
+    participant_id="alpha",
+    session="s-1",
+    round_index=7,
+    attempt=1,
+    payload_hash="sha256:" + "a" * 64,
+    quantization="int8",
+    total_bytes=1 << 40,
+    compute_s=1.5,
+)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 1 << 20])
+@pytest.mark.parametrize("with_header", [True, False])
+def test_a_well_formed_frame_reads_as_protobuf_reads_it(size: int, with_header: bool) -> None:
+    data = random.Random(size).randbytes(size)
+    message = pb.UpdateChunk(header=HEADER, data=data) if with_header else pb.UpdateChunk(data=data)
+    raw = message.SerializeToString()
+    frame = parse_update_frame(raw)
+    assert frame.error is None
+    assert frame.data == data
+    assert frame.data.obj is raw or size == 0  # a view of the received frame, not a copy
+    assert (frame.header == HEADER) if with_header else frame.header is None
+
+
+def test_fields_in_any_order_and_unknown_ones_are_read_as_protobuf_does() -> None:
+    data = b"payload"
+    header = pb.UpdateChunk(header=HEADER).SerializeToString()
+    body = pb.UpdateChunk(data=data).SerializeToString()
+    unknown = bytes([0x18, 0x05, 0x25, 1, 2, 3, 4, 0x29, *range(8)])  # fields 3 (varint), 4, 5
+    raw = body + unknown + header
+    frame = parse_update_frame(raw)
+    assert frame.error is None and frame.data == data and frame.header == HEADER
+    rest, view = split_bytes_field(raw, 2)
+    assert view == data and pb.UpdateChunk.FromString(rest).header == HEADER
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"\x12\x05abc", "longer than the frame"),  # data declares 5 bytes, 3 follow
+        (b"\x12", "truncated"),  # the length is missing
+        (b"\x12\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", "overlong"),
+        (b"\x80", "truncated"),  # a tag cut inside its varint
+        (b"\x12\x01a\x12\x01b", "twice"),
+        (b"\x02\x00", "numbered 0"),
+        (b"\x0b\x0c", "wire type 3"),  # a group
+        (b"\x0f", "wire type 7"),
+        (b"\x09\x01\x02", "ends inside a field"),  # fixed64 with 2 bytes
+    ],
+)
+def test_a_malformed_frame_is_refused_by_name(raw: bytes, words: str) -> None:
+    with pytest.raises(FrameError, match=words):
+        split_bytes_field(raw, 2)
+    frame = parse_update_frame(raw)
+    assert frame.header is None and not frame.data and words in (frame.error or "")
+
+
+def test_a_header_protobuf_cannot_parse_is_refused_not_raised() -> None:
+    raw = b"\x0a\x02\x0a\xff"  # header: a string field whose length runs past the header
+    frame = parse_update_frame(raw)
+    assert frame.header is None and frame.error == "a chunk frame is not a valid UpdateChunk."
+
+
+def test_random_bytes_never_raise_and_never_read_past_the_frame() -> None:
+    rng = random.Random(19)
+    valid = pb.UpdateChunk(header=HEADER, data=b"x" * 300).SerializeToString()
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            raw = rng.randbytes(rng.randrange(0, 64))
+        else:  # a valid frame with a few bytes flipped or cut: close to what parses
+            raw = bytearray(valid[: rng.randrange(0, len(valid) + 1)])
+            for _ in range(rng.randrange(1, 4)):
+                if raw:
+                    raw[rng.randrange(len(raw))] = rng.randrange(256)
+            raw = bytes(raw)
+        frame = parse_update_frame(raw)
+        if frame.error is None:
+            assert len(frame.data) <= len(raw)
+            reference = pb.UpdateChunk.FromString(raw)  # protobuf accepts it too
+            assert bytes(frame.data) == reference.data
+        else:
+            assert frame.header is None and not frame.data
