@@ -13,7 +13,7 @@ import pytest
 
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.service import parse_update_frame
-from lensemble.network.streams import FrameError, split_bytes_field
+from lensemble.network.streams import MAX_FRAME_FIELDS, FrameError, split_bytes_field
 
 pytestmark = pytest.mark.unit
 
@@ -73,6 +73,16 @@ def test_a_malformed_frame_is_refused_by_name(raw: bytes, words: str) -> None:
         split_bytes_field(raw, 2)
     frame = parse_update_frame(raw)
     assert frame.header is None and not frame.data and words in (frame.error or "")
+
+
+def test_a_frame_of_many_tiny_fields_is_refused_after_a_few() -> None:
+    # A chunk-sized frame of 2-byte unknown fields: walking all of them would hold the GIL for
+    # about a second; the walk stops at the bound instead.
+    raw = b"\x18\x00" * (1 << 19)
+    with pytest.raises(FrameError, match=f"more than {MAX_FRAME_FIELDS} fields"):
+        split_bytes_field(raw, 2)
+    legal = b"\x18\x00" * (MAX_FRAME_FIELDS - 1) + pb.UpdateChunk(data=b"ok").SerializeToString()
+    assert split_bytes_field(legal, 2)[1] == b"ok"
 
 
 def test_a_header_protobuf_cannot_parse_is_refused_not_raised() -> None:

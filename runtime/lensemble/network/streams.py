@@ -80,6 +80,10 @@ def with_bytes_field(prefix: bytes, field_number: int, data: bytes | memoryview)
 _VARINT, _FIXED64, _FIXED32 = 0, 1, 5
 #: Longest varint protobuf writes (a 64-bit value in 7-bit groups).
 _MAX_VARINT_BYTES = 10
+#: Most top-level fields a received chunk frame may hold. Ours hold at most two (header and
+#: data); the bound keeps a frame of a million one-byte fields from holding the GIL for seconds
+#: in the walk below.
+MAX_FRAME_FIELDS = 16
 
 
 class FrameError(PayloadError):
@@ -104,7 +108,9 @@ def _read_varint(frame: memoryview, pos: int) -> tuple[int, int]:
     raise FrameError("a chunk frame holds a truncated or overlong varint.")
 
 
-def split_bytes_field(frame: bytes, field_number: int) -> tuple[bytes, memoryview]:
+def split_bytes_field(
+    frame: bytes, field_number: int, *, max_fields: int = MAX_FRAME_FIELDS
+) -> tuple[bytes, memoryview]:
     """Split a serialized message into its ``bytes`` field ``field_number`` and everything else.
 
     Walks the top-level fields of ``frame`` by the protobuf wire format (varint, fixed64,
@@ -116,20 +122,24 @@ def split_bytes_field(frame: bytes, field_number: int) -> tuple[bytes, memoryvie
     Args:
         frame: The received message (gRPC hands it over as ``bytes``).
         field_number: The ``bytes`` field to take out (e.g. ``UpdateChunk.data``, 2).
+        max_fields: Most top-level fields the frame may hold (unknown ones included).
 
     Returns:
         ``(the other fields' bytes, the field's value)``; the value is empty when absent.
 
     Raises:
-        FrameError: The frame is malformed, or carries the field more than once (protobuf's
-            own serializer never does).
+        FrameError: The frame is malformed, holds more than ``max_fields`` fields, or carries
+            the field more than once (protobuf's own serializer never does).
     """
     view = memoryview(frame).cast("B")
     size = len(view)
     rest: list[memoryview] = []
     data: memoryview | None = None
-    pos = 0
+    pos = fields = 0
     while pos < size:
+        fields += 1
+        if fields > max_fields:
+            raise FrameError(f"a chunk frame holds more than {max_fields} fields.")
         start = pos
         tag, pos = _read_varint(view, pos)
         number, wire = tag >> 3, tag & 7
