@@ -10,14 +10,18 @@ round without waiting out ``round_timeout_s``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
-from lensemble.federation.faults import parse_faults
-from lensemble.federation.ledger import Ledger, committed_chain
+from lensemble.federation.faults import FaultPlan, parse_faults
+from lensemble.federation.inprocess import InProcessTransport
+from lensemble.federation.ledger import Ledger, RoundRecord, committed_chain
+from lensemble.federation.participant import Participant
 from lensemble.network.launcher import ProcessFailed
 from lensemble.simulation.local_processes import run_local_processes
 from tests.support.federation import RankFailingLearner, build
@@ -27,21 +31,39 @@ from tests.support.network import NETPROC, network_mapping
 ROUND_TIMEOUT_S = 120
 
 
-def test_a_rank_failure_over_the_network_gives_the_in_process_ledger(tmp_path: Path) -> None:
+@dataclass
+class _Runs:
+    """One fault plan, ready to run over the network and already run in process."""
+
+    path: Path
+    config: LensembleConfig
+    plan: FaultPlan
+    reference: list[RoundRecord]
+    transport: InProcessTransport
+    participants: dict[str, Participant]
+
+
+def _runs(tmp_path: Path, rounds: int, faults: str) -> _Runs:
+    """Write the network config, and run the same federation and faults in process."""
     mapping = network_mapping(
-        tmp_path, rounds=3, round_timeout_s=ROUND_TIMEOUT_S, join_timeout_s=ROUND_TIMEOUT_S
+        tmp_path, rounds=rounds, round_timeout_s=ROUND_TIMEOUT_S, join_timeout_s=ROUND_TIMEOUT_S
     )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
     config = validate_mapping(mapping)
-    plan = parse_faults("rank_kill:alpha@1", config.participant_ids)
-
+    plan = parse_faults(faults, config.participant_ids)
     in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
     coordinator, transport, participants = build(
         validate_mapping(in_process), faults=plan, learner=RankFailingLearner
     )
     reference = coordinator.run(transport).records
-    assert participants["alpha"].learner.failed_rounds == [1]  # type: ignore[attr-defined]
+    return _Runs(path, config, plan, reference, transport, participants)
+
+
+def test_a_rank_failure_over_the_network_gives_the_in_process_ledger(tmp_path: Path) -> None:
+    runs = _runs(tmp_path, 3, "rank_kill:alpha@1")
+    path, config, plan, reference = runs.path, runs.config, runs.plan, runs.reference
+    assert runs.participants["alpha"].learner.failed_rounds == [1]  # type: ignore[attr-defined]
 
     result = run_local_processes(
         path, [], config, program=NETPROC, evaluate_final=False, faults=plan
@@ -79,25 +101,14 @@ def test_a_rank_group_out_of_restarts_leaves_and_the_run_goes_on(tmp_path: Path)
     the other three (quorum 3); over the network alpha's process says ``Leave`` and exits, and
     the coordinator's ledger and hash chain are the in-process ones.
     """
-    mapping = network_mapping(
-        tmp_path, rounds=4, round_timeout_s=ROUND_TIMEOUT_S, join_timeout_s=ROUND_TIMEOUT_S
-    )
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
-    config = validate_mapping(mapping)
-    plan = parse_faults("rank_kill:alpha@1,rank_kill:alpha@2", config.participant_ids)
-
-    in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
-    coordinator, transport, participants = build(
-        validate_mapping(in_process), faults=plan, learner=RankFailingLearner
-    )
-    reference = coordinator.run(transport).records
-    assert set(transport.left) == {"alpha"}
+    runs = _runs(tmp_path, 4, "rank_kill:alpha@1,rank_kill:alpha@2")
+    path, config, plan, reference = runs.path, runs.config, runs.plan, runs.reference
+    assert set(runs.transport.left) == {"alpha"}
     assert [r.state for r in reference] == ["closed"] * 4
     assert reference[1].excluded == {"alpha": "rank_failure"}
     assert reference[2].excluded == reference[3].excluded == {"alpha": "left"}
     assert reference[3].contributors == ["bravo", "charlie", "delta"]
-    assert participants["alpha"].learner.failed_rounds == [1, 2]  # type: ignore[attr-defined]
+    assert runs.participants["alpha"].learner.failed_rounds == [1, 2]  # type: ignore[attr-defined]
 
     # alpha's process exits non-zero, and the run fails once it is over, naming alpha.
     with pytest.raises(ProcessFailed, match="participant alpha exited with code 1"):
