@@ -60,7 +60,12 @@ from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
-from lensemble.network.service import keepalive_ms, message_options, presence_window_s
+from lensemble.network.service import (
+    UPDATE_DATA_FIELD,
+    keepalive_ms,
+    message_options,
+    presence_window_s,
+)
 from lensemble.network.streams import Assembler, chunk_count, chunks, with_bytes_field
 from lensemble.network.transport_errors import (
     AccessDenied,
@@ -72,8 +77,6 @@ _log = logging.getLogger("lensemble.network.participant")
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
-#: Field number of ``UpdateChunk.data`` (its last field, lensemble.proto).
-UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
 #: Full method name of SubmitUpdate, as gRPC routes it.
 SUBMIT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Coordinator'].full_name}/SubmitUpdate"
 

@@ -50,7 +50,8 @@ from lensemble.network.streams import (
 
 #: Field number of ``ModelChunk.data`` (its last field, lensemble.proto).
 MODEL_DATA_FIELD = pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number
-#: Field number of ``UpdateChunk.data``.
+#: Field number of ``UpdateChunk.data`` (its last field): participants frame it, SubmitUpdate
+#: splits it.
 UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
 
 
