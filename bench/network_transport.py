@@ -33,7 +33,8 @@ Four tables, all measured in the same run on this machine:
 
 Participant processes run torch with one intra-op thread (four share this machine's cores with
 the coordinator, and do no training); the coordinator process always does
-(``lensemble.network.process.COORDINATOR_TORCH_THREADS``).
+(``lensemble.network.process.COORDINATOR_TORCH_THREADS``). Every process keeps freed buffers in
+``malloc`` as the ``lensemble`` command does (:mod:`lensemble.allocator`).
 """
 
 from __future__ import annotations
@@ -478,6 +479,7 @@ class GrpcFloor:
 # ------------------------------------------------------------------------------ main
 def _proc(argv: list[str]) -> None:
     """A coordinator or participant process with the no-compute learner (LocalFederation)."""
+    from lensemble.allocator import keep_freed_buffers
     from lensemble.config import load_config
     from lensemble.network.process import PortOptions, run_coordinator, run_participant
 
@@ -490,6 +492,7 @@ def _proc(argv: list[str]) -> None:
     parser.add_argument("--health-port", type=int)
     parser.add_argument("--metrics-port", type=int)
     args = parser.parse_args(argv)
+    keep_freed_buffers()  # as the CLI does for every command
     config = load_config(args.config, args.set)
     ports = PortOptions(None, args.health_port, args.metrics_port)
     theta0 = make_params(args.params)

@@ -14,7 +14,8 @@ pass is used, which can only make a ratio look worse:
 Each floor is the faster of two passes: tensor by tensor in the tensors' own memory (once for
 separately allocated tensors, once for the flat model), and over one contiguous numpy copy
 (which numpy backs with huge pages). The run uses the container
-image's huge-page environment (:mod:`lensemble.hugepages`) unless ``--memory-env as-is``.
+image's huge-page environment (:mod:`lensemble.hugepages`) unless ``--memory-env as-is``, and
+keeps freed buffers in ``malloc`` as the ``lensemble`` command does (:mod:`lensemble.allocator`).
 
 Per model size (float32 parameters, 1M-element tensors), in this process:
 
@@ -81,6 +82,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lensemble.allocator import keep_freed_buffers
 from lensemble.hugepages import HUGEPAGE_ENV
 
 MB = 1e6
@@ -413,6 +415,7 @@ def main() -> None:
         # made by now): start again with the image's variables; those set are kept.
         env = {**HUGEPAGE_ENV, **os.environ}
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    kept = keep_freed_buffers()  # as the lensemble command does for every command
     global CLOCK  # noqa: PLW0603 (one switch for every timing in this script)
     CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
     if args.child:
@@ -430,6 +433,7 @@ def main() -> None:
         f"torch {torch.__version__}, 1 intra-op thread; MB/s of float32 parameter bytes; "
         f"{args.clock} time; "
         + " ".join(f"{k}={os.environ.get(k, '')}" for k in sorted(HUGEPAGE_ENV))
+        + f"; malloc keeps freed buffers: {'yes' if kept else 'no'}"
     )
     print(
         f"{'params':>6} | {'copy':>6} {'sha256':>6} | {'encode':>6} {'parse':>7} "

@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from lensemble import __version__
+from lensemble.allocator import keep_freed_buffers
 from lensemble.cli import (
     config_cmd,
     image_cmd,
@@ -93,6 +94,7 @@ def _root(
 def main() -> None:
     """Console entry point: run the app and turn Lensemble errors into exit codes."""
     enable_for_this_process()  # before any command imports torch
+    keep_freed_buffers()
     try:
         app()
     except LensembleError as exc:
