@@ -14,10 +14,11 @@ virtual machine costs more than using the bytes. Two ``mallopt`` settings keep i
 - ``M_TRIM_THRESHOLD`` at 16 MiB: a heap keeps up to that much free memory at its top.
 
 Measured with ``bench/network_transport.py``'s round (1M float32 parameters, N = 4, loopback,
-plaintext, 63 rounds, on the 2-core development VM): the five processes took about 700 minor
-page faults per round instead of 19,000, and the median round period went from 0.121-0.127 s
-to 0.104-0.110 s. Either setting alone was slower than neither (``docs/performance.md``,
-*Freed memory*).
+63 rounds, on the 2-core development VM, 3 interleaved before/after pairs): the five
+processes took about 700 minor page faults per round instead of 19,000, and the median round
+period went from 0.124-0.127 s to 0.106-0.107 s in plaintext, from 0.132-0.135 s to
+0.120-0.121 s with mTLS. Either setting alone was slower than neither
+(``docs/performance.md``, *Freed memory*).
 
 An operator who sets either threshold in ``GLIBC_TUNABLES`` keeps their choice; other C
 libraries (musl, macOS) are left alone.

@@ -11,7 +11,7 @@ import pytest
 from lensemble import allocator, cli
 from lensemble.allocator import keep_freed_buffers
 
-GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
+GLIBC = allocator._is_glibc()
 
 #: A child that allocates, touches and frees buffers of 16 growing sizes up to just below the
 #: kept size (4 MiB) and prints the minor page faults that took. glibc's adaptive threshold maps
