@@ -56,6 +56,7 @@ from lensemble.errors import (
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.flat import flat_copy, flat_empty, flat_zeros
+from lensemble.federation.hash_behind import ModelHashBehind
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import (
@@ -822,22 +823,31 @@ class Coordinator:
             self._spool.reset()
         self._advance(machine, RoundState.COMMITTING)
         # The check reads the new model tensor by tensor; only when it passes is the step
-        # taken, in place: no second copy of the model and its momentum is ever held.
-        candidate = self.outer.candidate(self.params, combined, self.momentum)
-        change, problem = precommit_problem(
-            self.params, candidate, fed.robustness.max_relative_change
-        )
-        defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
-        if problem is not None:
-            defences["precommit"] = problem
-            return self._abort(
-                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
-            )
+        # taken, in place: no second copy of the model and its momentum is ever held. Each
+        # checked tensor is hashed on the hashing thread meanwhile, so the new model's hash is
+        # ready with the step; its tensors are the step's bit for bit (OuterStep.candidate).
         params, momentum = self.params, self.momentum
-        self._payload_cache = None  # the committed model's payload replaces it
-        self.outer.apply_in_place(params, combined, momentum)
-        del combined
-        new_hash = model_hash(params, self.version + 1, parent)
+        with ModelHashBehind(self.version + 1, parent) as hasher:
+            candidate = self.outer.candidate(params, combined, momentum)
+            change, problem = precommit_problem(
+                params, candidate, fed.robustness.max_relative_change, on_checked=hasher.add
+            )
+            defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
+            if problem is not None:
+                defences["precommit"] = problem
+                return self._abort(
+                    machine,
+                    col,
+                    traffic,
+                    wall_start,
+                    opened_at,
+                    defences=defences,
+                    transport=transport,
+                )
+            self._payload_cache = None  # the committed model's payload replaces it
+            self.outer.apply_in_place(params, combined, momentum)
+            del combined
+            new_hash = hasher.result(sorted(params))
         record = self._record(
             machine,
             col,

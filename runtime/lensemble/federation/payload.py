@@ -52,6 +52,54 @@ def dtype_token(dtype: torch.dtype) -> str:
         raise PayloadError(f"dtype {dtype} is not supported in payloads.") from None
 
 
+class TensorDigest:
+    """:func:`tensor_digest` computed incrementally, one tensor at a time.
+
+    Tensors must be added in strictly increasing name order (the canonical order); the digest
+    of everything added, then :meth:`hexdigest`, equals :func:`tensor_digest` of the same
+    tensors. It is the one definition of the hashed byte stream: :func:`tensor_digest` and
+    :class:`~lensemble.federation.hash_behind.ModelHashBehind` both feed it.
+    """
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256(MODEL_HASH_DOMAIN)
+        self.names: list[str] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Hash one named tensor (any supported dtype and shape, CPU).
+
+        Raises:
+            ValueError: ``name`` does not sort after the previous tensor's name.
+            PayloadError: The dtype is not one Lensemble sends.
+        """
+        if self.names and name <= self.names[-1]:
+            raise ValueError(
+                f"tensor '{name}' does not sort after '{self.names[-1]}': tensors are hashed "
+                "in sorted name order."
+            )
+        t = tensor.detach().cpu().contiguous()
+        encoded = name.encode()
+        token = dtype_token(t.dtype).encode()
+        shape = b"".join(struct.pack("<Q", d) for d in t.shape)
+        self._h.update(
+            struct.pack("<I", len(encoded))
+            + encoded
+            + struct.pack("<B", len(token))
+            + token
+            + struct.pack("<I", t.dim())
+            + shape
+        )
+        # A byte view avoids a copy and is exact for every dtype, bfloat16 included.
+        self._h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+        self.names.append(name)
+
+    def hexdigest(self, suffix: bytes = b"") -> str:
+        """The lower-case hex digest (64 characters) with ``suffix`` bound after the tensors."""
+        h = self._h.copy()
+        h.update(suffix)
+        return h.hexdigest()
+
+
 def tensor_digest(tensors: Mapping[str, torch.Tensor], suffix: bytes = b"") -> str:
     """Canonical SHA-256 of named tensors, independent of dict order and serialization.
 
@@ -62,18 +110,15 @@ def tensor_digest(tensors: Mapping[str, torch.Tensor], suffix: bytes = b"") -> s
     Returns:
         Lower-case hex digest (64 characters).
     """
-    h = hashlib.sha256(MODEL_HASH_DOMAIN)
+    digest = TensorDigest()
     for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        encoded = name.encode()
-        token = dtype_token(t.dtype).encode()
-        h.update(struct.pack("<I", len(encoded)) + encoded)
-        h.update(struct.pack("<B", len(token)) + token)
-        h.update(struct.pack("<I", t.dim()) + b"".join(struct.pack("<Q", d) for d in t.shape))
-        # A byte view avoids a copy and is exact for every dtype, bfloat16 included.
-        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    h.update(suffix)
-    return h.hexdigest()
+        digest.add(name, tensors[name])
+    return digest.hexdigest(suffix)
+
+
+def model_hash_suffix(version: int, parent_hash: str) -> bytes:
+    """The bytes a model hash binds after its tensors: the version, then the parent's hash."""
+    return struct.pack("<Q", version) + parent_hash.encode()
 
 
 def model_hash(params: Mapping[str, torch.Tensor], version: int, parent_hash: str) -> str:
@@ -87,8 +132,7 @@ def model_hash(params: Mapping[str, torch.Tensor], version: int, parent_hash: st
     Returns:
         ``"sha256:<64 hex>"``.
     """
-    suffix = struct.pack("<Q", version) + parent_hash.encode()
-    return "sha256:" + tensor_digest(params, suffix)
+    return "sha256:" + tensor_digest(params, model_hash_suffix(version, parent_hash))
 
 
 def bytes_hash(data: bytes) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -357,6 +357,8 @@ def precommit_problem(
     current: Mapping[str, torch.Tensor],
     new: Mapping[str, torch.Tensor],
     max_relative_change: float,
+    *,
+    on_checked: Callable[[str, torch.Tensor], None] | None = None,
 ) -> tuple[float | None, str | None]:
     """Check a new global model before it is committed.
 
@@ -364,6 +366,9 @@ def precommit_problem(
         current: ``theta_t`` (float32).
         new: ``theta_{t+1}`` (float32, same names and shapes); each tensor is read once.
         max_relative_change: ``federation.robustness.max_relative_change``.
+        on_checked: Called with each new tensor once it is found finite, in sorted name
+            order, before the next is read (the coordinator hashes it there, see
+            :class:`~lensemble.federation.hash_behind.ModelHashBehind`).
 
     Returns:
         ``(relative change, problem)``: ``||new - current|| / max(1, ||current||)`` in float64,
@@ -379,6 +384,8 @@ def precommit_problem(
             value = new[name]
             if not all_finite(value):
                 return None, f"the new global model's tensor '{name}' has NaN or Inf values."
+            if on_checked is not None:
+                on_checked(name, value)
             part = float(
                 torch.linalg.vector_norm(value - current[name], ord=2, dtype=torch.float64)
             )

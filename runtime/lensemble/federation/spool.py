@@ -41,7 +41,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,16 +49,11 @@ import torch
 
 from lensemble.durable import DiskFull, check_free_space
 from lensemble.errors import IntegrityError
+from lensemble.federation.hash_behind import hashing_thread
 from lensemble.federation.payload import Decoded, TensorRange, dtype_token
 from lensemble.federation.quantization import SCALE_SUFFIX, WIRE_DTYPES
 
 _log = logging.getLogger("lensemble.federation.spool")
-
-
-@functools.cache
-def _hashing_thread() -> ThreadPoolExecutor:
-    """The one thread that hashes blocks read back (FIFO, so each stream stays in order)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="lensemble-spool-hash")
 
 
 #: Name of a spilled payload: acceptance order, so no sender text reaches a path.
@@ -443,7 +438,7 @@ class SpooledUpdate:
                 )
             got += k
         if self._hash is not None:
-            self._pending[turn] = _hashing_thread().submit(self._hash.update, view)
+            self._pending[turn] = hashing_thread().submit(self._hash.update, view)
         self._read += n
         return view
 
