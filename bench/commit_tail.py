@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+from network_transport import parse_count  # bench/ is this script's folder
 
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.flat import flat_copy
@@ -32,12 +33,6 @@ from lensemble.federation.robustness import precommit_problem
 TENSORS = 8
 OUTER = OuterStep(lr=0.7, momentum=0.9, nesterov=True)
 LIMIT = 10.0  # max_relative_change: never reached here
-
-
-def parse_count(text: str) -> int:
-    """``"10M"`` -> 10_000_000 (K, M, G suffixes)."""
-    units = {"K": 10**3, "M": 10**6, "G": 10**9}
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
 def state(total: int) -> tuple[dict[str, torch.Tensor], ...]:
@@ -53,6 +48,7 @@ def state(total: int) -> tuple[dict[str, torch.Tensor], ...]:
 def serial(
     params: dict[str, torch.Tensor], mean: dict[str, torch.Tensor], m: dict[str, torch.Tensor]
 ) -> str:
+    """The coordinator's tail before: check, step, then hash; returns the new model's hash."""
     candidate = OUTER.candidate(params, mean, m)
     _, problem = precommit_problem(params, candidate, LIMIT)
     assert problem is None
@@ -63,6 +59,7 @@ def serial(
 def behind(
     params: dict[str, torch.Tensor], mean: dict[str, torch.Tensor], m: dict[str, torch.Tensor]
 ) -> str:
+    """The coordinator's tail now: the hash beside the check and the step; returns it."""
     with ModelHashBehind(1, "") as hasher:
         candidate = OUTER.candidate(params, mean, m)
         _, problem = precommit_problem(params, candidate, LIMIT, on_checked=hasher.add)
