@@ -20,10 +20,14 @@ Four tables, all measured in the same run on this machine:
 2. **Throughput on loopback** (MB/s of payload bytes) of ``FetchModel`` (coordinator ->
    participant: from the call until the whole payload is in one buffer) and ``SubmitUpdate``
    (participant -> coordinator: from the call until the verdict of a judge that accepts at once,
-   so the coordinator's streaming hash check is included), with and without TLS, against two
-   floors measured between the same kind of two processes: a raw TCP socket copy and a raw TLS
+   so the coordinator's streaming hash check is included), with and without TLS, against four
+   floors measured between the same kind of two processes: a raw TCP socket copy, a raw TLS
    socket copy (Python ``ssl``, mutual auth with the same ECDSA P-256 certificates) of the same
-   bytes. Connection set-up and the TLS handshake are outside every clock.
+   bytes, the same raw TLS upload with the receiver SHA-256ing every block as it arrives
+   (``TLS+h``: what any upload costs that the coordinator must hash, as SubmitUpdate's is), and
+   the gRPC floor (grpcio with identity serializers). Every floor receives into a buffer whose
+   pages are resident before its clock starts, as Lensemble's recycled payloads are; connection
+   set-up and the TLS handshake are outside every clock.
 3. **Chunk size** (``network.chunk_bytes``) sweep of both streams over mTLS: the measurement
    behind the default.
 
@@ -40,8 +44,10 @@ the coordinator, and do no training); the coordinator process always does
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
+import mmap
 import os
 import resource
 import socket
@@ -227,6 +233,7 @@ def serve(config_path: Path, payload_bytes: int) -> None:
         submission = transport.receive(time.monotonic() + 3600)
         if submission is not None:
             transport.reply(submission, Verdict(Reason.ACCEPTED, "ok", 0))
+        del submission  # the payload goes now, not when the next one has arrived
 
 
 def _tls_context(certs: Path | None, server: bool) -> ssl.SSLContext | None:
@@ -241,12 +248,15 @@ def _tls_context(certs: Path | None, server: bool) -> ssl.SSLContext | None:
     return context
 
 
-def socket_peer(port: int, payload_bytes: int, certs: Path | None) -> None:
+def socket_peer(port: int, payload_bytes: int, certs: Path | None, hashed: bool = False) -> None:
     """Raw socket floor: send the payload to the first client, then read one back and ack.
 
     ``certs``: a ``lensemble certs init`` folder for a TLS socket (mutual auth), None for TCP.
+    ``hashed``: SHA-256 each block read back as it arrives, before reading the next and before
+    the ack, as the coordinator's SubmitUpdate does with every chunk (the update hash).
     """
     payload = os.urandom(payload_bytes)
+    buffer = resident_buffer(payload_bytes)
     context = _tls_context(certs, server=True)
     with socket.create_server(("127.0.0.1", port)) as listener:
         sys.stdout.write("ready\n")
@@ -255,19 +265,33 @@ def socket_peer(port: int, payload_bytes: int, certs: Path | None) -> None:
         conn = context.wrap_socket(raw, server_side=True) if context is not None else raw
         with conn:
             conn.sendall(payload)
-            _receive(conn, payload_bytes)
+            digest = hashlib.sha256() if hashed else None
+            _receive(conn, buffer, digest)
             conn.sendall(b"k")
 
 
-def _receive(conn: socket.socket, size: int) -> bytearray:
+def resident_buffer(size: int) -> bytearray:
+    """A ``size``-byte buffer with every page already faulted in (before any clock starts).
+
+    The floors receive into it, so that they time the copy alone, not the kernel zeroing fresh
+    pages: Lensemble's receivers write into a recycled, resident payload
+    (:class:`lensemble.network.streams.Assembler`), and a floor must be at least as fast.
+    """
     buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
+    view = memoryview(buffer)
+    view[:: mmap.PAGESIZE] = bytes(len(range(0, size, mmap.PAGESIZE)))  # one write per page
+    return buffer
+
+
+def _receive(conn: socket.socket, buffer: bytearray, digest: Any = None) -> None:
+    view, got, size = memoryview(buffer), 0, len(buffer)
     while got < size:
         n = conn.recv_into(view[got:], min(4 * MiB, size - got))
         if n == 0:
             raise ConnectionError(f"peer closed after {got} of {size} bytes")
+        if digest is not None:
+            digest.update(view[got : got + n])
         got += n
-    return buffer
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
@@ -337,24 +361,29 @@ def grpc_throughput(
     return fetch, submit
 
 
-def socket_throughput(payload_bytes: int, certs: Path | None = None) -> tuple[float, float]:
+def socket_throughput(
+    payload_bytes: int, certs: Path | None = None, hashed: bool = False
+) -> tuple[float, float]:
     """MB/s down and up of a raw socket copy between two processes (TLS when ``certs``).
 
     Down: from the client's first read until the whole payload is in one buffer (the peer
     starts sending at once). Up: from the first byte sent until the peer acknowledged the whole
-    payload. The TLS handshake happens before either clock starts, as it does for gRPC (the
-    channel is connected by Join before FetchModel and SubmitUpdate are timed).
+    payload (``hashed``: the peer SHA-256es every block as it arrives, see
+    :func:`socket_peer`). The TLS handshake happens before either clock starts, as it does for
+    gRPC (the channel is connected by Join before FetchModel and SubmitUpdate are timed).
+    Every receiving buffer is resident before the clock starts (:func:`resident_buffer`).
     """
     port = free_port()
-    extra = [str(certs)] if certs is not None else []
-    peer = _spawn("_sock", str(port), str(payload_bytes), *extra)
+    extra = ["hash"] if hashed else []
+    peer = _spawn("_sock", str(port), str(payload_bytes), str(certs or "-"), *extra)
     context = _tls_context(certs, server=False)
+    buffer = resident_buffer(payload_bytes)  # before connecting: the peer sends at once
     try:
         raw = socket.create_connection(("127.0.0.1", port))
         conn = context.wrap_socket(raw, server_hostname="127.0.0.1") if context is not None else raw
         with conn:
             start = time.perf_counter()
-            buffer = _receive(conn, payload_bytes)
+            _receive(conn, buffer)
             down = time.perf_counter() - start
             start = time.perf_counter()
             conn.sendall(buffer)
@@ -451,8 +480,8 @@ class GrpcFloor:
 
     def once(self) -> tuple[float, float]:
         """MB/s of one download into one buffer and one upload until the server's answer."""
+        buffer, got = resident_buffer(self.payload_bytes), 0
         start = time.perf_counter()
-        buffer, got = bytearray(self.payload_bytes), 0
         for piece in self._fetch(b""):
             buffer[got : got + len(piece)] = piece
             got += len(piece)
@@ -479,7 +508,6 @@ class GrpcFloor:
 # ------------------------------------------------------------------------------ main
 def _proc(argv: list[str]) -> None:
     """A coordinator or participant process with the no-compute learner (LocalFederation)."""
-    from lensemble.allocator import keep_freed_buffers
     from lensemble.config import load_config
     from lensemble.network.process import PortOptions, run_coordinator, run_participant
 
@@ -492,7 +520,6 @@ def _proc(argv: list[str]) -> None:
     parser.add_argument("--health-port", type=int)
     parser.add_argument("--metrics-port", type=int)
     args = parser.parse_args(argv)
-    keep_freed_buffers()  # as the CLI does for every command
     config = load_config(args.config, args.set)
     ports = PortOptions(None, args.health_port, args.metrics_port)
     theta0 = make_params(args.params)
@@ -553,14 +580,16 @@ def main() -> None:
 
     print(
         f"2. Throughput on loopback (MB/s of payload; {args.repeats} interleaved repetitions of "
-        "raw TCP, raw TLS, the gRPC floor (mTLS), FetchModel/SubmitUpdate over mTLS and in "
-        "plaintext: medians; for the ratios to raw TLS and to the gRPC floor, the median of "
-        "each repetition's ratio and their range)"
+        "raw TCP, raw TLS, raw TLS whose receiver SHA-256es every block (TLS+h), the gRPC "
+        "floor (mTLS), FetchModel/SubmitUpdate over mTLS and in plaintext: medians; for the "
+        "ratios to raw TLS, TLS+h and the gRPC floor, the median of each repetition's ratio "
+        "and their range)"
     )
     print(
-        f"{'MB':>4} {'TCP dn':>6} {'TCP up':>6} {'TLS dn':>6} {'TLS up':>6} "
+        f"{'MB':>4} {'TCP dn':>6} {'TCP up':>6} {'TLS dn':>6} {'TLS up':>6} {'TLS+h':>6} "
         f"{'gRPC dn':>7} {'gRPC up':>7} {'Fetch':>6} {'Submit':>6} {'F pl':>5} {'S pl':>5} | "
-        f"{'Fetch/TLS':>16} {'Submit/TLS':>16} | {'Fetch/gRPC':>16} {'Submit/gRPC':>16}"
+        f"{'Fetch/TLS':>16} {'Submit/TLS':>16} {'Submit/TLS+h':>16} | "
+        f"{'Fetch/gRPC':>16} {'Submit/gRPC':>16}"
     )
     for total in sizes:
         payload = total * 4
@@ -576,6 +605,7 @@ def main() -> None:
                         (
                             *socket_throughput(payload),
                             *socket_throughput(payload, Path(a) / "certs"),
+                            socket_throughput(payload, Path(a) / "certs", hashed=True)[1],
                             *floor.once(),
                             *secure.once(),
                             *plain.once(),
@@ -586,7 +616,7 @@ def main() -> None:
                 secure.close()
                 plain.close()
         med = [statistics.median(column) for column in zip(*rows, strict=True)]
-        widths = (6, 6, 6, 6, 7, 7, 6, 6, 5, 5)  # the header's columns
+        widths = (6, 6, 6, 6, 6, 7, 7, 6, 6, 5, 5)  # the header's columns
 
         def spread(ratios: list[float]) -> str:
             return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -594,9 +624,10 @@ def main() -> None:
         print(
             f"{payload / 1e6:>4.0f} "
             + " ".join(f"{m:>{w}.0f}" for m, w in zip(med, widths, strict=True))
-            + f" | {spread([r[6] / r[2] for r in rows]):>16} "
-            f"{spread([r[7] / r[3] for r in rows]):>16} | "
-            f"{spread([r[6] / r[4] for r in rows]):>16} {spread([r[7] / r[5] for r in rows]):>16}"
+            + f" | {spread([r[7] / r[2] for r in rows]):>16} "
+            f"{spread([r[8] / r[3] for r in rows]):>16} "
+            f"{spread([r[8] / r[4] for r in rows]):>16} | "
+            f"{spread([r[7] / r[5] for r in rows]):>16} {spread([r[8] / r[6] for r in rows]):>16}"
         )
     print()
 
@@ -612,6 +643,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from lensemble.allocator import keep_freed_buffers
+
+    keep_freed_buffers()  # in every process of this bench, as the CLI does for every command
     if len(sys.argv) > 1 and sys.argv[1] == "_proc":
         _proc(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "_serve":
@@ -619,7 +653,7 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "_floor":
         grpc_floor_peer(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sock":
-        certs = Path(sys.argv[4]) if len(sys.argv) > 4 else None
-        socket_peer(int(sys.argv[2]), int(sys.argv[3]), certs)
+        certs = Path(sys.argv[4]) if sys.argv[4] != "-" else None
+        socket_peer(int(sys.argv[2]), int(sys.argv[3]), certs, hashed=sys.argv[5:] == ["hash"])
     else:
         main()

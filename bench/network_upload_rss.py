@@ -41,6 +41,9 @@ def coordinator() -> None:
 
     from lensemble.network.participant_client import CoordinatorClient
     from lensemble.network.proto import lensemble_pb2 as pb
+
+    # tests.support lives in the repository, which is not on the path of a script in bench/.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.support.network import federation, network_mapping, write_config
 
     with tempfile.TemporaryDirectory() as folder:

@@ -11,13 +11,14 @@ buffer advised to use transparent huge pages, and filled by numpy; only :meth:`B
 finish` hands it out, and only once every byte has been written, so no uninitialised byte is
 ever seen. Small payloads, and any interpreter without that C API, use a ``bytearray``.
 
-A builder made with ``recycle=True`` (the encoder of outgoing payloads) also keeps the last
-object it finished, and the next such builder of the same size writes over it instead of
-faulting in new pages, but only when nothing else holds it any more: its reference count
-shows the slot is its only holder. Every view of a ``bytes`` object (``memoryview``, numpy,
-``torch.frombuffer``) holds a reference, so an object that can still be seen is never reused.
-The cached hash is reset, so to Python it is a new object with the same identity. One slot per
-process: the memory kept is one released payload, which the next one would have taken anyway.
+A builder made with ``recycle=True`` (the encoder of outgoing payloads, and the assembler of
+incoming streams, ``lensemble.network.streams.Assembler``) also keeps the last object it
+finished, and the next such builder of the same size writes over it instead of faulting in new
+pages, but only when nothing else holds it any more: its reference count shows the slot is its
+only holder. Every view of a ``bytes`` object (``memoryview``, numpy, ``torch.frombuffer``)
+holds a reference, so an object that can still be seen is never reused. The cached hash is
+reset, so to Python it is a new object with the same identity. One slot per process: the
+memory kept is one released payload, which the next one would have taken anyway.
 """
 
 from __future__ import annotations

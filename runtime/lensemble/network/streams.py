@@ -203,6 +203,12 @@ class Assembler:
     and handed out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n``
     bytes costs ``n`` bytes of memory (plus the chunk in flight), never two copies.
 
+    The object is the process's recycled one when nothing holds it any more (``recycle=True``,
+    the one slot the encoder of outgoing payloads also uses): a fresh 40 MB object had the
+    kernel fault in and zero every page of it as the chunks were copied in, a third of the
+    receiving thread's time in a SubmitUpdate stream (``docs/performance.md``, *The network
+    path*). A stream that fails leaves the slot empty; it never hands out a half-written object.
+
     Args:
         declared: Total bytes announced by the sender.
         limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
@@ -227,7 +233,7 @@ class Assembler:
         self.what = what
         self._received = 0
         self._hash = hashlib.sha256() if hashed else None
-        self._buffer = BytesBuilder(declared)
+        self._buffer = BytesBuilder(declared, recycle=True)
 
     @property
     def received(self) -> int:
