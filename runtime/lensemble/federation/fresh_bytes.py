@@ -35,7 +35,7 @@ import numpy as np
 #: bytearray, then one copy). At 8 MiB the 4 MB payloads of a 1M-parameter model took the slow
 #: way; at 1 MiB the round period of ``bench/network_transport.py`` at 1M parameters went from
 #: 0.109-0.114 to 0.100-0.104 s over mTLS and from 0.097-0.099 to 0.094-0.097 s in plaintext
-#: (3 interleaved pairs of 30 rounds each). Below 1 MiB the copy is too small to matter.
+#: (3 interleaved pairs of 30 rounds each). Smaller thresholds were not measured.
 LARGE = 1 << 20
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
