@@ -207,14 +207,20 @@ def in_process_round(total: int, rounds: int) -> list[float]:
 
 # ------------------------------------------------------------------------ 2. throughput
 def serve(config_path: Path, payload_bytes: int) -> None:
-    """A coordinator transport with one open round whose judge accepts every update at once."""
+    """A coordinator transport with one open round whose judge accepts every update at once.
+
+    Updates land in a spool under ``run.output_dir`` as a coordinator's do
+    (``Coordinator.land``); the judge keeps none, so each file is free again for the next.
+    """
     from lensemble.config import load_config
+    from lensemble.federation.spool import UpdateSpool
     from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
     from lensemble.network.security import Authenticator, server_credentials
     from lensemble.network.service import start_coordinator_server
 
     config = load_config(config_path)
     transport = GrpcCoordinatorTransport(config, next_round=0)
+    spool = UpdateSpool(Path(config.run.output_dir) / "coordinator" / "spool")
     _server, _ = start_coordinator_server(  # serves until the process is killed
         transport,
         Authenticator(config, config.participant_ids),
@@ -223,6 +229,7 @@ def serve(config_path: Path, payload_bytes: int) -> None:
         port=config.network.port,
         # Updates as large as the served payload (random bytes standing for float32 values).
         architecture={"payload": TensorSpec("payload", (payload_bytes // 4 + 1,), torch.float32)},
+        land=spool.land,
     )
     payload = os.urandom(payload_bytes)
     opening = RoundOpening(0, 0, 0, bytes_hash(payload), time.monotonic() + 3600)

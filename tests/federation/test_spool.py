@@ -333,3 +333,108 @@ def test_an_unnamed_file_whose_length_changed_fails_closed_before_it_is_mapped()
         spool.reader(victim, scheme="none", chunk=CHUNK, block=50)
     spool.close()
     folder.rmdir()
+
+
+# ------------------------------------------------------------------ streams landed in the spool
+def landed_spool_of(
+    spool: UpdateSpool, payloads: dict[str, bytes], piece: int = 100
+) -> dict[str, float]:
+    """Land each payload in pieces (as a transport receives it), judge the view, keep it."""
+    norms = {}
+    arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
+    for pid in sorted(payloads):
+        data = payloads[pid]
+        landing = spool.land(len(data))
+        assert landing is not None
+        for start in range(0, len(data), piece):
+            landing.write(data[start : start + piece])
+        view = landing.finish()
+        assert view.readonly and view == data
+        decoded = decode(view, copy=False)
+        norms[pid] = update_norm(dequantize(decoded.tensors, arch, "none", CHUNK))
+        spool.add(pid, view, bytes_hash(data), decoded, landing)
+        del view, decoded, landing
+    return norms
+
+
+def shm_folder(name: str) -> Path:
+    # tmpfs always makes unnamed files (the CI's /tmp may be overlayfs, which does not).
+    return Path("/dev/shm") / f"lensemble-{name}-{os.getpid()}"
+
+
+def test_a_landed_stream_becomes_its_spool_entry_without_a_second_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    folder = shm_folder("land")
+    spilled: list[int] = []
+    real_spill = UpdateSpool._spill
+    monkeypatch.setattr(
+        UpdateSpool,
+        "_spill",
+        lambda self, view: spilled.append(len(view)) or real_spill(self, view),
+    )
+    before = open_descriptors()
+    try:
+        spool = UpdateSpool(folder)
+        norms = landed_spool_of(spool, payloads)
+        assert spilled == []  # adopted as landed, never written again
+        assert open_descriptors() == before + 3 and list(folder.iterdir()) == []
+        assert_reduces_as_in_memory(spool, payloads, norms, "none")
+        spool.reset()  # the next attempt lands in the same files
+        landed_spool_of(spool, payloads)
+        assert open_descriptors() == before + 3
+        spool.close()
+        assert open_descriptors() == before
+    finally:
+        folder.rmdir()
+
+
+def test_a_landing_nobody_keeps_goes_back_once_its_last_view_is_gone() -> None:
+    data = payload(updates(1)["alpha"], "none", "alpha")
+    folder = shm_folder("refused")
+    before = open_descriptors()
+    try:
+        spool = UpdateSpool(folder)
+        truncated = spool.land(len(data))  # a stream that broke off half way
+        assert truncated is not None
+        truncated.write(data[:10])
+        del truncated
+        assert open_descriptors() == before + 1 and len(spool._free) == 1
+        refused = spool.land(len(data))  # reuses that file
+        assert refused is not None and len(spool._free) == 0
+        refused.write(data)
+        view = refused.finish()
+        del refused
+        # The refused update's view is still held (a judge reading it): its file stays out.
+        assert len(spool._free) == 0
+        assert bytes(view) == data
+        del view
+        assert len(spool._free) == 1 and open_descriptors() == before + 1
+        spool.close()
+        assert open_descriptors() == before
+        late = UpdateSpool(folder)
+        landing = late.land(len(data))
+        late.close()  # a stream still landing when the spool closed closes its own file
+        del landing
+        assert open_descriptors() == before
+    finally:
+        folder.rmdir()
+
+
+def test_no_folder_no_room_or_no_unnamed_files_land_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert UpdateSpool(None).land(1000) is None
+    monkeypatch.setattr(spool_module, "_unnamed_file", lambda folder: None)
+    assert UpdateSpool(tmp_path / "named").land(1000) is None  # would be a named file: memory
+    monkeypatch.undo()
+
+    def no_room(where: Path, n: int) -> None:
+        raise DiskFull(f"{where} has no room for {n} bytes")
+
+    monkeypatch.setattr(spool_module, "check_free_space", no_room)
+    with caplog.at_level("WARNING", logger="lensemble.federation.spool"):
+        assert UpdateSpool(shm_folder("full")).land(1000) is None
+    assert "holding it in memory" in caplog.text and "no room for 1000 bytes" in caplog.text
+    shm_folder("full").rmdir()

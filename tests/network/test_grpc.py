@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,10 @@ from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.ledger import committed_chain
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
+from lensemble.federation.spool import Landing
+from lensemble.network import streams
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
-from lensemble.network.transport_errors import AccessDenied
+from lensemble.network.transport_errors import BUSY, AccessDenied
 from tests.support.federation import PARTICIPANTS, QuadraticLearner, build, initial_params
 from tests.support.network import (
     LiveCoordinator,
@@ -71,6 +76,54 @@ def test_mtls_run_commits_the_in_process_hash_chain(tmp_path: Path) -> None:
     last = live.result.records[-1]
     down = {"direction": "down", "quantization": last.quantization}
     assert registry.get_sample_value("lensemble_round_payload_bytes", down) == last.bytes_down
+
+
+@pytest.mark.parametrize("disk", ["fine", "full once"])
+def test_updates_landed_in_the_spool_commit_the_same_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: str
+) -> None:
+    # Every update stream lands in a spool file (the test model's payloads are far below the
+    # 1 MiB a stream needs to land): on tmpfs, which always makes unnamed files.
+    monkeypatch.setattr(streams, "LARGE", 1)
+    failed: list[str] = []
+    if disk == "full once":  # the coordinator's disk, not the sender: refused as busy, resent
+        real_write = Landing.write
+
+        def write(self: Landing, piece: Any) -> None:
+            if not failed:
+                failed.append("ENOSPC")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_write(self, piece)
+
+        monkeypatch.setattr(Landing, "write", write)
+    mapping = network_mapping(tmp_path, rounds=3)
+    _, config = write_config(tmp_path, mapping)
+    state = Path("/dev/shm") / f"lensemble-landing-{os.getpid()}"
+    landed: list[int] = []
+    try:
+        with LiveCoordinator(config, output_dir=state) as live:
+            real_land = live.coordinator.land
+
+            def counted(size: int) -> Landing | None:
+                landing = real_land(size)
+                landed.append(size if landing is not None else -1)
+                return landing
+
+            live.coordinator.land = counted  # type: ignore[method-assign]
+            threads = [ParticipantThread(config, pid) for pid in PARTICIPANTS]
+            live.thread.join(60)
+            for t in threads:
+                t.thread.join(30)
+                t.close()
+            assert live.error is None, live.error
+            assert all(t.error is None for t in threads), [t.error for t in threads]
+        # 4 participants x 3 rounds, all landed (and one resent when the disk was full once).
+        assert len(landed) == 12 + len(failed) and min(landed) > 0
+        assert committed_chain(live.result.records) == _in_process_chain(mapping)
+        assert all(len(r.updates) == 4 and not r.excluded for r in live.result.records)
+        assert live.metrics.rejected.labels(reason=BUSY)._value.get() == len(failed)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_token_auth_run_commits_the_same_chain_and_refuses_a_wrong_token(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lensemble.config.load import validate_mapping
 from lensemble.errors import ConfigError, PayloadError, UsageError
 from lensemble.federation.fresh_bytes import LARGE
+from lensemble.federation.spool import UpdateSpool
 from lensemble.network.backoff import Backoff
 from lensemble.network.certs import (
     certificate_identities,
@@ -252,6 +253,26 @@ def test_a_large_stream_is_assembled_into_the_released_payload_of_the_last_one()
     view = memoryview(second)
     third = _assembled(first_data).finish()
     assert id(third) != first_id and third == first_data and bytes(view) == second_data
+
+
+def test_a_large_update_stream_lands_in_the_spool_and_a_small_one_stays_in_memory() -> None:
+    folder = Path("/dev/shm") / f"lensemble-assembler-{os.getpid()}"
+    spool = UpdateSpool(folder)
+    try:
+        large, small = os.urandom(LARGE + 1), os.urandom(LARGE - 1)
+        for data, lands in ((large, True), (small, False)):
+            assembler = Assembler(len(data), len(data), "the update", land=spool.land)
+            for part in chunks(data, 1 << 16):
+                assembler.add(part)
+            payload = assembler.finish()
+            assert (assembler.landing is not None) is lands
+            assert isinstance(payload, memoryview if lands else bytes) and payload == data
+            assert assembler.payload_hash == "sha256:" + hashlib.sha256(data).hexdigest()
+            del payload, assembler
+        assert len(spool._free) == 1  # nobody kept the landed one: its file is free again
+    finally:
+        spool.close()
+        folder.rmdir()
 
 
 # --------------------------------------------------------------------- classification of errors

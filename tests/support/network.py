@@ -106,6 +106,7 @@ class LiveCoordinator:
             host="127.0.0.1",
             port=config.network.port,
             architecture=self.coordinator.architecture,
+            land=lambda size: self.coordinator.land(size),  # looked up per stream (tests wrap it)
         )
         self.result: Any = None
         self.error: BaseException | None = None

@@ -523,6 +523,17 @@ class NetworkConfig(_Section):
         le=64 * MiB,
         description="Bytes per streamed chunk of a model or pseudo-gradient payload.",
     )
+    upload_window_bytes: int = Field(
+        4 * MiB,
+        ge=64 * 1024,
+        le=256 * MiB,
+        description="HTTP/2 flow-control window (bytes) of each update upload on the "
+        "coordinator: the most one upload stream may have sent that the coordinator has not "
+        "read yet. The coordinator buffers about three windows per upload in flight, so its "
+        "memory grows by that much per participant uploading at once; one stream's throughput "
+        "is at most window / round-trip time (4 MiB over a 50 ms link: about 80 MB/s). Raise it "
+        "for long, fast links.",
+    )
     rpc_timeout_s: float = Field(
         30.0,
         gt=0.0,

@@ -77,7 +77,7 @@ from lensemble.federation.robustness import (
 )
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
-from lensemble.federation.spool import UpdateSpool
+from lensemble.federation.spool import Landing, UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.federation.verify import require_valid
 
@@ -533,6 +533,15 @@ class Coordinator:
         """The round being collected, or the next one when none is open."""
         return self._collection.opening.round_index if self._collection else self.version
 
+    def land(self, size: int) -> Landing | None:
+        """A spool file to receive one incoming update of ``size`` bytes into, or None.
+
+        For transports that receive updates as streams (thread-safe); see
+        :meth:`lensemble.federation.spool.UpdateSpool.land`. A submission carrying it
+        (``Submission.landed``) is kept in that file when accepted, without another write.
+        """
+        return self._spool.land(size)
+
     def accept(self, submission: Submission) -> Verdict:
         """Validate one submission for the open round and keep it if valid.
 
@@ -656,7 +665,7 @@ class Coordinator:
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
         col.norms[sub.sender] = update_norm(delta)
-        self._spool.add(sub.sender, sub.payload, digest, decoded)
+        self._spool.add(sub.sender, sub.payload, digest, decoded, sub.landed)
         col.hashes[sub.sender] = digest
         col.sizes[sub.sender] = len(sub.payload)
         col.reported[sub.sender] = self_reported(meta)

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lensemble.federation.spool import Landing
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,18 @@ class Submission:
         hash_checked: True when the transport hashed ``payload`` as it arrived and found
             ``payload_hash`` (the network transport does, while streaming), so the coordinator
             does not hash the same bytes again.
+        landed: The coordinator's spool file the transport received ``payload`` into (then
+            ``payload`` is a read-only view of it), or None for bytes in memory. The spool
+            keeps that file if the update is accepted (``spool.UpdateSpool.land``).
     """
 
     sender: str
     round_index: int
-    payload: bytes
+    payload: bytes | memoryview
     payload_hash: str
     attempt: int
     hash_checked: bool = False
+    landed: Landing | None = None
 
 
 #: ``RoundRecord.excluded`` reason of a participant one of whose ranks died during the attempt

@@ -135,8 +135,8 @@ def model_hash(params: Mapping[str, torch.Tensor], version: int, parent_hash: st
     return "sha256:" + tensor_digest(params, model_hash_suffix(version, parent_hash))
 
 
-def bytes_hash(data: bytes) -> str:
-    """``"sha256:<hex>"`` of raw bytes (payload integrity on the wire)."""
+def bytes_hash(data: bytes | memoryview) -> str:
+    """``"sha256:<hex>"`` of raw bytes, or of a view of them (payload integrity on the wire)."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

@@ -27,6 +27,15 @@ the new payload's length): a new file would have its pages allocated again every
 cost more than the write itself (0.6 GB/s into fresh tmpfs pages on the development VM).
 Without an output folder, or when the folder has no room, the payload bytes are kept in memory
 instead (same reader).
+
+A transport that receives updates as streams (the network one) can also write each stream
+straight into a spool file as it arrives (:meth:`UpdateSpool.land`), so that an update being
+received or waiting for its verdict is not held in memory either: with N participants
+uploading at once, the coordinator otherwise held N payloads. The coordinator judges the
+landed bytes through a read-only mapping and, when it accepts them, the spool keeps that file
+as the update's entry: nothing is written twice. Only an unnamed file lands a stream (a
+mapping of a named file could be cut short by someone else, a ``SIGBUS``); where none can be
+made, the stream is assembled in memory as before.
 """
 
 from __future__ import annotations
@@ -38,12 +47,14 @@ import io
 import logging
 import mmap
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -186,8 +197,11 @@ class UpdateSpool:
         self._entries: dict[str, _Entry] = {}
         self._count = 0
         # Unnamed files of earlier attempts, open and ready to be overwritten; closed by close()
-        # or when the spool is garbage.
+        # or when the spool is garbage. Streams land from the transport's threads: the lock
+        # guards the list (and _closed) against the coordinator's own thread.
         self._free: list[int] = []
+        self._lock = threading.Lock()
+        self._closed = False
         weakref.finalize(self, _close_all, self._free)
 
     def __contains__(self, pid: object) -> bool:
@@ -202,9 +216,10 @@ class UpdateSpool:
         Named leftovers of a crash are deleted too. A kept file's bytes are overwritten before
         it is read again.
         """
-        for entry in self._entries.values():
-            if entry.fd is not None:
-                self._free.append(entry.fd)
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.fd is not None:
+                    self._free.append(entry.fd)
         self._entries.clear()
         self._count = 0
         if self.folder is not None and self.folder.is_dir():
@@ -212,12 +227,65 @@ class UpdateSpool:
                 path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Forget every entry and close every unnamed file, kept ones included (idempotent)."""
+        """Forget every entry and close every unnamed file, kept ones included (idempotent).
+
+        A stream still landing keeps its file until it is dropped, and then closes it.
+        """
         self.reset()
-        _close_all(self._free)
+        with self._lock:
+            self._closed = True
+            _close_all(self._free)
+
+    def _take_free(self) -> int | None:
+        with self._lock:
+            return self._free.pop() if self._free else None
+
+    def _give_back(self, fd: int) -> None:
+        """Keep a landed file nobody adopted for the next stream or spill (or close it)."""
+        with self._lock:
+            if not self._closed:
+                self._free.append(fd)
+                return
+        os.close(fd)
+
+    def land(self, size: int) -> Landing | None:
+        """A spool file for one incoming stream of ``size`` bytes, or None to use memory.
+
+        Thread-safe. None when there is no folder, the file system cannot make unnamed files,
+        or the folder has no room for ``size`` more bytes (a warning says so); the caller then
+        assembles the stream in memory, as :meth:`add` then keeps it.
+
+        Args:
+            size: The stream's declared size (bytes), already checked against its cap.
+        """
+        if self.folder is None or size <= 0:
+            return None
+        fd = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = self._take_free()
+            if fd is None:
+                check_free_space(self.folder, size)
+                fd = _unnamed_file(self.folder)
+            else:
+                self._check_growth(fd, size)  # closes fd when there is no room
+        except (DiskFull, OSError) as exc:
+            _log.warning(
+                "could not land an incoming update of %d bytes in %s (%s); holding it in memory",
+                size,
+                self.folder,
+                getattr(exc, "message", None) or exc,
+            )
+            return None
+        return None if fd is None else Landing(self, fd, size)
 
     def add(
-        self, pid: str, payload: bytes | bytearray | memoryview, digest: str, decoded: Decoded
+        self,
+        pid: str,
+        payload: bytes | bytearray | memoryview,
+        digest: str,
+        decoded: Decoded,
+        landed: Landing | None = None,
     ) -> None:
         """Keep ``pid``'s accepted payload: spill it, or hold its bytes when there is no room.
 
@@ -227,11 +295,15 @@ class UpdateSpool:
             digest: Their ``sha256:<hex>``, as the coordinator checked it (not recomputed).
             decoded: :func:`~lensemble.federation.payload.decode` of ``payload`` (its layout is
                 what the reader trusts; the bytes themselves are re-checked).
+            landed: The spool file ``payload`` was received into (:meth:`land`), which then
+                becomes the entry as it is, without another write.
         """
         view = memoryview(payload).cast("B")
         path = fd = None
         data = None
-        if self.folder is not None:
+        if landed is not None:
+            fd = landed.adopt()
+        elif self.folder is not None:
             try:
                 path, fd = self._spill(view)
             except (DiskFull, OSError) as exc:
@@ -260,7 +332,7 @@ class UpdateSpool:
         """
         assert self.folder is not None
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = self._free.pop() if self._free else None
+        fd = self._take_free()
         if fd is None:
             check_free_space(self.folder, len(view))
             fd = _unnamed_file(self.folder)
@@ -323,6 +395,61 @@ class UpdateSpool:
         return SpooledUpdate(
             pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor, window=window
         )
+
+
+class Landing:
+    """One incoming stream written into an unnamed spool file as its chunks arrive.
+
+    Made by :meth:`UpdateSpool.land`. :meth:`write` appends (one ``pwrite`` per chunk, nothing
+    kept in memory); :meth:`finish` maps the whole file read-only and returns a view of it,
+    which the coordinator judges like bytes in memory. When the spool keeps the update
+    (:meth:`UpdateSpool.add` with ``landed``) the file becomes its entry; otherwise the file
+    goes back to the spool once the last view of its mapping is gone (never earlier: reusing it
+    would change, or cut short, bytes still visible), or when the landing is dropped unfinished.
+
+    Args:
+        spool: The spool the file comes from and goes back to.
+        fd: The unnamed file (owned by this landing until adopted).
+        size: Bytes the stream declared.
+    """
+
+    def __init__(self, spool: UpdateSpool, fd: int, size: int) -> None:
+        self.size = size
+        self._fd = fd
+        self._at = 0
+        self._spool = spool
+        self._release: Any = weakref.finalize(self, spool._give_back, fd)
+
+    def write(self, piece: bytes | bytearray | memoryview) -> None:
+        """Append ``piece`` at the end of what was written (the caller bounds the total).
+
+        Raises:
+            OSError: The write failed (no room left, an I/O error).
+        """
+        view = memoryview(piece).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], self._at + done)
+        self._at += done
+
+    def finish(self) -> memoryview:
+        """A read-only view of the ``size`` bytes written (a shared mapping of the file).
+
+        Raises:
+            OSError: The file could not be cut to length or mapped.
+        """
+        assert self._at == self.size, "the caller checks the stream is complete"
+        os.ftruncate(self._fd, self.size)  # a reused file may have been longer
+        mapping = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        # From now on the file goes back with the mapping's last view, not with this object.
+        self._release.detach()
+        self._release = weakref.finalize(mapping, self._spool._give_back, self._fd)
+        return memoryview(mapping)
+
+    def adopt(self) -> int:
+        """Hand the file over to the spool entry that keeps it (which then owns it)."""
+        self._release.detach()
+        return self._fd
 
 
 class SpooledUpdate:

@@ -61,9 +61,11 @@ from lensemble.network.proto import lensemble_pb2 as pb
 from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.security import channel_credentials
 from lensemble.network.service import (
+    SERVICE_NAME,
     UPDATE_DATA_FIELD,
     keepalive_ms,
     message_options,
+    parse_model_frame,
     presence_window_s,
 )
 from lensemble.network.streams import Assembler, chunk_count, chunks, with_bytes_field
@@ -77,8 +79,9 @@ _log = logging.getLogger("lensemble.network.participant")
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
-#: Full method name of SubmitUpdate, as gRPC routes it.
-SUBMIT_METHOD = f"/{pb.DESCRIPTOR.services_by_name['Coordinator'].full_name}/SubmitUpdate"
+#: Full method names of SubmitUpdate and FetchModel, as gRPC routes them.
+SUBMIT_METHOD = f"/{SERVICE_NAME}/SubmitUpdate"
+FETCH_METHOD = f"/{SERVICE_NAME}/FetchModel"
 
 
 def _passthrough(frame: bytes) -> bytes:
@@ -220,6 +223,12 @@ class CoordinatorClient:
             request_serializer=_passthrough,
             response_deserializer=pb.SubmitReply.FromString,
         )
+        # FetchModel's chunks are read with the data field as a view (parse_model_frame).
+        self._fetch_model = self.channel.unary_stream(
+            FETCH_METHOD,
+            request_serializer=pb.FetchModelRequest.SerializeToString,
+            response_deserializer=parse_model_frame,
+        )
         self.session = ""
         net = config.network
         self.timeout_s = net.rpc_timeout_s
@@ -279,34 +288,41 @@ class CoordinatorClient:
         """Download the round's model payload.
 
         Raises:
-            PayloadError: The coordinator announced a model above ``max_message_bytes`` or sent
-                more or fewer bytes than it declared.
+            PayloadError: The coordinator announced a model above ``max_message_bytes``, sent
+                more or fewer bytes than it declared, or sent a malformed chunk.
             grpc.RpcError: The call failed.
         """
         deadline = self.timeout_s * chunk_count(announcement.model_bytes, self.chunk_bytes)
-        call = self.stub.FetchModel(
+        call = self._fetch_model(
             pb.FetchModelRequest(
                 participant_id=self.id, session=self.session, model_hash=announcement.model_hash
             ),
             timeout=deadline,
             metadata=self.metadata,
         )
+        what = f"the model of round {announcement.round_index}"
         assembler: Assembler | None = None
         try:
-            for chunk in call:
+            for frame in call:
+                if frame.error is not None:
+                    raise PayloadError(
+                        f"{what} arrived in a malformed chunk: {frame.error}",
+                        remediation="the coordinator is broken or hostile; the download was "
+                        "refused.",
+                    )
                 if assembler is None:
-                    what = f"the model of round {announcement.round_index}"
                     limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
                     # Not hashed: the decoded model is checked against its model hash.
-                    assembler = Assembler(chunk.total_bytes, limit, what, hashed=False)
-                data = chunk.data  # each access copies the field out of the message
-                assembler.add(data)
-                self.metrics.bytes_in.inc(len(data))
+                    assembler = Assembler(frame.total_bytes, limit, what, hashed=False)
+                assembler.add(frame.data)  # a view of the received frame: its only copy
+                self.metrics.bytes_in.inc(len(frame.data))
         finally:
             call.cancel()
         if assembler is None:
             raise PayloadError("the coordinator sent no model bytes.")
-        return assembler.finish()
+        payload = assembler.finish()
+        assert isinstance(payload, bytes)  # assembled in memory: only updates land on disk
+        return payload
 
     def submit(
         self,

@@ -352,6 +352,7 @@ def _serve_coordinator(
             host=net.listen_host,
             port=net.port if ports.port is None else ports.port,
             architecture=coordinator.architecture,
+            land=coordinator.land,
         )
         harness.health.set_ready(True)
         harness.announce_ready(f"{net.listen_host}:{port}")

@@ -22,6 +22,7 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.federation.payload import TensorSpec
+from lensemble.federation.spool import Landing
 from lensemble.network import transport_errors as nerr
 from lensemble.network.call_guard import (
     CallGuard,
@@ -40,6 +41,7 @@ from lensemble.network.security import Authenticator
 from lensemble.network.streams import (
     Assembler,
     FrameError,
+    Lander,
     TooLarge,
     chunk_count,
     chunks,
@@ -86,6 +88,40 @@ def parse_update_frame(raw: bytes) -> UpdateFrame:
     except DecodeError:
         return UpdateFrame(None, memoryview(b""), "a chunk frame is not a valid UpdateChunk.")
     return UpdateFrame(message.header if message.HasField("header") else None, data)
+
+
+@dataclass(frozen=True)
+class ModelFrame:
+    """One received ``ModelChunk``, as :func:`parse_model_frame` read it.
+
+    Attributes:
+        total_bytes: The payload's declared size (bytes; set in the first chunk only, else 0).
+        data: The chunk's payload bytes: a view of the received frame, not a copy.
+        error: Why the frame is malformed (then ``data`` is empty), else None.
+    """
+
+    total_bytes: int
+    data: memoryview
+    error: str | None = None
+
+
+def parse_model_frame(raw: bytes) -> ModelFrame:
+    """FetchModel's response deserializer (the participant's): never raises.
+
+    The participant's mirror of :func:`parse_update_frame`: the data field is taken as a view
+    of the frame gRPC handed over, where ``ModelChunk.FromString`` followed by ``.data`` copied
+    each chunk twice more (protobuf copies the field when parsing, and again on every access).
+    The coordinator is no more trusted than any peer: a malformed frame becomes a
+    :class:`ModelFrame` with ``error`` set, which the download refuses.
+    """
+    try:
+        other, data = split_bytes_field(raw, MODEL_DATA_FIELD)
+        message = pb.ModelChunk.FromString(other)
+    except FrameError as exc:
+        return ModelFrame(0, memoryview(b""), exc.message)
+    except DecodeError:
+        return ModelFrame(0, memoryview(b""), "a chunk frame is not a valid ModelChunk.")
+    return ModelFrame(message.total_bytes, data)
 
 
 #: The service's full name, as gRPC routes it.
@@ -142,13 +178,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         authenticator: Decides who a caller is.
         update_limit: Largest update payload accepted (bytes; see
             :mod:`lensemble.network.payload_limits`).
+        land: Where an update stream lands as it arrives (``Coordinator.land``: a spool file),
+            or None to assemble every stream in memory.
     """
 
     def __init__(
-        self, transport: GrpcCoordinatorTransport, authenticator: Authenticator, update_limit: int
+        self,
+        transport: GrpcCoordinatorTransport,
+        authenticator: Authenticator,
+        update_limit: int,
+        land: Lander | None = None,
     ) -> None:
         self.transport = transport
         self.auth = authenticator
+        self.land = land
         net = transport.config.network
         self.max_bytes = update_limit
         self.presence_window_s = presence_window_s(transport.config)
@@ -350,7 +393,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
             self._abort(context, rejection, rpc=rpc)
         try:
-            payload = self._assemble(first, request_iterator, context)
+            payload, landed = self._assemble(first, request_iterator, context)
         finally:
             transport.end_upload(header.participant_id)
         submission = Submission(
@@ -360,7 +403,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             header.payload_hash,
             header.attempt,
             hash_checked=True,  # _assemble hashed it while streaming and compared
+            landed=landed,
         )
+        del payload, landed  # the submission holds them; a refused one lets its file go
         outcome = transport.submit(submission, header.compute_s, self.rpc_timeout_s)
         if isinstance(outcome, Rejection):
             self._abort(context, outcome, rpc=rpc)
@@ -369,7 +414,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._abort(context, rejection, rpc=rpc, count=False)
         return self._reply(outcome)
 
-    def _assemble(self, first: UpdateFrame, rest: Iterator[UpdateFrame], context: Any) -> bytes:
+    def _assemble(
+        self, first: UpdateFrame, rest: Iterator[UpdateFrame], context: Any
+    ) -> tuple[bytes | memoryview, Landing | None]:
+        """The update's payload, received and hash-checked, and the spool file it landed in."""
         header = first.header
         assert header is not None  # SubmitUpdate refused a stream without one
         what = f"the update of {header.participant_id} for round {header.round_index}"
@@ -381,7 +429,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
 
         try:
-            assembler = Assembler(header.total_bytes, self.max_bytes, what)
+            assembler = Assembler(header.total_bytes, self.max_bytes, what, land=self.land)
         except TooLarge as exc:
             refused(Reason.TOO_LARGE.value)
             self._abort(
@@ -401,6 +449,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             refused(Reason.BAD_PAYLOAD.value)
             rejection = Rejection(Reason.BAD_PAYLOAD.value, str(exc), current)
             self._abort(context, rejection, rpc="SubmitUpdate")
+        except OSError as exc:  # the spool file it landed in: the coordinator's disk, not the
+            # sender, so the update is not refused, only not received this time
+            rejection = Rejection(
+                nerr.BUSY,
+                f"the coordinator could not write {what} to its spool folder "
+                f"({exc.strerror or exc}); resend the same bytes.",
+                current,
+            )
+            self._abort(context, rejection, rpc="SubmitUpdate")
         if assembler.payload_hash != header.payload_hash:
             # Hashed while streaming: a corrupt upload never reaches the coordinator's queue.
             refused(Reason.HASH_MISMATCH.value)
@@ -411,7 +468,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 current,
             )
             self._abort(context, rejection, rpc="SubmitUpdate")
-        return payload
+        return payload, assembler.landing
 
     @staticmethod
     def _reply(verdict: Verdict) -> pb.SubmitReply:
@@ -491,7 +548,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
 
 def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """The coordinator server's gRPC options: message size, keepalive, connection limits."""
+    """The coordinator server's gRPC options: message size, stream window, keepalive, limits."""
     net = config.network
     ping_ms = keepalive_ms(config)
     return [
@@ -507,6 +564,11 @@ def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
         # than every 5 minutes and closes the connection).
         ("grpc.http2.min_recv_ping_interval_without_data_ms", min(ping_ms, 5000) // 2),
         ("grpc.http2.max_ping_strikes", 0),
+        # Each update stream may buffer one fixed window, not what grpcio's bandwidth-delay
+        # probing grows it to: N uploads at once held about 40 MB each at 10M parameters
+        # (docs/performance.md, "Memory independent of the number of participants").
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", net.upload_window_bytes),
         # A connection with no call is closed; every connection is recycled after an age,
         # calls in flight getting one more RPC deadline (longer than a presence window).
         ("grpc.max_connection_idle_ms", int(net.max_connection_idle_s * 1000)),
@@ -569,6 +631,7 @@ def start_coordinator_server(
     host: str,
     port: int,
     architecture: Mapping[str, TensorSpec],
+    land: Lander | None = None,
 ) -> tuple[Any, int]:
     """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
 
@@ -579,6 +642,8 @@ def start_coordinator_server(
         host: Bind address (``network.listen_host``).
         port: TCP port; 0 picks a free one.
         architecture: The global model's parameters (name -> spec): sets the update cap.
+        land: Where update streams land as they arrive (``Coordinator.land``), or None to
+            assemble them in memory.
 
     Returns:
         ``(server, bound port)``; the server is started.
@@ -589,7 +654,7 @@ def start_coordinator_server(
     """
     config = transport.config
     limits = payload_limits(config, architecture)
-    service = CoordinatorService(transport, authenticator, limits.update_bytes)
+    service = CoordinatorService(transport, authenticator, limits.update_bytes, land)
     policy = call_policy(config)
 
     def refuse(

@@ -18,10 +18,15 @@ once more.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lensemble.errors import PayloadError
-from lensemble.federation.fresh_bytes import BytesBuilder
+from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
+from lensemble.federation.spool import Landing
+
+#: Makes the spool file a stream of the given size lands in, or None for memory
+#: (``Coordinator.land``).
+Lander = Callable[[int], Landing | None]
 
 #: Headroom (bytes) above ``chunk_bytes`` for protobuf framing and headers in one gRPC message.
 FRAME_OVERHEAD = 64 * 1024
@@ -209,19 +214,35 @@ class Assembler:
     receiving thread's time in a SubmitUpdate stream (``docs/performance.md``, *The network
     path*). A stream that fails leaves the slot empty; it never hands out a half-written object.
 
+    With ``land`` (the coordinator's update streams), a stream of at least
+    :data:`~lensemble.federation.fresh_bytes.LARGE` bytes is written into a spool file instead
+    (:class:`~lensemble.federation.spool.Landing`): chunk by chunk, nothing of it kept in
+    memory, so N uploads at once do not hold N payloads. :meth:`finish` then returns a
+    read-only view of that file, and :attr:`landing` the file.
+
     Args:
         declared: Total bytes announced by the sender.
         limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
         what: Names the payload in error messages, e.g. ``"the update from alpine"``.
         hashed: Hash the bytes while they arrive (:attr:`payload_hash`); False where nobody
             reads that hash (a model download is verified by its model hash after decoding).
+        land: Gives the spool file to land the stream in (called once the size passed its
+            cap), or returns None for memory.
 
     Raises:
         TooLarge: ``declared`` exceeds ``limit`` (raised by the constructor, before any
             buffering).
     """
 
-    def __init__(self, declared: int, limit: int, what: str, *, hashed: bool = True) -> None:
+    def __init__(
+        self,
+        declared: int,
+        limit: int,
+        what: str,
+        *,
+        hashed: bool = True,
+        land: Lander | None = None,
+    ) -> None:
         if declared > limit:
             raise TooLarge(
                 f"{what} declares {declared} bytes, above the {limit}-byte cap of this run "
@@ -233,7 +254,8 @@ class Assembler:
         self.what = what
         self._received = 0
         self._hash = hashlib.sha256() if hashed else None
-        self._buffer = BytesBuilder(declared, recycle=True)
+        self.landing = land(declared) if land is not None and declared >= LARGE else None
+        self._buffer = BytesBuilder(declared, recycle=True) if self.landing is None else None
 
     @property
     def received(self) -> int:
@@ -246,13 +268,18 @@ class Assembler:
         Raises:
             PayloadError: The chunk would take the stream past its declared size (nothing of it
                 is kept).
+            OSError: The spool file could not be written (only with a landing).
         """
         if self._received + len(data) > self.declared:
             raise PayloadError(
                 f"{self.what} sent more than the {self.declared} bytes it declared;",
                 remediation="the sender is broken or hostile; the stream was refused.",
             )
-        self._buffer.write(data)  # fits: checked above
+        if self.landing is not None:
+            self.landing.write(data)  # fits: checked above
+        else:
+            assert self._buffer is not None
+            self._buffer.write(data)
         if self._hash is not None:
             self._hash.update(data)
         self._received += len(data)
@@ -268,11 +295,14 @@ class Assembler:
             raise RuntimeError(f"{self.what} was assembled without hashing.")
         return "sha256:" + self._hash.hexdigest()
 
-    def finish(self) -> bytes:
-        """The complete payload (the buffer itself, not a copy).
+    def finish(self) -> bytes | memoryview:
+        """The complete payload: the buffer itself, or a read-only view of its spool file.
+
+        Neither is a copy.
 
         Raises:
             PayloadError: The stream ended before the declared size (truncated).
+            OSError: The spool file could not be mapped (only with a landing).
         """
         if self._received != self.declared:
             raise PayloadError(
@@ -280,4 +310,7 @@ class Assembler:
                 "bytes arrived;",
                 remediation="the connection broke or the sender is broken; it may resend.",
             )
+        if self.landing is not None:
+            return self.landing.finish()
+        assert self._buffer is not None
         return self._buffer.finish()
