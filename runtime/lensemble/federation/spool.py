@@ -262,13 +262,7 @@ class UpdateSpool:
             return None
         fd = None
         try:
-            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = self._take_free()
-            if fd is None:
-                check_free_space(self.folder, size)
-                fd = _unnamed_file(self.folder)
-            else:
-                self._check_growth(fd, size)  # closes fd when there is no room
+            fd = self._unnamed_for(size)
         except (DiskFull, OSError) as exc:
             _log.warning(
                 "could not land an incoming update of %d bytes in %s (%s); holding it in memory",
@@ -331,13 +325,7 @@ class UpdateSpool:
         Returns ``(None, fd)`` for an unnamed file, else ``(path, None)`` for a named one.
         """
         assert self.folder is not None
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = self._take_free()
-        if fd is None:
-            check_free_space(self.folder, len(view))
-            fd = _unnamed_file(self.folder)
-        else:  # a kept file needs room only for what the new payload adds
-            self._check_growth(fd, len(view))
+        fd = self._unnamed_for(len(view))
         if fd is not None:
             try:
                 written = 0
@@ -359,6 +347,22 @@ class UpdateSpool:
             path.unlink(missing_ok=True)
             raise
         return path, None
+
+    def _unnamed_for(self, size: int) -> int | None:
+        """A kept unnamed file, or a new one, with room for ``size`` bytes; None: no O_TMPFILE.
+
+        Raises:
+            DiskFull: The folder lacks the room (a kept file is then closed).
+            OSError: The folder or the file cannot be made.
+        """
+        assert self.folder is not None
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = self._take_free()
+        if fd is None:
+            check_free_space(self.folder, size)
+            return _unnamed_file(self.folder)
+        self._check_growth(fd, size)  # a kept file needs room only for what the payload adds
+        return fd
 
     def _check_growth(self, fd: int, size: int) -> None:
         """Refuse (closing ``fd``) when the folder lacks room to grow ``fd`` to ``size`` bytes.
