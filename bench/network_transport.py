@@ -529,9 +529,9 @@ def _proc(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.set)
     ports = PortOptions(None, args.health_port, args.metrics_port)
-    theta0 = make_params(args.params)
     if args.role == "coordinator":
-        run_coordinator(config, theta0, ports)
+        # A builder, as the lensemble command passes: the coordinator keeps only its own copy.
+        run_coordinator(config, lambda: make_params(args.params), ports)
         rss_file = os.environ.get(RSS_FILE_ENV)
         if rss_file:  # peak RSS of this coordinator process, for bench/peer_flower.py
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -540,6 +540,7 @@ def _proc(argv: list[str]) -> None:
         # Four no-compute participants share this machine with the coordinator: one torch
         # thread each, like numpy in the peer's clients (bench/peer_flower.py).
         torch.set_num_threads(1)
+        theta0 = make_params(args.params)
         run_participant(config, args.id, lambda: ScaleLearner(args.id), theta0, ports)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -12,11 +13,13 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import torch
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -401,6 +404,39 @@ def test_insecure_mode_logs_a_warning(tmp_path: Path, caplog: pytest.LogCaptureF
         warn_if_insecure(config)
     assert "participants are not authenticated" in caplog.text
     assert "travel unencrypted" in caplog.text
+
+
+def test_the_network_coordinator_drops_a_built_theta0_once_it_has_its_own_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # theta_0 is a model's worth of memory that nothing needs after the coordinator copied it:
+    # by the time the transport is built (before any round), no tensor of it may be alive.
+    from lensemble.network import process
+    from tests.support.federation import initial_params
+
+    built: list[weakref.ref[torch.Tensor]] = []
+
+    def build() -> dict[str, torch.Tensor]:
+        params = initial_params(3)
+        built.extend(weakref.ref(tensor) for tensor in params.values())
+        return params
+
+    alive: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def transport(*_args: object, **_kwargs: object) -> None:
+        gc.collect()
+        alive.extend(str(ref) for ref in built if ref() is not None)
+        raise Stop
+
+    monkeypatch.setattr(process, "GrpcCoordinatorTransport", transport)
+    config = _config(tmp_path, auth="insecure", tls={"enabled": False})
+    with pytest.raises(Stop):
+        process.run_coordinator(config, build)
+    assert built, "the builder was never called"
+    assert not alive, f"theta_0 is still held while the coordinator runs: {alive}"
 
 
 class _DroppedStream(grpc.RpcError):  # type: ignore[misc]

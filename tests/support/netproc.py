@@ -81,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         ports = PortOptions(args.port, args.health_port, args.metrics_port)
-        theta0 = initial_params(config.run.root_seed)
         if args.role == "coordinator":
-            run_coordinator(config, theta0, ports, linger=args.linger)
+            seed = config.run.root_seed
+            run_coordinator(config, lambda: initial_params(seed), ports, linger=args.linger)
             return 0
+        theta0 = initial_params(config.run.root_seed)
         pid = resolve_participant_id(config, args.id, os.environ)
         faults = participant_faults(args.faults, config.participant_ids, pid)
 

@@ -112,7 +112,8 @@ def _run_coordinator(cfg: LensembleConfig, ports: PortOptions, *, linger: bool =
     from lensemble.network.transport_errors import ShutdownRequested
 
     try:
-        run_coordinator(cfg, initial_global_parameters(cfg), ports, linger=linger)
+        # A builder, not the tensors: the coordinator keeps only its own copy of theta_0.
+        run_coordinator(cfg, lambda: initial_global_parameters(cfg), ports, linger=linger)
     except ShutdownRequested:
         raise _stopped() from None
 
@@ -151,8 +152,15 @@ def _run_participant(
         return built[-1]
 
     try:
+        # A builder, not the tensors: only theta_0's architecture is kept.
         run_participant(
-            cfg, pid, learner, initial_global_parameters(cfg), ports, linger=linger, faults=plan
+            cfg,
+            pid,
+            learner,
+            lambda: initial_global_parameters(cfg),
+            ports,
+            linger=linger,
+            faults=plan,
         )
     except ShutdownRequested:
         raise _stopped() from None
