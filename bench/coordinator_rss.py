@@ -17,7 +17,7 @@ participant holds its data, the model and its optimizer state; sixteen of those 
 parameters need about 26 GB, more than this machine has, and the coordinator cannot tell the
 difference: what it receives, checks, lands, reduces and commits is the same.
 
-Run from the repository root (about 3 minutes at 100M with ``--repeats 2``)::
+Run from the repository root (at 100M, about 5 minutes per repetition of N = 4 and 16)::
 
     python bench/coordinator_rss.py --params 10M,100M --participants 4,16 --repeats 2
 
