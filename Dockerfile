@@ -134,8 +134,8 @@ ENV PATH=/opt/lensemble/bin:$PATH \
 WORKDIR /var/lib/lensemble
 USER 10001:10001
 
-# gRPC (coordinator), gRPC health (every process), Prometheus metrics.
-EXPOSE 50051 50052 9090
+# gRPC and model download (coordinator), gRPC health (every process), Prometheus metrics.
+EXPOSE 50051 50053 50052 9090
 
 # Liveness through the standard gRPC health service on network.health_port (contract).
 HEALTHCHECK --interval=10s --timeout=10s --start-period=60s --retries=3 \

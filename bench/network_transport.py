@@ -17,8 +17,10 @@ Four tables, all measured in the same run on this machine:
    encode, FetchModel streams, decode and hash checks, pseudo-gradient and seal, SubmitUpdate
    streams, validation, canonical mean, outer step (the ledger's clock stops before the
    checkpoint and the ledger line: table 0 includes them). Median over the rounds.
-2. **Throughput on loopback** (MB/s of payload bytes) of ``FetchModel`` (coordinator ->
-   participant: from the call until the whole payload is in one buffer) and ``SubmitUpdate``
+2. **Throughput on loopback** (MB/s of payload bytes) of the model download (coordinator ->
+   participant, ``Down``: over the download port, ``network.download_port``; ``Fetch``: the
+   same participant over gRPC FetchModel; each from the call until the whole payload is in one
+   buffer) and ``SubmitUpdate``
    (participant -> coordinator: from the call until the verdict of a judge that accepts at once,
    so the coordinator's streaming hash check is included), with and without TLS, against four
    floors measured between the same kind of two processes: a raw TCP socket copy, a raw TLS
@@ -133,6 +135,7 @@ def config_mapping(
         },
         "network": {
             "port": free_port(),
+            "download_port": free_port(),
             "auth": "mtls" if tls else "insecure",
             "tls": {
                 "enabled": tls,
@@ -215,15 +218,19 @@ def serve(config_path: Path, payload_bytes: int) -> None:
     from lensemble.config import load_config
     from lensemble.federation.spool import UpdateSpool
     from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
+    from lensemble.network.model_download import start_model_download
     from lensemble.network.security import Authenticator, server_credentials
     from lensemble.network.service import start_coordinator_server
 
     config = load_config(config_path)
     transport = GrpcCoordinatorTransport(config, next_round=0)
     spool = UpdateSpool(Path(config.run.output_dir) / "coordinator" / "spool")
-    _server, _ = start_coordinator_server(  # serves until the process is killed
+    authenticator = Authenticator(config, config.participant_ids)
+    # Both serve until the process is killed.
+    start_model_download(transport, authenticator, config, port=config.network.download_port)
+    _server, _ = start_coordinator_server(
         transport,
-        Authenticator(config, config.participant_ids),
+        authenticator,
         server_credentials(config),
         host="127.0.0.1",
         port=config.network.port,
@@ -326,6 +333,12 @@ class GrpcPeer:
         self._server = _spawn("_serve", str(path), str(payload_bytes))
         self._client = CoordinatorClient(config, "p0")
         self._client.join()
+        # The same participant without the download port: FetchModel over gRPC.
+        grpc_only = config.model_copy(
+            update={"network": config.network.model_copy(update={"download_port": None})}
+        )
+        self._grpc_client = CoordinatorClient(grpc_only, "p0")
+        self._grpc_client.join()
         announcement = self._client.watch((-1, 1 << 30))
         assert announcement is not None
         self._request = pb.RoundAnnouncement(
@@ -335,21 +348,28 @@ class GrpcPeer:
         self._contribution = Contribution(payload, bytes_hash(payload), 0.0, 0.0)
         self._opening = RoundOpening(0, 0, 0, announcement.model_hash, time.monotonic() + 3600)
 
-    def once(self) -> tuple[float, float]:
-        """MB/s of one FetchModel (until the payload is in one buffer) and one SubmitUpdate."""
-        start = time.perf_counter()
-        data = self._client.fetch(self._request)
-        fetch_s = time.perf_counter() - start
-        assert len(data) == self.payload_bytes
-        del data
+    def once(self) -> tuple[float, float, float]:
+        """MB/s of one download over the download port, one over gRPC FetchModel, one upload.
+
+        Each download is timed until the payload is in one buffer; the upload (SubmitUpdate)
+        until the verdict.
+        """
+        mb = self.payload_bytes / 1e6
+        fetched = []
+        for client in (self._client, self._grpc_client):
+            start = time.perf_counter()
+            data = client.fetch(self._request)
+            fetched.append(mb / (time.perf_counter() - start))
+            assert len(data) == self.payload_bytes
+            del data
         start = time.perf_counter()
         assert self._client.submit(self._opening, self._contribution).accepted
         submit_s = time.perf_counter() - start
-        mb = self.payload_bytes / 1e6
-        return mb / fetch_s, mb / submit_s
+        return fetched[0], fetched[1], mb / submit_s
 
     def close(self) -> None:
-        """Close the client and stop the coordinator process."""
+        """Close the clients and stop the coordinator process."""
+        self._grpc_client.close()
         self._client.close()
         self._server.kill()
         self._server.wait()
@@ -358,13 +378,13 @@ class GrpcPeer:
 def grpc_throughput(
     tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool, repeats: int = 3
 ) -> tuple[float, float]:
-    """Median MB/s of FetchModel and SubmitUpdate over ``repeats`` calls each."""
+    """Median MB/s of FetchModel (over gRPC) and SubmitUpdate over ``repeats`` calls each."""
     peer = GrpcPeer(tmp, payload_bytes, chunk_bytes, tls)
     try:
         runs = [peer.once() for _ in range(repeats)]
     finally:
         peer.close()
-    fetch, submit = (statistics.median(x) for x in zip(*runs, strict=True))
+    _download, fetch, submit = (statistics.median(x) for x in zip(*runs, strict=True))
     return fetch, submit
 
 
@@ -589,14 +609,16 @@ def main() -> None:
     print(
         f"2. Throughput on loopback (MB/s of payload; {args.repeats} interleaved repetitions of "
         "raw TCP, raw TLS, raw TLS whose receiver SHA-256es every block (TLS+h), the gRPC "
-        "floor (mTLS), FetchModel/SubmitUpdate over mTLS and in plaintext: medians; for the "
+        "floor (mTLS), the download port (Down), FetchModel and SubmitUpdate over mTLS and in "
+        "plaintext (pl): medians; for the "
         "ratios to raw TLS, TLS+h and the gRPC floor, the median of each repetition's ratio "
         "and their range)"
     )
     print(
         f"{'MB':>4} {'TCP dn':>6} {'TCP up':>6} {'TLS dn':>6} {'TLS up':>6} {'TLS+h':>6} "
-        f"{'gRPC dn':>7} {'gRPC up':>7} {'Fetch':>6} {'Submit':>6} {'F pl':>5} {'S pl':>5} | "
-        f"{'Fetch/TLS':>16} {'Submit/TLS':>16} {'Submit/TLS+h':>16} | "
+        f"{'gRPC dn':>7} {'gRPC up':>7} {'Down':>6} {'Fetch':>6} {'Submit':>6} {'D pl':>5} "
+        f"{'F pl':>5} {'S pl':>5} | "
+        f"{'Down/TLS':>16} {'Fetch/TLS':>16} {'Submit/TLS':>16} {'Submit/TLS+h':>16} | "
         f"{'Fetch/gRPC':>16} {'Submit/gRPC':>16}"
     )
     for total in sizes:
@@ -624,7 +646,7 @@ def main() -> None:
                 secure.close()
                 plain.close()
         med = [statistics.median(column) for column in zip(*rows, strict=True)]
-        widths = (6, 6, 6, 6, 6, 7, 7, 6, 6, 5, 5)  # the header's columns
+        widths = (6, 6, 6, 6, 6, 7, 7, 6, 6, 6, 5, 5, 5)  # the header's columns
 
         def spread(ratios: list[float]) -> str:
             return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
@@ -633,9 +655,10 @@ def main() -> None:
             f"{payload / 1e6:>4.0f} "
             + " ".join(f"{m:>{w}.0f}" for m, w in zip(med, widths, strict=True))
             + f" | {spread([r[7] / r[2] for r in rows]):>16} "
-            f"{spread([r[8] / r[3] for r in rows]):>16} "
-            f"{spread([r[8] / r[4] for r in rows]):>16} | "
-            f"{spread([r[7] / r[5] for r in rows]):>16} {spread([r[8] / r[6] for r in rows]):>16}"
+            f"{spread([r[8] / r[2] for r in rows]):>16} "
+            f"{spread([r[9] / r[3] for r in rows]):>16} "
+            f"{spread([r[9] / r[4] for r in rows]):>16} | "
+            f"{spread([r[8] / r[5] for r in rows]):>16} {spread([r[9] / r[6] for r in rows]):>16}"
         )
     print()
 

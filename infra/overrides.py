@@ -36,9 +36,10 @@ def stack_overrides(
         image_repository: Repository of the participant's own region (``image.repository``).
         coordinator_ingress_cidrs: Participants' egress addresses: the coordinator's Service
             becomes an internet-facing load balancer open to them only, and its NetworkPolicy
-            admits them (``coordinator.service``, ``networkPolicy.participantPeers``).
+            admits them on gRPC and the model download (``coordinator.service``,
+            ``networkPolicy.participantPeers``).
         coordinator_cidrs: The coordinator's addresses, the participants' only egress besides
-            DNS (``networkPolicy.coordinatorPeers``).
+            DNS (``networkPolicy.coordinatorPeers``), on the same two ports.
         run_record_kms_key_id: The run's KMS MAC key; the coordinator signs its run record with
             it (``coordinator.runRecord.kmsKeyId``).
 

@@ -91,7 +91,8 @@ def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:
     """The config a participant stack deploys: it dials the coordinator at ``endpoint``.
 
     Only ``network.host`` and ``network.port`` change, which the config hash leaves out, so the
-    participant and the coordinator still agree on the hash.
+    participant and the coordinator still agree on the hash. ``network.download_port`` stays the
+    config's: the coordinator's Service (and load balancer) serves the model download there.
 
     Raises:
         ConfigError: The endpoint is not ``host:port``.

@@ -66,10 +66,11 @@ class StackSettings:
         availability_zones: Private subnets to spread nodes over (count, 2-3).
         api_allowed_cidrs: CIDRs allowed to reach a public EKS endpoint (staging only).
         coordinator_ingress_cidrs: Addresses allowed to reach the coordinator's load balancer on
-            ``network.port`` (a coordinator stack: the participants' egress addresses). Empty:
-            the coordinator is reachable inside its cluster only.
+            ``network.port`` and ``network.download_port`` (a coordinator stack: the
+            participants' egress addresses). Empty: the coordinator is reachable inside its
+            cluster only.
         coordinator_cidrs: Addresses of the coordinator's load balancer, the only egress a
-            participant stack's pods get besides DNS.
+            participant stack's pods get besides DNS (on those two ports).
         tls_dir: Directory laid out as ``lensemble certs init`` writes it; the stack then
             makes the TLS Secret of every identity it deploys. None: the Secrets are brought
             another way (cert-manager, ``kubectl create secret``).

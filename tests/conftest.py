@@ -43,6 +43,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
     ("network/test_abstain_grpc.py", "integration"),  # Abstain through a real gRPC server
+    ("network/test_model_download.py", "integration"),  # the download port on loopback
     ("ranks/test_rank_group.py", "integration"),  # torch's elastic launcher, gloo rank groups
     ("ranks/test_gpu.py", "integration"),  # nccl and bf16 on a CUDA device
     ("network/test_parity.py", "integration"),  # both transports under the same faults

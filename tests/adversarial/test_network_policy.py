@@ -14,6 +14,7 @@ import pytest
 from lensemble.config.load import validate_mapping
 from lensemble.render.chart_values import NetworkPolicyValues
 from lensemble.render.k8s_policy import covers_every_address, violations
+from tests.k8s.renders import config_of, render
 
 CONFIG = validate_mapping({})
 
@@ -100,3 +101,34 @@ def test_chart_values_refuse_empty_namespace_selectors_and_open_blocks() -> None
     NetworkPolicyValues.model_validate(
         {"participantPeers": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}
     )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "helm-sovereign-prod",
+        "helm-sovereign-prod-coordinator",
+        "helm-sovereign-prod-participant-org-berlin",
+        "helm-staging-no-download",
+    ],
+)
+def test_the_download_port_is_admitted_only_where_grpc_is(case: str) -> None:
+    """Every rule naming the coordinator's model download port names its gRPC port too (one rule,
+    so the same peers, cross-cluster ones included): the second port opens no new path."""
+    net = config_of(case).network
+    grpc = {"grpc", net.port}
+    download = {"download", net.download_port} - {None}
+    rules = [
+        rule
+        for doc in render(case)
+        if doc["kind"] == "NetworkPolicy"
+        for direction in ("ingress", "egress")
+        for rule in doc["spec"].get(direction) or []
+        if rule.get("ports")  # rank-to-rank rules: every port, among one participant's pods only
+    ]
+    with_grpc = [r for r in rules if grpc & {p.get("port") for p in r["ports"]}]
+    with_download = [r for r in rules if download & {p.get("port") for p in r["ports"]}]
+    assert with_grpc, "no rule admits the coordinator's gRPC port"
+    assert with_download == (with_grpc if net.download_port is not None else [])
+    for rule in with_grpc:
+        assert len(rule["ports"]) == (1 if net.download_port is None else 2)

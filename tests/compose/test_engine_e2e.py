@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from lensemble.config import load_config
 from tests.conftest import REPO
 from tests.support.tools import require
 
@@ -234,6 +235,18 @@ def test_up_runs_to_completion_and_commits_the_simulation_chain(tmp_path: Path) 
         assert all(r["excluded"] == {} for r in up.ledger)
         assert up.chain == simulated_chain(tmp_path / "sim", *rounds)
         assert f"final model {up.chain[-1]} after 3 committed rounds" in up.lines[-1]
+        # Every model went over the download port, between containers: nobody fell back.
+        for pid in load_config(REPO / "config/local.yaml").participant_ids:
+            logs = subprocess.run(
+                ["docker", "logs", container(up.project, f"participant-{pid}")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            said = logs.stdout + logs.stderr
+            assert logs.returncode == 0 and "joined the coordinator" in said, said[-2000:]
+            assert "did not serve the model" not in said, said[-2000:]
 
         # down removes what up created, once; the volumes stay unless --volumes.
         down = lensemble("down", "--dir", str(up.stack))

@@ -84,6 +84,22 @@ def test_written_container_config_loads_with_the_source_hash(
     assert mounted == {"./lensemble.yaml"}
 
 
+@pytest.mark.parametrize("download_port", ["50061", "null"])
+def test_the_download_port_reaches_the_containers_through_their_config(
+    download_port: str,
+) -> None:
+    """Compose carries no coordinator port: a participant dials ``network.host`` on its internal
+    network at the ports of the config every container mounts, the model download's too."""
+    cfg = local(f"network.download_port={download_port}")
+    compose = render_compose(cfg)
+    assert_topology(compose, cfg)
+    inside = compose_container_config(cfg)
+    expected = None if download_port == "null" else int(download_port)
+    assert inside.network.download_port == cfg.network.download_port == expected
+    assert inside.network.host == "coordinator"
+    assert compose == render_compose(local())
+
+
 def test_without_tls_nothing_is_mounted_at_the_tls_path() -> None:
     cfg = local(
         "network.auth=insecure", "network.tls.enabled=false", "network.tls.client_auth=false"

@@ -82,6 +82,9 @@ def assert_topology(compose: dict[str, Any], cfg: LensembleConfig) -> None:
     }
     for name, s in services.items():
         assert_hardened(name, s, cfg)
+        # The coordinator's gRPC and model download ports are reached over the participants'
+        # internal networks alone: no service publishes or exposes a port.
+        assert "ports" not in s and "expose" not in s, name
 
 
 def assert_monitoring(service: dict[str, Any], ids: set[str]) -> None:

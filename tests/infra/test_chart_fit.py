@@ -108,12 +108,41 @@ def test_coordinator_service_faces_only_the_listed_participants(run_stack):
         s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("-coordinator")
     ]
     assert service["spec"]["type"] == "LoadBalancer"
-    ports = {p["port"] for p in service["spec"]["ports"]}
-    assert config.network.port in ports
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    # The load balancer listens on gRPC and on the model download, for the same addresses.
+    assert config.network.download_port is not None
+    assert ports["grpc"] == config.network.port
+    assert ports["download"] == config.network.download_port
     annotations = service["metadata"]["annotations"]
     assert (
         annotations["service.beta.kubernetes.io/load-balancer-source-ranges"] == "198.51.100.0/24"
     )
+    [policy] = [
+        p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-participants")
+    ]
+    [rule] = policy["spec"]["ingress"]
+    assert {"ipBlock": {"cidr": "198.51.100.0/24"}} in rule["from"]
+    assert [p["port"] for p in rule["ports"]] == ["grpc", "download"]
+
+
+@pytest.mark.parametrize("stack", PARTICIPANT_STACKS[:1])
+def test_participants_dial_the_ports_the_coordinator_serves(run_stack, stack):
+    """A participant stack's pods dial the coordinator's gRPC and model download ports (the
+    ports of its load balancer), and may leave for the listed coordinator addresses on those
+    two ports only."""
+    config = stack_lensemble_config(stack)
+    capture = run_stack(stack, "aws", {"lensemble:coordinatorCidrs": ["198.51.100.20/32"]})
+    docs = rendered(capture)
+    [configmap] = [c for c in of_kind(docs, "ConfigMap") if "config.yaml" in c.get("data", {})]
+    dialed = yaml.safe_load(configmap["data"]["config.yaml"])["network"]
+    assert config.network.download_port is not None
+    assert dialed["download_port"] == config.network.download_port
+    [policy] = [
+        p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-coordinator")
+    ]
+    [rule] = policy["spec"]["egress"]
+    assert {"ipBlock": {"cidr": "198.51.100.20/32"}} in rule["to"]
+    assert [p["port"] for p in rule["ports"]] == [dialed["port"], dialed["download_port"]]
 
 
 def test_long_names_are_shortened_like_the_chart_does(run_stack, tmp_path):

@@ -71,6 +71,8 @@ CASES: dict[str, Case] = {
         )
         for td in PROD_DOMAINS[:2]
     },
+    # No model download port: the coordinator serves gRPC only (participants fetch over it).
+    "helm-staging-no-download": Case("staging", overrides=("network.download_port=null",)),
     # Optional features on: cert-manager, ServiceMonitors, alert rules, the dashboard, a
     # confidential RuntimeClass.
     "helm-staging-features": Case(

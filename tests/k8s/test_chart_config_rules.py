@@ -78,6 +78,12 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], str]] = [
     ("k-steps", "helm-staging", [("evaluation.k_steps", 200)], "evaluation.k_steps"),
     ("ports-collide", "helm-staging", [("network.metrics_port", 50051)], "network.metrics_port"),
     (
+        "download-port-collides",
+        "helm-staging",
+        [("network.download_port", 50052)],
+        "network.download_port",
+    ),
+    (
         "duplicate-id",
         "helm-staging",
         [("federation.participants[1].id", "@0")],
@@ -162,6 +168,12 @@ CASES: list[tuple[str, str, list[tuple[str, Any]], str]] = [
         "participant-rendezvous-on-health-port",
         "helm-local-ranks-volcano",
         [("federation.participants[1].ranks.rendezvous_port", 50052)],
+        "federation.participants[1].ranks.rendezvous_port",
+    ),
+    (
+        "participant-rendezvous-on-download-port",
+        "helm-local-ranks-volcano",
+        [("federation.participants[1].ranks.rendezvous_port", 50053)],
         "federation.participants[1].ranks.rendezvous_port",
     ),
     (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lensemble.config import config_hash
+from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.load import validate_mapping
 from lensemble.render.container import CONFIG_PATH, STATE_DIR, TLS_DIR
 from lensemble.render.helm_values import participants_by_trust_domain, pod_config
@@ -20,7 +20,8 @@ from lensemble.render.k8s_policy import workloads
 from lensemble.render.names import participant_namespace
 from lensemble.render.prometheus import alert_rules_text
 from lensemble.render.ranks import PARTICIPANT_LABEL, POD_INDEX_LABEL, rank_pod
-from tests.k8s.renders import CASES, ENVS, config_of, render
+from tests.k8s.renders import CASES, ENVS, REPO, config_of, render, values_of
+from tests.support.tools import require
 
 Docs = list[dict[str, Any]]
 ALL_MODE = sorted(n for n, c in CASES.items() if c.mode == "all")
@@ -54,6 +55,20 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 def _participant_of(doc: dict[str, Any]) -> str | None:
     """The participant a StatefulSet of its own runs (rankGroups), else None."""
     return (doc["metadata"].get("labels") or {}).get(PARTICIPANT_LABEL)
+
+
+def _reached_by_participants(cfg: LensembleConfig) -> dict[str, int]:
+    """The coordinator's ports participants dial, by port name: gRPC and the model download."""
+    ports = {"grpc": cfg.network.port}
+    if cfg.network.download_port is not None:
+        ports["download"] = cfg.network.download_port
+    return ports
+
+
+def _admits(rule: dict[str, Any], name: str, number: int) -> bool:
+    """Whether a NetworkPolicy rule admits a port given by name or number (no ports: all)."""
+    ports = rule.get("ports")
+    return not ports or any(p.get("port") in (None, name, number) for p in ports)
 
 
 @pytest.mark.parametrize("case", ALL_MODE)
@@ -137,7 +152,8 @@ def test_ports_probes_and_resources_match_the_config(case: str) -> None:
         pid = _participant_of(doc)
         if pid is not None and cfg.rank_layout(pid).nodes > 1:
             expected["rendezvous"] = cfg.rank_layout(pid).rendezvous_port
-        assert ports == ({"grpc": net.port, **expected} if role == "coordinator" else expected)
+        reached = _reached_by_participants(cfg)
+        assert ports == ({**reached, **expected} if role == "coordinator" else expected)
         assert container["livenessProbe"]["grpc"] == {"port": net.health_port}
         assert container["startupProbe"]["grpc"] == {"port": net.health_port}
         assert container["readinessProbe"]["grpc"] == {
@@ -156,10 +172,12 @@ def test_ports_probes_and_resources_match_the_config(case: str) -> None:
         assert container["args"] == ["serve"]
     (service,) = _of(docs, "Service", "coordinator")
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
-        "grpc": net.port,
+        **_reached_by_participants(cfg),
         "health": net.health_port,
         "metrics": net.metrics_port,
     }
+    # Each Service port reaches the container port of its name.
+    assert all(p["targetPort"] == p["name"] for p in service["spec"]["ports"])
 
 
 @pytest.mark.parametrize("case", ALL_MODE)
@@ -215,10 +233,15 @@ def test_each_pod_mounts_only_its_own_identities_tls(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", ALL_MODE)
-def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case: str) -> None:
+def test_participants_may_reach_the_coordinator_ports_and_nothing_else(case: str) -> None:
+    """Participants reach gRPC and (unless null) the model download, and nothing else does."""
     cfg = config_of(case)
     docs = render(case)
     policies = _of(docs, "NetworkPolicy")
+    reached = _reached_by_participants(cfg)
+    (deployment,) = _of(docs, "Deployment")
+    coordinator_labels = _pod(deployment)[0]["labels"]
+    container_ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
     for td in cfg.trust_domains:
         ns = participant_namespace(cfg, td)
         # Rank-to-rank policies (one participant's own pods) are test_rank_groups.py's.
@@ -234,7 +257,7 @@ def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case:
             for rule in p["spec"].get("egress", [])
         ]
         (rule,) = egress
-        assert rule["ports"] == [{"port": cfg.network.port, "protocol": "TCP"}]
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"} for port in reached.values()]
         (peer,) = rule["to"]
         assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "coordinator"
         assert peer["namespaceSelector"]["matchLabels"] == {
@@ -248,6 +271,62 @@ def test_participants_may_reach_the_coordinator_grpc_port_and_nothing_else(case:
         for peer in ingress["spec"]["ingress"][0]["from"]
     }
     assert sources == {f"{participant_namespace(cfg, td)}/{td}" for td in cfg.trust_domains}
+    # Named ports: each names a port the coordinator's container serves, at the config's number.
+    admitted = [p["port"] for p in ingress["spec"]["ingress"][0]["ports"]]
+    assert admitted == list(reached)
+    assert {name: container_ports[name] for name in admitted} == reached
+    # No other policy admits anyone to those ports of the coordinator.
+    for name, number in reached.items():
+        admitting = [
+            p["metadata"]["name"]
+            for p in policies
+            if p["metadata"]["namespace"] == cfg.deployment.namespace.name
+            and (p["spec"]["podSelector"].get("matchLabels") or {}).items()
+            <= coordinator_labels.items()
+            and any(_admits(rule, name, number) for rule in p["spec"].get("ingress", []))
+        ]
+        assert admitting == [ingress["metadata"]["name"]], name
+
+
+def test_a_null_download_port_renders_no_download_port() -> None:
+    default = config_of("helm-staging").network.download_port
+    assert default is not None
+    assert config_of("helm-staging-no-download").network.download_port is None
+    for case, rendered in (("helm-staging", True), ("helm-staging-no-download", False)):
+        docs = render(case)
+        (deployment,) = _of(docs, "Deployment")
+        (service,) = _of(docs, "Service", "coordinator")
+        named = [p["name"] for p in [*_container(deployment)["ports"], *service["spec"]["ports"]]]
+        assert named.count("download") == (2 if rendered else 0), case
+        rules = [
+            rule
+            for policy in _of(docs, "NetworkPolicy")
+            for direction in ("ingress", "egress")
+            for rule in policy["spec"].get(direction, [])
+            if rule.get("ports")  # rank-to-rank rules admit every port of the rank's own pods
+        ]
+        admitting = [rule for rule in rules if _admits(rule, "download", default)]
+        # Mode all: the coordinator's ingress and each trust domain's egress.
+        expected = 1 + len(config_of(case).trust_domains) if rendered else 0
+        assert len(admitting) == expected, case
+
+
+@pytest.mark.parametrize("download_port", [50053, None])
+def test_notes_name_the_download_port_only_when_served(download_port: int | None) -> None:
+    require("helm")
+    import helm_python
+
+    values = values_of("helm-staging")
+    values["config"]["network"]["download_port"] = download_port
+    with helm_python.Chart.load(REPO / "charts" / "lensemble") as chart:
+        rendered = chart.render(values, name="notes", namespace="default", is_install=True)
+    (notes,) = [text for name, text in rendered.items() if name.endswith("NOTES.txt")]
+    host = values["config"]["network"]["host"]
+    assert f"gRPC {host}:{values['config']['network']['port']}," in notes
+    if download_port is None:
+        assert "download" not in notes
+    else:
+        assert f"model download {host}:{download_port}," in notes
 
 
 @pytest.mark.parametrize("env", ENVS)

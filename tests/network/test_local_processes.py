@@ -136,10 +136,12 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
     assert summary["bytes_up"] == expected["bytes_up"]
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
     assert len({e["pid"] for e in entries}) == 4  # the four participants, nothing else
+    # Each dialled the coordinator's gRPC port and its model download port, nothing else.
+    start = {"grpc_channel": "'127.0.0.1:", "lookup": "'127.0.0.1'", "connect": "('127.0.0.1', "}
     for entry in entries:
-        assert entry["kind"] == "grpc_channel", entry
-        assert entry["target"].startswith("'127.0.0.1:"), entry
-    assert len({e["target"] for e in entries}) == 1
+        assert entry["target"].startswith(start[entry["kind"]]), entry
+    for kind in start:
+        assert len({e["target"] for e in entries if e["kind"] == kind}) == 1, (kind, entries)
 
 
 def _alive(pid: int) -> bool:

@@ -163,8 +163,14 @@ def test_cut_link_round_completes_elastically_then_the_participant_returns(
     for entry in entries:
         name = pids[entry["pid"]]
         assert name != "coordinator", f"the coordinator reached out: {entry}"
-        expected = f"'{hosts.address[name]}:{config.network.port}'"
-        assert (entry["kind"], entry["target"]) == ("grpc_channel", expected), entry
+        address = hosts.address[name]
+        allowed = {  # its gRPC channel, and the model download port (looked up, connected)
+            ("grpc_channel", f"'{address}:{config.network.port}'"),
+            ("lookup", f"'{address}'"),
+            ("connect", repr((address, config.network.download_port))),
+        }
+        assert (entry["kind"], entry["target"]) in allowed, entry
+    assert {e["kind"] for e in entries} == {"grpc_channel", "lookup", "connect"}
     assert {pids[e["pid"]] for e in entries} == set(PARTICIPANTS)
 
 

@@ -30,6 +30,7 @@ def network_mapping(tmp: Path, **federation: Any) -> dict[str, Any]:
         "network": {
             "auth": "mtls",
             "port": free_port(),
+            "download_port": free_port(),
             "tls": {
                 "enabled": True,
                 "client_auth": True,
@@ -81,6 +82,7 @@ class LiveCoordinator:
         from lensemble.federation.coordinator import Coordinator
         from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
         from lensemble.network.metrics import Metrics
+        from lensemble.network.model_download import start_model_download
         from lensemble.network.process import CoordinatorEvents
         from lensemble.network.security import Authenticator, coordinator_tokens, server_credentials
         from lensemble.network.service import start_coordinator_server
@@ -108,6 +110,9 @@ class LiveCoordinator:
             architecture=self.coordinator.architecture,
             land=lambda size: self.coordinator.land(size),  # looked up per stream (tests wrap it)
         )
+        self.download = start_model_download(
+            self.transport, auth, config, port=config.network.download_port
+        )
         self.result: Any = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
@@ -123,6 +128,8 @@ class LiveCoordinator:
         """Stop the rounds and the server."""
         self.transport.request_stop()
         self.thread.join(10)
+        if self.download is not None:
+            self.download.stop()
         self.server.stop(grace=0.5).wait(2)
 
     def __enter__(self) -> LiveCoordinator:

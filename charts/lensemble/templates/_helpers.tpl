@@ -232,13 +232,21 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
-{{/* Ports every process serves; the coordinator also serves gRPC. */}}
+{{/*
+Ports every process serves; the coordinator also serves gRPC and, unless
+config.network.download_port is null, the model download.
+*/}}
 {{- define "lensemble.ports" -}}
 {{- $net := .root.Values.config.network -}}
 {{- if eq .role "coordinator" -}}
 - name: grpc
   containerPort: {{ int $net.port }}
   protocol: TCP
+{{ with $net.download_port -}}
+- name: download
+  containerPort: {{ int . }}
+  protocol: TCP
+{{ end -}}
 {{ end -}}
 - name: health
   containerPort: {{ int $net.health_port }}
@@ -361,6 +369,11 @@ field with constants are in values.schema.json (chart_values.config_rules).
 {{- if lt (len (uniq (list (int $net.port) (int $net.health_port) (int $net.metrics_port)))) 3 -}}
 {{- fail (printf "config.network.metrics_port: config.network.port (%v), health_port (%v) and metrics_port (%v) must differ; give each its own port." $net.port $net.health_port $net.metrics_port) -}}
 {{- end -}}
+{{- with $net.download_port -}}
+{{- if has (int .) (list (int $net.port) (int $net.health_port) (int $net.metrics_port)) -}}
+{{- fail (printf "config.network.download_port: %d is also config.network.port, health_port or metrics_port; give the model download its own port (or null to download over gRPC only)." (int .)) -}}
+{{- end -}}
+{{- end -}}
 {{- $ids := list -}}
 {{- $domains := list -}}
 {{- range $i, $p := $fed.participants -}}
@@ -392,6 +405,8 @@ Call with (dict "root" $ "train" TRAINING-EPISODES).
 {{- $train := int .train -}}
 {{- $gpus := int $c.deployment.resources.participant.gpu -}}
 {{- $cuda := regexMatch "(^|[-_.])cu[0-9]{3}([-_.]|$)" $c.deployment.image.tag -}}
+{{- $served := list (int $net.port) (int $net.health_port) (int $net.metrics_port) -}}
+{{- with $net.download_port -}}{{- $served = append $served (int .) -}}{{- end -}}
 {{- $checks := list (dict "where" "config.federation.ranks" "who" "every participant" "layout" $fed.ranks) -}}
 {{- range $i, $p := $fed.participants -}}
 {{- if $p.ranks -}}
@@ -414,8 +429,8 @@ Call with (dict "root" $ "train" TRAINING-EPISODES).
 {{- if and (eq $l.backend "nccl") (lt $gpus $ppn) -}}
 {{- fail (printf "%s.processes_per_node: %d nccl ranks per node for %s need as many GPUs, but deployment.resources.participant.gpu is %d; raise the gpu count or lower processes_per_node." .where $ppn .who $gpus) -}}
 {{- end -}}
-{{- if and (gt $world 1) (has (int $l.rendezvous_port) (list (int $net.port) (int $net.health_port) (int $net.metrics_port))) -}}
-{{- fail (printf "%s.rendezvous_port: %d for %s is also a port the participant serves (network.port, health_port or metrics_port); choose another port (e.g. 29400)." .where (int $l.rendezvous_port) .who) -}}
+{{- if and (gt $world 1) (has (int $l.rendezvous_port) $served) -}}
+{{- fail (printf "%s.rendezvous_port: %d for %s is also network.port, health_port, metrics_port or download_port; choose another port (e.g. 29400)." .where (int $l.rendezvous_port) .who) -}}
 {{- end -}}
 {{- if and (eq $l.mixed_precision "bf16") (ne $l.backend "nccl") -}}
 {{- fail (printf "%s.mixed_precision: 'bf16' for %s is GPU mixed precision and needs backend 'nccl'; use 'none' on CPU (or model.dtype: bfloat16)." .where .who) -}}

@@ -497,6 +497,16 @@ class NetworkConfig(_Section):
         "serves, for Kubernetes gRPC probes and container healthchecks; it reveals nothing but "
         "serving status.",
     )
+    download_port: int | None = Field(
+        50053,
+        ge=1,
+        le=65535,
+        description="Coordinator port (TCP) of the model download: each round's model payload "
+        "over a TLS socket of its own, beside gRPC, with the same certificates, authentication "
+        "and limits (gRPC's FetchModel ran at 0.7x a raw TLS socket on loopback). Participants "
+        "fall back to gRPC FetchModel when it cannot be reached; null serves and uses FetchModel "
+        "only.",
+    )
     tls: TLSConfig = Field(default_factory=TLSConfig)
     auth: Literal["mtls", "token", "insecure"] = Field(
         "mtls",
@@ -1025,6 +1035,12 @@ def _check_rules(cfg: LensembleConfig) -> list[ConfigProblem]:
             f"network.port ({net.port}), network.health_port ({net.health_port}) and "
             f"network.metrics_port ({net.metrics_port}) must differ; give each its own port.",
         )
+    if net.download_port in {net.port, net.health_port, net.metrics_port}:
+        bad(
+            "network.download_port",
+            f"{net.download_port} is also network.port, health_port or metrics_port; give the "
+            "model download its own port (or null to download over gRPC only).",
+        )
     if fed.transport == "network":
         if net.auth != "insecure" and not net.tls.enabled:
             bad(
@@ -1155,6 +1171,7 @@ def _rank_layout_problems(cfg: LensembleConfig, *, train_episodes: int) -> list[
             "network.port": cfg.network.port,
             "network.health_port": cfg.network.health_port,
             "network.metrics_port": cfg.network.metrics_port,
+            "network.download_port": cfg.network.download_port,
         }
         clash = [name for name, port in served.items() if port == layout.rendezvous_port]
         if layout.world_size > 1 and clash:

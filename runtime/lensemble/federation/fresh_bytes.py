@@ -159,6 +159,24 @@ class BytesBuilder:
         self._dest[self.written : end] = values
         self.written = end
 
+    def tail(self) -> memoryview:
+        """A writable view of the bytes not written yet, for ``socket.recv_into``.
+
+        Bytes read into it count once :meth:`advance` says so. Drop the view before
+        :meth:`finish`: it writes into the object that :meth:`finish` hands out.
+        """
+        return memoryview(self._dest)[self.written :]  # type: ignore[arg-type]
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more bytes written through :meth:`tail`.
+
+        Raises:
+            ValueError: That would take the object past its size.
+        """
+        if not 0 <= n <= self.size - self.written:
+            raise ValueError(f"{self.written + n} bytes would not fit in {self.size}")
+        self.written += n
+
     def finish(self) -> bytes:
         """The object, once every byte is written; the builder is empty afterwards.
 

@@ -37,7 +37,8 @@ says what each is for and which alert reads it):
 ``updates_clipped_total{participant,reason}``       updates clipped before aggregation
 ``accepted_submissions_total``                      updates accepted (including idempotent resends)
 ``rejected_submissions_total{reason}``              submissions rejected, by reason (every call)
-``refused_calls_total{rpc,reason}``                 other calls refused (Join, WatchRounds, ...)
+``refused_calls_total{rpc,reason}``                 other calls refused (Join, WatchRounds, ...;
+                                                    ``ModelDownload``: the download port)
 ==================================================  ===========================================
 """
 

@@ -55,6 +55,7 @@ from lensemble.network.backoff import Backoff
 from lensemble.network.call_guard import PARTICIPANT_KEY
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
+from lensemble.network.model_download import DownloadUnavailable, ModelDownloader
 from lensemble.network.payload_limits import payload_limits
 from lensemble.network.peer_text import shown, shown_all
 from lensemble.network.proto import lensemble_pb2 as pb
@@ -76,6 +77,8 @@ from lensemble.network.transport_errors import (
 )
 
 _log = logging.getLogger("lensemble.network.participant")
+#: Downloads that go over FetchModel at once after the download port could not be reached.
+_DOWNLOAD_PAUSE = 16
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
@@ -238,6 +241,15 @@ class CoordinatorClient:
             if architecture is not None
             else net.max_message_bytes
         )
+        # The download port (network.download_port), tried before FetchModel; after a failure
+        # to reach it, the next _DOWNLOAD_PAUSE downloads go over FetchModel at once.
+        self._downloader = (
+            ModelDownloader(config, participant_id, token, self.metrics.bytes_in.inc)
+            if net.download_port is not None
+            else None
+        )
+        self._download_pause = 0
+        self._download_warned = False
         # Every call names its participant, so the coordinator authenticates it before
         # reading any request (see lensemble.network.call_guard).
         self.metadata = ((PARTICIPANT_KEY, participant_id),)
@@ -245,8 +257,10 @@ class CoordinatorClient:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the channel (ending a held presence stream)."""
+        """Close the channel (ending a held presence stream) and the download connection."""
         self.end_presence()
+        if self._downloader is not None:
+            self._downloader.close()
         self.channel.close()
 
     def join(self) -> pb.JoinReply:
@@ -287,11 +301,18 @@ class CoordinatorClient:
     def fetch(self, announcement: pb.RoundAnnouncement) -> bytes:
         """Download the round's model payload.
 
+        Over the download port when the config has one and it serves
+        (:mod:`lensemble.network.model_download`), else over gRPC FetchModel.
+
         Raises:
             PayloadError: The coordinator announced a model above ``max_message_bytes``, sent
                 more or fewer bytes than it declared, or sent a malformed chunk.
             grpc.RpcError: The call failed.
         """
+        limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
+        downloaded = self._download(announcement, limit)
+        if downloaded is not None:
+            return downloaded
         deadline = self.timeout_s * chunk_count(announcement.model_bytes, self.chunk_bytes)
         call = self._fetch_model(
             pb.FetchModelRequest(
@@ -311,7 +332,6 @@ class CoordinatorClient:
                         "refused.",
                     )
                 if assembler is None:
-                    limit = announcement.model_bytes if self.max_bytes is None else self.max_bytes
                     # Not hashed: the decoded model is checked against its model hash.
                     assembler = Assembler(frame.total_bytes, limit, what, hashed=False)
                 assembler.add(frame.data)  # a view of the received frame: its only copy
@@ -323,6 +343,39 @@ class CoordinatorClient:
         payload = assembler.finish()
         assert isinstance(payload, bytes)  # assembled in memory: only updates land on disk
         return payload
+
+    def _download(self, announcement: pb.RoundAnnouncement, limit: int) -> bytes | None:
+        """The model over the download port, or None to fetch it over gRPC.
+
+        Raises:
+            PayloadError: The coordinator broke the download's protocol.
+        """
+        if self._downloader is None:
+            return None
+        if self._download_pause > 0:
+            self._download_pause -= 1
+            return None
+        try:
+            return self._downloader.fetch(
+                self.session, announcement.model_hash, announcement.model_bytes, limit
+            )
+        except DownloadUnavailable as exc:
+            if not exc.reachable:
+                self._download_pause = _DOWNLOAD_PAUSE
+            # Once at warning level: a closed port would otherwise log every few rounds.
+            level = logging.DEBUG if self._download_warned else logging.WARNING
+            self._download_warned = True
+            _log.log(
+                level,
+                "the model download port %s:%s did not serve the model of round %d (%s); "
+                "fetching it over gRPC FetchModel, which is slower. Open "
+                "network.download_port between participant and coordinator, or set it to null.",
+                self._downloader.host,
+                self._downloader.port,
+                announcement.round_index,
+                exc,
+            )
+            return None
 
     def submit(
         self,

@@ -47,6 +47,7 @@ from lensemble.network.health import HealthServer
 from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics, MetricsServer
+from lensemble.network.model_download import start_model_download
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
 from lensemble.network.payload_limits import payload_limits
 from lensemble.network.peer_text import shown
@@ -324,7 +325,7 @@ def _serve_coordinator(
     linger: bool,
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
-    server = None
+    server = download = None
     torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
@@ -364,6 +365,7 @@ def _serve_coordinator(
             architecture=coordinator.architecture,
             land=coordinator.land,
         )
+        download = start_model_download(transport, authenticator, config, port=net.download_port)
         harness.health.set_ready(True)
         harness.announce_ready(f"{net.listen_host}:{port}")
         summary = harness.supervise(
@@ -383,6 +385,8 @@ def _serve_coordinator(
         return summary
     finally:
         harness.health.set_ready(False)
+        if download is not None:
+            download.stop()
         if server is not None:
             server.stop(grace=1.0).wait(2.0)
         harness.close()

@@ -147,9 +147,8 @@ def render_readme(chart: Path) -> str:
             "",
             "- **Coordinator** (modes `all`, `coordinator`): a Deployment with one replica and "
             "the `Recreate` strategy, a PersistentVolumeClaim for checkpoints and the ledger, a "
-            "Service "
-            "(gRPC, health, metrics), a PodDisruptionBudget, native gRPC liveness and readiness "
-            "probes on the plaintext health port.",
+            "Service (gRPC, model download, health, metrics), a PodDisruptionBudget, native gRPC "
+            "liveness and readiness probes on the plaintext health port.",
             "- **Participants** (modes `all`, `participant`): one StatefulSet per trust domain "
             "(`replicas` = its participants; pod `<name>-<i>` is its i-th participant), a headless "
             "Service, a private data volume per pod (`volumeClaimTemplates`), node placement "

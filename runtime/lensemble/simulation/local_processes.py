@@ -133,6 +133,8 @@ def run_local_processes(
         *overrides,
         *security_overrides(config, out),
         f"network.port={port}",
+        # The model download port too, unless the config turned it off.
+        *([] if config.network.download_port is None else [f"network.download_port={free_port()}"]),
         "network.host=127.0.0.1",
         "network.listen_host=127.0.0.1",
         "observability.log_format=json",
