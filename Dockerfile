@@ -119,7 +119,7 @@ COPY --from=build /opt/lensemble /opt/lensemble
 
 # Unbuffered stdout so the ready line reaches `docker logs` at once; caches that libraries
 # write (matplotlib, torch) go to /tmp, since the root filesystem may be read-only. Huge pages
-# for model-sized buffers (torch's allocator and malloc; lensemble/hugepages.py says why).
+# for model-sized buffers (torch's allocator and malloc; lensemble/machinery/hugepages.py says why).
 ENV PATH=/opt/lensemble/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     THP_MEM_ALLOC_ENABLE=1 \

@@ -6,7 +6,7 @@ coordinator runs), the two ways of reaching a committed model hash after the red
 - **serial**: ``precommit_problem`` over ``OuterStep.candidate``, ``OuterStep.apply_in_place``,
   then ``model_hash`` over the new parameters (the coordinator before the hash moved behind);
 - **behind**: the same check handing each checked tensor to
-  :class:`~lensemble.federation.hash_behind.ModelHashBehind`, the same step, then its result
+  :func:`~lensemble.federation.payload.model_hash_behind`, the same step, then its result
   (what ``Coordinator.run_attempt`` does).
 
 Both give the same hash, which the bench checks. Reported: the median seconds of ``--repeats``
@@ -25,10 +25,9 @@ import torch
 from network_transport import parse_count  # bench/ is this script's folder
 
 from lensemble.federation.diloco import OuterStep
-from lensemble.federation.flat import flat_copy
-from lensemble.federation.hash_behind import ModelHashBehind
-from lensemble.federation.payload import model_hash
+from lensemble.federation.payload import model_hash, model_hash_behind
 from lensemble.federation.robustness import precommit_problem
+from lensemble.machinery.flat import flat_copy
 
 TENSORS = 8
 OUTER = OuterStep(lr=0.7, momentum=0.9, nesterov=True)
@@ -60,7 +59,7 @@ def behind(
     params: dict[str, torch.Tensor], mean: dict[str, torch.Tensor], m: dict[str, torch.Tensor]
 ) -> str:
     """The coordinator's tail now: the hash beside the check and the step; returns it."""
-    with ModelHashBehind(1, "") as hasher:
+    with model_hash_behind(1, "") as hasher:
         candidate = OUTER.candidate(params, mean, m)
         _, problem = precommit_problem(params, candidate, LIMIT, on_checked=hasher.add)
         assert problem is None

@@ -242,7 +242,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from lensemble.allocator import keep_freed_buffers
+    from lensemble.machinery.allocator import keep_freed_buffers
 
     keep_freed_buffers()  # in every process of this bench, as the CLI does for every command
     if len(sys.argv) > 1 and sys.argv[1] == "_proc":

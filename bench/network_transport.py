@@ -40,7 +40,7 @@ Four tables, all measured in the same run on this machine:
 Participant processes run torch with one intra-op thread (four share this machine's cores with
 the coordinator, and do no training); the coordinator process always does
 (``lensemble.network.process.COORDINATOR_TORCH_THREADS``). Every process keeps freed buffers in
-``malloc`` as the ``lensemble`` command does (:mod:`lensemble.allocator`).
+``malloc`` as the ``lensemble`` command does (:mod:`lensemble.machinery.allocator`).
 """
 
 from __future__ import annotations
@@ -674,7 +674,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from lensemble.allocator import keep_freed_buffers
+    from lensemble.machinery.allocator import keep_freed_buffers
 
     keep_freed_buffers()  # in every process of this bench, as the CLI does for every command
     if len(sys.argv) > 1 and sys.argv[1] == "_proc":

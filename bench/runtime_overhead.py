@@ -13,18 +13,18 @@ pass is used, which can only make a ratio look worse:
 
 Each floor is the faster of two passes: tensor by tensor in the tensors' own memory (once for
 separately allocated tensors, once for the flat model), and over one contiguous numpy copy
-(which numpy backs with huge pages). The run uses the container
-image's huge-page environment (:mod:`lensemble.hugepages`) unless ``--memory-env as-is``, and
-keeps freed buffers in ``malloc`` as the ``lensemble`` command does (:mod:`lensemble.allocator`).
+(which numpy backs with huge pages). The run uses the container image's huge-page environment
+(:mod:`lensemble.machinery.hugepages`) unless ``--memory-env as-is``, and keeps freed buffers in
+``malloc`` as the ``lensemble`` command does (:mod:`lensemble.machinery.allocator`).
 
 Per model size (float32 parameters, 1M-element tensors), in this process:
 
 The model is held as the coordinator holds it, float32 views into one buffer
-(:mod:`lensemble.federation.flat`).
+(:mod:`lensemble.machinery.flat`).
 
 - ``encode``: :func:`~lensemble.federation.payload.encode` of the model (the one copy that
   builds the payload; as every round does, it writes over the previous payload once that is
-  released, see :mod:`lensemble.federation.fresh_bytes`); ``parse``:
+  released, see :mod:`lensemble.machinery.fresh_bytes`); ``parse``:
   :func:`~lensemble.federation.payload.decode` with ``copy=False``, as the coordinator judges
   an update (header checks, tensors are views);
   ``serialize`` = both together, MB of parameters / (encode s + parse s). ``fresh`` is a
@@ -82,8 +82,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lensemble.allocator import keep_freed_buffers
-from lensemble.hugepages import HUGEPAGE_ENV
+from lensemble.machinery.allocator import keep_freed_buffers
+from lensemble.machinery.hugepages import HUGEPAGE_ENV
 
 MB = 1e6
 #: What every duration is measured on: this process's CPU time (all its threads), so that the
@@ -149,7 +149,7 @@ def fresh_copy(params: Mapping[str, torch.Tensor]) -> float:
     """MB/s of copying the model's bytes into a newly allocated buffer.
 
     What building any new payload must do: memory bandwidth plus the kernel's first touch of
-    every page (numpy advises huge pages for it, as :mod:`lensemble.federation.fresh_bytes`
+    every page (numpy advises huge pages for it, as :mod:`lensemble.machinery.fresh_bytes`
     does). Not a floor: a reference for what a fresh buffer costs on this machine.
     """
     flat = np.concatenate([t.numpy() for t in params.values()])
@@ -260,10 +260,10 @@ def child(total: int, n: int, rounds: int, folder: Path, spool: Path) -> dict[st
     """
     from lensemble.config.load import validate_mapping
     from lensemble.federation.coordinator import Coordinator
-    from lensemble.federation.flat import flat_empty
     from lensemble.federation.payload import bytes_hash, decode, encode
     from lensemble.federation.robustness import aggregate_spooled, decide
     from lensemble.federation.spool import UpdateSpool
+    from lensemble.machinery.flat import flat_empty
 
     torch.set_num_threads(1)
     ids = [f"p{i:02d}" for i in range(n)]
@@ -357,11 +357,11 @@ def run_child(
 # ----------------------------------------------------------------------- the parent: the table
 def in_process(total: int) -> dict[str, float]:
     from lensemble.federation.diloco import canonical_mean
-    from lensemble.federation.flat import flat_copy
     from lensemble.federation.payload import decode, encode, tensor_digest
+    from lensemble.machinery.flat import flat_copy
 
     before = floors(make_params(total, seed=2))
-    # The model as the coordinator holds it: views into one buffer (lensemble.federation.flat).
+    # The model as the coordinator holds it: views into one buffer (lensemble.machinery.flat).
     params = flat_copy(make_params(total))
     mb = total * 4 / MB
     data = encode(params, {})
@@ -406,7 +406,8 @@ def main() -> None:
         "--memory-env",
         choices=["image", "as-is"],
         default="image",
-        help="run with the image's huge-page environment (lensemble.hugepages), or as started",
+        help="run with the image's huge-page environment (lensemble.machinery.hugepages), "
+        "or as started",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

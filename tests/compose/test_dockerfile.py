@@ -181,9 +181,9 @@ def test_image_how_to_names_one_tag_per_cuda_line() -> None:
 def test_the_image_asks_for_huge_pages_as_the_runtime_documents(
     dockerfile: DockerfileParser,
 ) -> None:
-    # lensemble.hugepages is the one home of these variables; the image must run with them
+    # lensemble.machinery.hugepages is the one home of these variables; the image must run with them
     # (bench/runtime_overhead.py measures with them by default, as the image runs).
-    from lensemble.hugepages import HUGEPAGE_ENV
+    from lensemble.machinery.hugepages import HUGEPAGE_ENV
 
     envs = dockerfile.envs  # the final stage's environment
     missing = {k: v for k, v in HUGEPAGE_ENV.items() if envs.get(k) != v}

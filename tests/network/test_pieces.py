@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from lensemble.config.load import validate_mapping
 from lensemble.errors import ConfigError, PayloadError, UsageError
-from lensemble.federation.fresh_bytes import LARGE
 from lensemble.federation.spool import UpdateSpool
+from lensemble.machinery.fresh_bytes import LARGE
 from lensemble.network.backoff import Backoff
 from lensemble.network.certs import (
     certificate_identities,

@@ -15,7 +15,6 @@ from pathlib import Path
 import typer
 
 from lensemble import __version__
-from lensemble.allocator import keep_freed_buffers
 from lensemble.cli import (
     config_cmd,
     image_cmd,
@@ -29,7 +28,8 @@ from lensemble.cli.output import report_error
 from lensemble.durable import disk_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
 from lensemble.extras import missing_extra
-from lensemble.hugepages import enable_for_this_process
+from lensemble.machinery.allocator import keep_freed_buffers
+from lensemble.machinery.hugepages import enable_for_this_process
 
 app = typer.Typer(
     name="lensemble",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lensemble.model.determinism import single_threaded
+from lensemble.machinery.determinism import single_threaded
 from lensemble.model.worldmodel import WorldModel, build_model, check_architecture
 
 if TYPE_CHECKING:

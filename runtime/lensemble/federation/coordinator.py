@@ -55,8 +55,6 @@ from lensemble.errors import (
 )
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.diloco import OuterStep
-from lensemble.federation.flat import flat_copy, flat_empty, flat_zeros
-from lensemble.federation.hash_behind import ModelHashBehind
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import (
@@ -66,6 +64,7 @@ from lensemble.federation.payload import (
     encode,
     manifest,
     model_hash,
+    model_hash_behind,
 )
 from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
@@ -80,6 +79,7 @@ from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import Landing, UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.federation.verify import require_valid
+from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
 
 Params = dict[str, torch.Tensor]
 
@@ -836,7 +836,7 @@ class Coordinator:
         # checked tensor is hashed on the hashing thread meanwhile, so the new model's hash is
         # ready with the step; its tensors are the step's bit for bit (OuterStep.candidate).
         params, momentum = self.params, self.momentum
-        with ModelHashBehind(self.version + 1, parent) as hasher:
+        with model_hash_behind(self.version + 1, parent) as hasher:
             candidate = self.outer.candidate(params, combined, momentum)
             change, problem = precommit_problem(
                 params, candidate, fed.robustness.max_relative_change, on_checked=hasher.add

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import ArchitectureMismatch, PayloadError
-from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
+from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
+from lensemble.machinery.hash_behind import HashBehind
 
 PAYLOAD_FORMAT = "lensemble-payload-v1"
 MODEL_HASH_DOMAIN = b"lensemble/global-model/v1\x00"
@@ -58,7 +59,7 @@ class TensorDigest:
     Tensors must be added in strictly increasing name order (the canonical order); the digest
     of everything added, then :meth:`hexdigest`, equals :func:`tensor_digest` of the same
     tensors. It is the one definition of the hashed byte stream: :func:`tensor_digest` and
-    :class:`~lensemble.federation.hash_behind.ModelHashBehind` both feed it.
+    :func:`model_hash_behind` both feed it.
     """
 
     def __init__(self) -> None:
@@ -135,6 +136,19 @@ def model_hash(params: Mapping[str, torch.Tensor], version: int, parent_hash: st
     return "sha256:" + tensor_digest(params, model_hash_suffix(version, parent_hash))
 
 
+def model_hash_behind(version: int, parent_hash: str) -> HashBehind:
+    """:func:`model_hash` of tensors handed over one at a time, hashed on the hashing thread.
+
+    Feed it every tensor in sorted name order (:meth:`HashBehind.add`); :meth:`HashBehind.result`
+    is then bit-identical to ``model_hash`` of the same tensors (both feed :class:`TensorDigest`).
+
+    Args:
+        version: The model version the tensors are (``t + 1`` for round ``t``'s new model).
+        parent_hash: The hash of version ``version - 1``.
+    """
+    return HashBehind(TensorDigest(), model_hash_suffix(version, parent_hash))
+
+
 def bytes_hash(data: bytes | memoryview) -> str:
     """``"sha256:<hex>"`` of raw bytes, or of a view of them (payload integrity on the wire)."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
@@ -174,7 +188,7 @@ def encode(
         tensors: Name -> CPU tensor.
         metadata: String key/value pairs stored in the header (``format`` is added).
         recycle: A large payload may write over this process's last released payload of
-            the same size (:mod:`~lensemble.federation.fresh_bytes`); False always allocates.
+            the same size (:mod:`~lensemble.machinery.fresh_bytes`); False always allocates.
 
     Returns:
         The payload bytes; their length is the exact number of bytes sent.
@@ -223,7 +237,7 @@ def encode_parts(
 def _joined(parts: list[bytes | memoryview], total: int, *, recycle: bool = True) -> bytes:
     """``b"".join(parts)`` (``total`` bytes), at memory bandwidth for large payloads.
 
-    Built in place (:class:`~lensemble.federation.fresh_bytes.BytesBuilder`): ``b"".join``
+    Built in place (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`): ``b"".join``
     ran at about a seventh of ``numpy.copyto``'s speed in ``bench/runtime_overhead.py``, its
     fresh buffer faulted in 4 KiB page by page. With ``recycle`` the previous payload of the
     same size, once released (a round's model or update), is written over, not faulted in anew.

@@ -31,7 +31,7 @@ from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import MEAN_BLOCK, canonical_mean
 from lensemble.federation.quantization import all_finite
 from lensemble.federation.spool import WINDOW_BUDGET, SpooledUpdate, UpdateSpool
-from lensemble.model.determinism import single_threaded
+from lensemble.machinery.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
 
@@ -368,7 +368,7 @@ def precommit_problem(
         max_relative_change: ``federation.robustness.max_relative_change``.
         on_checked: Called with each new tensor once it is found finite, in sorted name
             order, before the next is read (the coordinator hashes it there, see
-            :class:`~lensemble.federation.hash_behind.ModelHashBehind`).
+            :func:`~lensemble.federation.payload.model_hash_behind`).
 
     Returns:
         ``(relative change, problem)``: ``||new - current|| / max(1, ||current||)`` in float64,

@@ -60,9 +60,9 @@ import torch
 
 from lensemble.durable import DiskFull, check_free_space
 from lensemble.errors import IntegrityError
-from lensemble.federation.hash_behind import hashing_thread
 from lensemble.federation.payload import Decoded, TensorRange, dtype_token
 from lensemble.federation.quantization import SCALE_SUFFIX, WIRE_DTYPES
+from lensemble.machinery.hash_behind import hashing_thread
 
 _log = logging.getLogger("lensemble.federation.spool")
 

@@ -12,7 +12,7 @@ Results are bit-identical for identical inputs, in this process or a fresh one: 
 a generator seeded by ``derive(root_seed, f"batches:{participant_id}:round:{round_index}")``,
 nothing reads torch's global random state, AdamW's implementation is pinned (``foreach=True``
 rather than torch's default), and the inner steps run single-threaded
-(:func:`lensemble.model.determinism.single_threaded`).
+(:func:`lensemble.machinery.determinism.single_threaded`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.learner import LocalRound
-from lensemble.model.determinism import single_threaded
+from lensemble.machinery.determinism import single_threaded
 from lensemble.model.objective import jepa_loss
 from lensemble.model.worldmodel import (
     Params,

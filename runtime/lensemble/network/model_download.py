@@ -5,7 +5,7 @@ to a Python thread per message, and on loopback its FetchModel ran at 0.68-0.76 
 TLS socket moves between the same two processes (``docs/performance.md``, *The network path*).
 Here the coordinator writes views of the round's cached payload straight into a TLS socket, and
 the participant reads them straight into the ``bytes`` object it hands on (recycled, see
-:mod:`lensemble.federation.fresh_bytes`): the raw socket's own path. gRPC still carries
+:mod:`lensemble.machinery.fresh_bytes`): the raw socket's own path. gRPC still carries
 everything else, and a participant that cannot use this port downloads over FetchModel.
 
 The same checks as FetchModel's, in the same order: the caller's identity
@@ -45,8 +45,8 @@ from typing import Any
 
 from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError, UsageError
-from lensemble.federation.fresh_bytes import BytesBuilder
 from lensemble.federation.messages import Reason
+from lensemble.machinery.fresh_bytes import BytesBuilder
 from lensemble.network import transport_errors as nerr
 from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.peer_text import shown

@@ -21,8 +21,8 @@ import hashlib
 from collections.abc import Callable, Iterator
 
 from lensemble.errors import PayloadError
-from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
 from lensemble.federation.spool import Landing
+from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 
 #: Makes the spool file a stream of the given size lands in, or None for memory
 #: (``Coordinator.land``).
@@ -203,7 +203,7 @@ class Assembler:
     """Collects one stream's chunks into the payload, refusing oversize streams early.
 
     The payload is written into one ``bytes`` object of the declared size, allocated up front
-    without being zero-filled (:class:`~lensemble.federation.fresh_bytes.BytesBuilder`; filling
+    without being zero-filled (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`; filling
     40 MB with zeros first took a quarter of the coordinator's time for a SubmitUpdate stream)
     and handed out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n``
     bytes costs ``n`` bytes of memory (plus the chunk in flight), never two copies.
@@ -215,7 +215,7 @@ class Assembler:
     path*). A stream that fails leaves the slot empty; it never hands out a half-written object.
 
     With ``land`` (the coordinator's update streams), a stream of at least
-    :data:`~lensemble.federation.fresh_bytes.LARGE` bytes is written into a spool file instead
+    :data:`~lensemble.machinery.fresh_bytes.LARGE` bytes is written into a spool file instead
     (:class:`~lensemble.federation.spool.Landing`): chunk by chunk, nothing of it kept in
     memory, so N uploads at once do not hold N payloads. :meth:`finish` then returns a
     read-only view of that file, and :attr:`landing` the file.

@@ -82,7 +82,7 @@ def rank_main(folder_text: str) -> None:
         if rank == 0:
             (folder / FAILED).write_text("a rank died during this round\n", encoding="utf-8")
         return
-    torch.set_num_threads(1)  # bit-identical reductions (lensemble.model.determinism)
+    torch.set_num_threads(1)  # bit-identical reductions (lensemble.machinery.determinism)
     # A collective that waits on a rank that is gone fails within a round's time instead of
     # gloo's 30 minutes (the agent usually ends the group at once, when the dead rank exits).
     timeout = timedelta(seconds=config.federation.round_timeout_s)

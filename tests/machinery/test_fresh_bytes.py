@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from lensemble.federation.fresh_bytes import LARGE, BytesBuilder
+from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 
 
 @pytest.mark.parametrize("size", [0, 5, LARGE - 1, LARGE, LARGE + 4097])

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from lensemble.errors import PayloadError
-from lensemble.federation import hash_behind
 from lensemble.federation.diloco import OuterStep
-from lensemble.federation.hash_behind import ModelHashBehind, hashing_thread
-from lensemble.federation.payload import TensorDigest, model_hash, tensor_digest
+from lensemble.federation.payload import TensorDigest, model_hash, model_hash_behind, tensor_digest
 from lensemble.federation.robustness import precommit_problem
+from lensemble.machinery import hash_behind
+from lensemble.machinery.hash_behind import hashing_thread
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 def test_the_hash_behind_equals_model_hash_for_every_dtype() -> None:
     tensors = _tensors()
-    with ModelHashBehind(5, "sha256:parent") as hasher:
+    with model_hash_behind(5, "sha256:parent") as hasher:
         for name in sorted(tensors):
             hasher.add(name, tensors[name])
         got = hasher.result(sorted(tensors))
@@ -50,23 +50,23 @@ def test_the_incremental_digest_is_tensor_digest() -> None:
 
 def test_tensors_out_of_order_or_missing_are_refused() -> None:
     tensors = _tensors()
-    with ModelHashBehind(1, "") as hasher:
+    with model_hash_behind(1, "") as hasher:
         hasher.add("b.bias", tensors["b.bias"])
         hasher.add("a.weight", tensors["a.weight"])  # queued; refused on the thread
         with pytest.raises(ValueError, match="'a.weight' does not sort after 'b.bias'"):
             hasher.result(sorted(tensors))
-    with ModelHashBehind(1, "") as hasher:
+    with model_hash_behind(1, "") as hasher:
         hasher.add("a.weight", tensors["a.weight"])
         with pytest.raises(ValueError, match="covers 1 tensors, not the model's 4"):
             hasher.result(sorted(tensors))
 
 
 def test_an_unsupported_dtype_raises_at_result_and_leaving_early_does_not() -> None:
-    with ModelHashBehind(1, "") as hasher:
+    with model_hash_behind(1, "") as hasher:
         hasher.add("w", torch.zeros(3, dtype=torch.complex64))
         with pytest.raises(PayloadError, match="complex64"):
             hasher.result(["w"])
-    with ModelHashBehind(1, "") as hasher:  # a check that stopped early: nothing raised
+    with model_hash_behind(1, "") as hasher:  # a check that stopped early: nothing raised
         hasher.add("w", torch.zeros(3, dtype=torch.complex64))
 
 
@@ -87,7 +87,7 @@ def test_at_most_one_tensor_waits_to_be_hashed(monkeypatch: pytest.MonkeyPatch) 
     # 8 MB tensors take milliseconds each to hash: an add that did not wait for the previous
     # one would find it still running.
     tensors = {f"t{i}": torch.ones(2_000_000) * i for i in range(4)}
-    with ModelHashBehind(1, "") as hasher:
+    with model_hash_behind(1, "") as hasher:
         for name in sorted(tensors):
             hasher.add(name, tensors[name])
         got = hasher.result(sorted(tensors))
@@ -101,7 +101,7 @@ def test_the_check_hands_over_each_new_tensor_as_the_step_computes_it() -> None:
     mean = {k: torch.randn(1000, generator=g) * 1e-2 for k in params}
     momentum = {k: torch.randn(1000, generator=g) for k in params}
     outer = OuterStep(lr=0.7, momentum=0.9, nesterov=True)
-    with ModelHashBehind(2, "sha256:p") as hasher:
+    with model_hash_behind(2, "sha256:p") as hasher:
         candidate = outer.candidate(params, mean, momentum)
         change, problem = precommit_problem(params, candidate, 10.0, on_checked=hasher.add)
         behind = hasher.result(sorted(params))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lensemble import hugepages
-from lensemble.hugepages import HUGEPAGE_ENV, enable_for_this_process
+from lensemble.machinery import hugepages
+from lensemble.machinery.hugepages import HUGEPAGE_ENV, enable_for_this_process
 
 
 def test_torch_allocator_switch_is_set_when_absent(monkeypatch: pytest.MonkeyPatch) -> None:

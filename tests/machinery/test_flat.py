@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lensemble.federation.coordinator import Coordinator
-from lensemble.federation.flat import flat_copy, flat_empty, flat_zeros
 from lensemble.federation.payload import model_hash
+from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
 from tests.support.federation import initial_params, small_config
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,7 @@
 ``hashlib`` releases the GIL while it hashes a buffer larger than 2 KiB, so a digest fed from
 a second thread runs on another core while the caller computes or copies the next block. The
 coordinator uses this twice: the spool re-hashes an update's blocks as it reads them back, and
-the pre-commit check hands each tensor of the new global model to :class:`ModelHashBehind` as
+the pre-commit check hands each tensor of the new global model to :class:`HashBehind` as
 soon as it has checked it, so the model hash is computed beside the check and the outer step
 instead of being one more pass after them (``bench/commit_tail.py`` measures both ways).
 """
@@ -13,10 +13,26 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
+from typing import Protocol
 
 import torch
 
-from lensemble.federation.payload import TensorDigest, model_hash_suffix
+
+class IncrementalDigest(Protocol):
+    """A digest fed one named tensor at a time, in strictly increasing name order.
+
+    :class:`lensemble.federation.payload.TensorDigest` (the model hash's byte stream) is one.
+    """
+
+    names: list[str]
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Hash one named tensor."""
+        ...
+
+    def hexdigest(self, suffix: bytes = b"") -> str:
+        """The hex digest of everything added, with ``suffix`` bound after it."""
+        ...
 
 
 @functools.cache
@@ -25,28 +41,28 @@ def hashing_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="lensemble-hash")
 
 
-class ModelHashBehind:
-    """:func:`~lensemble.federation.payload.model_hash` of tensors handed over one at a time.
+class HashBehind:
+    """A tensor digest fed on :func:`hashing_thread`, one tensor at a time.
 
     Each :meth:`add` queues one tensor on :func:`hashing_thread` and returns; it first waits
     for the previous tensor to be hashed, so at most one tensor beyond the caller's current one
-    is ever held. The result is bit-identical to ``model_hash`` of the same tensors: both feed
-    the same :class:`~lensemble.federation.payload.TensorDigest`.
+    is ever held. The result is bit-identical to feeding ``digest`` the same tensors directly
+    (:func:`lensemble.federation.payload.model_hash_behind` builds the model hash's).
 
     Use it as a context manager: leaving the block waits for any hashing in flight and drops
     it, so a check that stops early (a non-finite tensor) leaves nothing running.
 
     Args:
-        version: The model version the tensors are (``t + 1`` for round ``t``'s new model).
-        parent_hash: The hash of version ``version - 1``.
+        digest: A fresh incremental digest (nothing added yet).
+        suffix: Bytes bound after the tensors when the digest is read (:meth:`result`).
     """
 
-    def __init__(self, version: int, parent_hash: str) -> None:
-        self._digest = TensorDigest()
-        self._suffix = model_hash_suffix(version, parent_hash)
+    def __init__(self, digest: IncrementalDigest, suffix: bytes = b"") -> None:
+        self._digest = digest
+        self._suffix = suffix
         self._pending: Future[None] | None = None
 
-    def __enter__(self) -> ModelHashBehind:
+    def __enter__(self) -> HashBehind:
         return self
 
     def __exit__(

@@ -2,10 +2,10 @@
 
 The coordinator holds the global model, the outer momentum and the reduction's accumulator
 this way. One allocation instead of one per tensor: with the image's huge-page switch
-(:mod:`lensemble.hugepages`) torch places a large allocation on 2 MiB pages, so hashing and
-elementwise passes over the model stay off the TLB's critical path (``bench/runtime_overhead.py``
-measured SHA-256 over per-tensor 4 KiB pages at 0.84 x hashlib's own speed at 100M parameters),
-and small tensors, each under 2 MiB on its own, share huge pages too. Each view is a tensor
+(:mod:`lensemble.machinery.hugepages`) torch places a large allocation on 2 MiB pages, so
+hashing and elementwise passes over the model stay off the TLB's critical path
+(docs/performance.md, *Huge pages*), and small tensors, each under 2 MiB on its own, share huge
+pages too. Each view is a tensor
 like any other: per-tensor code (hashes, norms, payloads) is unchanged and sees the same
 values, so every hash stays bit-identical.
 """

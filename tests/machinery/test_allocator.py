@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from lensemble import allocator, cli
-from lensemble.allocator import keep_freed_buffers
+from lensemble import cli
+from lensemble.machinery import allocator
+from lensemble.machinery.allocator import keep_freed_buffers
 
 GLIBC = allocator._is_glibc()
 
@@ -19,7 +20,7 @@ GLIBC = allocator._is_glibc()
 #: faulted in about once.
 FAULTS = """
 import resource, sys
-from lensemble.allocator import keep_freed_buffers
+from lensemble.machinery.allocator import keep_freed_buffers
 if sys.argv[1] == "kept":
     assert keep_freed_buffers()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -58,7 +59,7 @@ def test_freed_buffers_are_reused_instead_of_faulted_in_again() -> None:
 #: allocation takes a new arena while the process has fewer than its limit.
 ARENAS = """
 import ctypes, sys, threading
-from lensemble.allocator import keep_freed_buffers
+from lensemble.machinery.allocator import keep_freed_buffers
 if sys.argv[1] == "kept":
     assert keep_freed_buffers()
 held, everyone = [], threading.Barrier(12)
