@@ -216,6 +216,7 @@ def serve(config_path: Path, payload_bytes: int) -> None:
     (``Coordinator.land``); the judge keeps none, so each file is free again for the next.
     """
     from lensemble.config import load_config
+    from lensemble.federation.intake import Intake
     from lensemble.federation.spool import UpdateSpool
     from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
     from lensemble.network.model_download import start_model_download
@@ -236,8 +237,8 @@ def serve(config_path: Path, payload_bytes: int) -> None:
         port=config.network.port,
         # Updates as large as the served payload (random bytes standing for float32 values).
         architecture={"payload": TensorSpec("payload", (payload_bytes // 4 + 1,), torch.float32)},
-        land=spool.land,
     )
+    transport.attach(Intake(spool.land))
     payload = os.urandom(payload_bytes)
     opening = RoundOpening(0, 0, 0, bytes_hash(payload), time.monotonic() + 3600)
     transport.open_round(opening, payload)

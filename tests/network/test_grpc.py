@@ -13,10 +13,11 @@ import pytest
 from lensemble.config.load import validate_mapping
 from lensemble.errors import EXIT_FAIL_CLOSED, ConfigError
 from lensemble.federation.coordinator import Coordinator
+from lensemble.federation.intake import Landing
 from lensemble.federation.ledger import committed_chain
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
-from lensemble.federation.spool import Landing
+from lensemble.federation.spool import UpdateSpool
 from lensemble.network import streams
 from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
 from lensemble.network.transport_errors import BUSY, AccessDenied
@@ -100,16 +101,16 @@ def test_updates_landed_in_the_spool_commit_the_same_chain(
     _, config = write_config(tmp_path, mapping)
     state = Path("/dev/shm") / f"lensemble-landing-{os.getpid()}"
     landed: list[int] = []
+    real_land = UpdateSpool.land
+
+    def counted(self: UpdateSpool, size: int) -> Landing | None:
+        landing = real_land(self, size)
+        landed.append(size if landing is not None else -1)
+        return landing
+
+    monkeypatch.setattr(UpdateSpool, "land", counted)
     try:
         with LiveCoordinator(config, output_dir=state) as live:
-            real_land = live.coordinator.land
-
-            def counted(size: int) -> Landing | None:
-                landing = real_land(size)
-                landed.append(size if landing is not None else -1)
-                return landing
-
-            live.coordinator.land = counted  # type: ignore[method-assign]
             threads = [ParticipantThread(config, pid) for pid in PARTICIPANTS]
             live.thread.join(60)
             for t in threads:

@@ -108,7 +108,6 @@ class LiveCoordinator:
             host="127.0.0.1",
             port=config.network.port,
             architecture=self.coordinator.architecture,
-            land=lambda size: self.coordinator.land(size),  # looked up per stream (tests wrap it)
         )
         self.download = start_model_download(
             self.transport, auth, config, port=config.network.download_port

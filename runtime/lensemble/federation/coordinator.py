@@ -55,6 +55,7 @@ from lensemble.errors import (
 )
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.diloco import OuterStep
+from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import (
@@ -76,7 +77,7 @@ from lensemble.federation.robustness import (
 )
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
-from lensemble.federation.spool import Landing, UpdateSpool
+from lensemble.federation.spool import UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.federation.verify import require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
@@ -470,9 +471,7 @@ class Coordinator:
         Under write-behind this runs on the commit thread (observers must be thread-safe;
         the network coordinator's log and metrics are).
         """
-        durable = getattr(transport, "round_durable", None)
-        if durable is not None:
-            durable(record)
+        transport.round_durable(record)
         if self.observer is not None:
             self.observer.on_round(record)
 
@@ -533,14 +532,14 @@ class Coordinator:
         """The round being collected, or the next one when none is open."""
         return self._collection.opening.round_index if self._collection else self.version
 
-    def land(self, size: int) -> Landing | None:
-        """A spool file to receive one incoming update of ``size`` bytes into, or None.
+    @property
+    def intake(self) -> Intake:
+        """The door a transport's receiving threads may use: spool files to land updates in.
 
-        For transports that receive updates as streams (thread-safe); see
-        :meth:`lensemble.federation.spool.UpdateSpool.land`. A submission carrying it
+        Thread-safe; see :mod:`lensemble.federation.intake`. A submission carrying a landing
         (``Submission.landed``) is kept in that file when accepted, without another write.
         """
-        return self._spool.land(size)
+        return Intake(self._spool.land)
 
     def accept(self, submission: Submission) -> Verdict:
         """Validate one submission for the open round and keep it if valid.
@@ -730,6 +729,7 @@ class Coordinator:
             QuorumNotReached: Still below quorum after ``max_round_retries`` retries.
         """
         fed = self.config.federation
+        transport.attach(self.intake)
         record = None
         for attempt in range(fed.max_round_retries + 1):
             record = self.run_attempt(transport, attempt, write_behind=write_behind)
@@ -790,8 +790,7 @@ class Coordinator:
         self._settle()
         # A transport may know why an absent participant is absent (its connection broke, it
         # sent an oversized stream): the ledger names that instead of "timeout".
-        absence = getattr(transport, "absence_reasons", None)
-        for pid, why in (absence() if absence is not None else {}).items():
+        for pid, why in transport.absence_reasons().items():
             col.rejected.setdefault(pid, why)
         self._collection = None
         self._closed = ClosedAttempt(t, attempt, dict(col.hashes))

@@ -31,7 +31,7 @@ from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
-from lensemble.federation.transport import Traffic
+from lensemble.federation.transport import CoordinatorTransport, Traffic
 
 _log = logging.getLogger("lensemble.federation.inprocess")
 
@@ -62,7 +62,7 @@ BASE_ARRIVAL_S = 1.0
 ARRIVAL_STEP_S = 0.01
 
 
-class InProcessTransport:
+class InProcessTransport(CoordinatorTransport):
     """Coordinator and participants in one process.
 
     Args:

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lensemble.federation.spool import Landing
+    from lensemble.federation.intake import Landing
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,10 @@ class Submission:
         hash_checked: True when the transport hashed ``payload`` as it arrived and found
             ``payload_hash`` (the network transport does, while streaming), so the coordinator
             does not hash the same bytes again.
-        landed: The coordinator's spool file the transport received ``payload`` into (then
-            ``payload`` is a read-only view of it), or None for bytes in memory. The spool
-            keeps that file if the update is accepted (``spool.UpdateSpool.land``).
+        landed: The file the transport received ``payload`` into through the coordinator's
+            :class:`~lensemble.federation.intake.Intake` (then ``payload`` is a read-only view
+            of it), or None for bytes in memory. The coordinator keeps that file if it accepts
+            the update.
     """
 
     sender: str

@@ -54,12 +54,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from lensemble.durable import DiskFull, check_free_space
 from lensemble.errors import IntegrityError
+from lensemble.federation.intake import Landing
 from lensemble.federation.payload import Decoded, TensorRange, dtype_token
 from lensemble.federation.quantization import SCALE_SUFFIX, WIRE_DTYPES
 from lensemble.machinery.hash_behind import hashing_thread
@@ -271,7 +271,7 @@ class UpdateSpool:
                 getattr(exc, "message", None) or exc,
             )
             return None
-        return None if fd is None else Landing(self, fd, size)
+        return None if fd is None else Landing(fd, size, self._give_back)
 
     def add(
         self,
@@ -399,61 +399,6 @@ class UpdateSpool:
         return SpooledUpdate(
             pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor, window=window
         )
-
-
-class Landing:
-    """One incoming stream written into an unnamed spool file as its chunks arrive.
-
-    Made by :meth:`UpdateSpool.land`. :meth:`write` appends (one ``pwrite`` per chunk, nothing
-    kept in memory); :meth:`finish` maps the whole file read-only and returns a view of it,
-    which the coordinator judges like bytes in memory. When the spool keeps the update
-    (:meth:`UpdateSpool.add` with ``landed``) the file becomes its entry; otherwise the file
-    goes back to the spool once the last view of its mapping is gone (never earlier: reusing it
-    would change, or cut short, bytes still visible), or when the landing is dropped unfinished.
-
-    Args:
-        spool: The spool the file comes from and goes back to.
-        fd: The unnamed file (owned by this landing until adopted).
-        size: Bytes the stream declared.
-    """
-
-    def __init__(self, spool: UpdateSpool, fd: int, size: int) -> None:
-        self.size = size
-        self._fd = fd
-        self._at = 0
-        self._spool = spool
-        self._release: Any = weakref.finalize(self, spool._give_back, fd)
-
-    def write(self, piece: bytes | bytearray | memoryview) -> None:
-        """Append ``piece`` at the end of what was written (the caller bounds the total).
-
-        Raises:
-            OSError: The write failed (no room left, an I/O error).
-        """
-        view = memoryview(piece).cast("B")
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], self._at + done)
-        self._at += done
-
-    def finish(self) -> memoryview:
-        """A read-only view of the ``size`` bytes written (a shared mapping of the file).
-
-        Raises:
-            OSError: The file could not be cut to length or mapped.
-        """
-        assert self._at == self.size, "the caller checks the stream is complete"
-        os.ftruncate(self._fd, self.size)  # a reused file may have been longer
-        mapping = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        # From now on the file goes back with the mapping's last view, not with this object.
-        self._release.detach()
-        self._release = weakref.finalize(mapping, self._spool._give_back, self._fd)
-        return memoryview(mapping)
-
-    def adopt(self) -> int:
-        """Hand the file over to the spool entry that keeps it (which then owns it)."""
-        self._release.detach()
-        return self._fd
 
 
 class SpooledUpdate:

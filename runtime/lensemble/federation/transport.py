@@ -1,10 +1,15 @@
 """The one Transport seam the coordinator drives (in-process simulation or gRPC).
 
 The coordinator is single-threaded and talks to its transport only through
-:class:`CoordinatorTransport`. A transport delivers the round opening and the model payload to
+:class:`CoordinatorTransport`: every call it makes is declared here, and nothing else of a
+transport is ever reached. A transport delivers the round opening and the model payload to
 participants, hands back their submissions one at a time, and relays the coordinator's verdicts.
 Participants never see the transport either: a transport driver calls
 :meth:`lensemble.federation.participant.Participant.contribute` with each opening.
+
+Transports subclass :class:`CoordinatorTransport`. The five calls that carry a round must be
+implemented; the hooks after them have defaults that do nothing, so a transport overrides only
+those it has a use for (as torchft's ``Manager`` keeps its transport to a few calls).
 
 Time is the transport's: the in-process transport runs a virtual clock (deterministic, instant
 timeouts), the network transport uses the monotonic clock.
@@ -12,9 +17,11 @@ timeouts), the network transport uses the monotonic clock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 
@@ -37,7 +44,13 @@ class Traffic:
 
 @runtime_checkable
 class CoordinatorTransport(Protocol):
-    """What the coordinator needs from a transport."""
+    """Everything the coordinator calls on a transport, in the order a run calls it.
+
+    Required: :meth:`now`, :meth:`wait_for_participants`, :meth:`open_round`, :meth:`receive`,
+    :meth:`reply`. Hooks with a default that does nothing: :meth:`attach`,
+    :meth:`absence_reasons`, :meth:`round_closed`, :meth:`round_durable`, :meth:`take_traffic`,
+    :meth:`finish`.
+    """
 
     def now(self) -> float:
         """Current time on the transport's clock (seconds)."""
@@ -66,14 +79,39 @@ class CoordinatorTransport(Protocol):
         """Deliver the coordinator's verdict on ``submission`` to its sender."""
         ...
 
+    # ---------------------------------------------------------------- hooks (default: nothing)
+    def attach(self, intake: Intake) -> None:
+        """Before the first round: the door the transport's receiving threads may use.
+
+        A transport that receives payloads on threads of its own lands them through
+        ``intake`` (:mod:`lensemble.federation.intake`); the default ignores it.
+        """
+        return None
+
+    def absence_reasons(self) -> Mapping[str, str]:
+        """Why participants missing from the attempt that is closing are missing.
+
+        Called once per attempt, when collection ends. Participant id -> the ledger's reason
+        (``disconnected``, ``left``, ``rank_failure``, ...), recorded instead of ``timeout``.
+        The default knows of none.
+        """
+        return {}
+
     def round_closed(self, record: RoundRecord) -> None:
-        """The round attempt is over (committed or aborted)."""
-        ...
+        """The round attempt is over (committed or aborted): stop collecting for it."""
+        return None
+
+    def round_durable(self, record: RoundRecord) -> None:
+        """``record``'s ledger line (and checkpoint) is durable.
+
+        Under write-behind commits this is called on the coordinator's commit thread.
+        """
+        return None
 
     def take_traffic(self) -> Traffic:
         """Traffic since the last call (the coordinator calls it once per attempt)."""
-        ...
+        return Traffic()
 
     def finish(self) -> None:
         """The run is over: tell participants to leave."""
-        ...
+        return None

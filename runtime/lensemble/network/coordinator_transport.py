@@ -45,6 +45,7 @@ from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import differing_paths, hashed_view
 from lensemble.federation.coordinator import ClosedAttempt, admit_attempt
+from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import (
     ABSTENTION_REASONS,
@@ -54,7 +55,7 @@ from lensemble.federation.messages import (
     Submission,
     Verdict,
 )
-from lensemble.federation.transport import Traffic
+from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.network import transport_errors as nerr
 from lensemble.network.logs import event
 from lensemble.network.metrics import Metrics
@@ -142,7 +143,7 @@ class JoinOutcome:
     run_over: bool
 
 
-class GrpcCoordinatorTransport:
+class GrpcCoordinatorTransport(CoordinatorTransport):
     """Coordinator transport whose participants are remote processes.
 
     Args:
@@ -153,6 +154,8 @@ class GrpcCoordinatorTransport:
     Attributes:
         session: Random id of this coordinator process, returned by Join and required in every
             later call, so participants notice a restarted coordinator.
+        intake: Where the handler threads land update streams (the coordinator attaches its
+            own before the first round; until then, in memory).
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class GrpcCoordinatorTransport:
         self.expected = frozenset(config.participant_ids)
         self.metrics = metrics or Metrics()
         self.session = secrets.token_hex(8)
+        self.intake = Intake()
         # One condition for every state change: a waiter wakes on the event itself, never on a
         # polling interval (each change below notifies; see _wake_in for the one timed wake).
         self._cond = threading.Condition()
@@ -204,6 +208,10 @@ class GrpcCoordinatorTransport:
     def _check_stop(self) -> None:
         if self._stopping:
             raise ShutdownRequested("the coordinator is shutting down (SIGTERM);")
+
+    def attach(self, intake: Intake) -> None:
+        """Land update streams through the coordinator's ``intake`` from now on."""
+        self.intake = intake
 
     def wait_for_participants(self, quorum: int, timeout_s: float) -> set[str]:
         """Block until every participant joined or ``timeout_s`` passed; returns who joined.

@@ -363,7 +363,6 @@ def _serve_coordinator(
             host=net.listen_host,
             port=net.port if ports.port is None else ports.port,
             architecture=coordinator.architecture,
-            land=coordinator.land,
         )
         download = start_model_download(transport, authenticator, config, port=net.download_port)
         harness.health.set_ready(True)

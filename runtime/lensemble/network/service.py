@@ -20,9 +20,9 @@ from google.protobuf.message import DecodeError
 from lensemble import __version__
 from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
+from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.federation.payload import TensorSpec
-from lensemble.federation.spool import Landing
 from lensemble.network import transport_errors as nerr
 from lensemble.network.call_guard import (
     CallGuard,
@@ -41,7 +41,6 @@ from lensemble.network.security import Authenticator
 from lensemble.network.streams import (
     Assembler,
     FrameError,
-    Lander,
     TooLarge,
     chunk_count,
     chunks,
@@ -178,8 +177,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         authenticator: Decides who a caller is.
         update_limit: Largest update payload accepted (bytes; see
             :mod:`lensemble.network.payload_limits`).
-        land: Where an update stream lands as it arrives (``Coordinator.land``: a spool file),
-            or None to assemble every stream in memory.
+
+    Update streams land where the transport's :class:`~lensemble.federation.intake.Intake`
+    says (the coordinator's spool files), never through the coordinator itself.
     """
 
     def __init__(
@@ -187,11 +187,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         transport: GrpcCoordinatorTransport,
         authenticator: Authenticator,
         update_limit: int,
-        land: Lander | None = None,
     ) -> None:
         self.transport = transport
         self.auth = authenticator
-        self.land = land
         net = transport.config.network
         self.max_bytes = update_limit
         self.presence_window_s = presence_window_s(transport.config)
@@ -429,7 +427,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
 
         try:
-            assembler = Assembler(header.total_bytes, self.max_bytes, what, land=self.land)
+            assembler = Assembler(
+                header.total_bytes, self.max_bytes, what, land=self.transport.intake.land
+            )
         except TooLarge as exc:
             refused(Reason.TOO_LARGE.value)
             self._abort(
@@ -631,7 +631,6 @@ def start_coordinator_server(
     host: str,
     port: int,
     architecture: Mapping[str, TensorSpec],
-    land: Lander | None = None,
 ) -> tuple[Any, int]:
     """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
 
@@ -642,8 +641,6 @@ def start_coordinator_server(
         host: Bind address (``network.listen_host``).
         port: TCP port; 0 picks a free one.
         architecture: The global model's parameters (name -> spec): sets the update cap.
-        land: Where update streams land as they arrive (``Coordinator.land``), or None to
-            assemble them in memory.
 
     Returns:
         ``(server, bound port)``; the server is started.
@@ -654,7 +651,7 @@ def start_coordinator_server(
     """
     config = transport.config
     limits = payload_limits(config, architecture)
-    service = CoordinatorService(transport, authenticator, limits.update_bytes, land)
+    service = CoordinatorService(transport, authenticator, limits.update_bytes)
     policy = call_policy(config)
 
     def refuse(

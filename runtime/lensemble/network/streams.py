@@ -21,11 +21,11 @@ import hashlib
 from collections.abc import Callable, Iterator
 
 from lensemble.errors import PayloadError
-from lensemble.federation.spool import Landing
+from lensemble.federation.intake import Landing
 from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 
-#: Makes the spool file a stream of the given size lands in, or None for memory
-#: (``Coordinator.land``).
+#: Makes the file a stream of the given size lands in, or None for memory
+#: (:meth:`lensemble.federation.intake.Intake.land`).
 Lander = Callable[[int], Landing | None]
 
 #: Headroom (bytes) above ``chunk_bytes`` for protobuf framing and headers in one gRPC message.
@@ -216,7 +216,7 @@ class Assembler:
 
     With ``land`` (the coordinator's update streams), a stream of at least
     :data:`~lensemble.machinery.fresh_bytes.LARGE` bytes is written into a spool file instead
-    (:class:`~lensemble.federation.spool.Landing`): chunk by chunk, nothing of it kept in
+    (:class:`~lensemble.federation.intake.Landing`): chunk by chunk, nothing of it kept in
     memory, so N uploads at once do not hold N payloads. :meth:`finish` then returns a
     read-only view of that file, and :attr:`landing` the file.
 
