@@ -486,7 +486,7 @@ def test_certs_are_created_and_shared_with_the_container_user(
 def test_existing_certs_are_kept(cfg: LensembleConfig, tmp_path: Path) -> None:
     identities = ["coordinator", *cfg.participant_ids]
     config_file = tmp_path / "lensemble.yaml"
-    config_file.write_text((REPO / "deploy/compose/lensemble.yaml").read_text())
+    config_file.write_text((REPO / "compose/lensemble.yaml").read_text())
     make_fake_certs(tmp_path / "certs", config_file)
     prepare_certs(tmp_path / "certs", config_file, identities, no_certs)
     assert mode(tmp_path / "certs" / "alpine" / "tls.crt") == 0o644

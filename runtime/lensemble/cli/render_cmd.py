@@ -115,7 +115,7 @@ def k8s(
         None,
         "--env",
         "-e",
-        help="Overlay (deploy/kustomize/overlays/ENV); default: deployment.environment.",
+        help="Overlay (overlays/ENV); default: deployment.environment.",
     ),
     output: Path | None = typer.Option(
         None,
@@ -125,10 +125,10 @@ def k8s(
         metavar="DIR",
     ),
     chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
-    kustomize_tree: Path | None = typer.Option(
+    overlays: Path | None = typer.Option(
         None,
-        "--kustomize",
-        help="Kustomize tree with base/, components/ and overlays/ (default: deploy/kustomize).",
+        "--overlays",
+        help="Kustomize tree with ENV/ (and ENV/base/) and components/ (default: overlays).",
         metavar="DIR",
     ),
     set_: list[str] = SetOption,
@@ -139,8 +139,8 @@ def k8s(
 
     cfg = load(config, set_)
     environment = k8s_render.env_from_config(cfg, env)
-    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, kustomize_tree=kustomize_tree)
-    enforce(rendered.manifests, cfg, source=f"deploy/kustomize/overlays/{environment}")
+    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, overlays=overlays)
+    enforce(rendered.manifests, cfg, source=f"overlays/{environment}")
     if output is None:
         sys.stdout.write(k8s_render.dump_manifests(rendered.manifests))
     else:

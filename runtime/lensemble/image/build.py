@@ -2,7 +2,7 @@
 
 The context handed to the builder is a fresh folder holding exactly what the image needs
 (``Dockerfile``, ``pyproject.toml``, ``README.md``, ``constraints.txt``, the build stage's pip
-wrapper ``deploy/image/pip``, ``runtime/``) plus an optional ``wheelhouse/`` of local wheels:
+wrapper ``image/pip``, ``runtime/``) plus an optional ``wheelhouse/`` of local wheels:
 nothing else of the checkout (certificates, run output, virtual environments) can reach the
 builder. Options that must not end up in the image travel
 the BuildKit way: the wheelhouse is bind-mounted into the install steps, and an extra CA bundle
@@ -38,7 +38,7 @@ CONTEXT_FILES = (
     "pyproject.toml",
     "README.md",
     "constraints.txt",
-    "deploy/image/pip",
+    "image/pip",
 )
 CONTEXT_DIRS = ("runtime",)
 WHEELHOUSE = "wheelhouse"

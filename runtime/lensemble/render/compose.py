@@ -627,6 +627,6 @@ def compose_header(
         f"  docker compose -p {project} --profile cpu up -d",
         f"  docker compose -p {project} --profile cpu down",
         "Add `--profile monitoring` for Prometheus with the alert rules (its image:",
-        "deploy/monitoring/Dockerfile; `docker compose port prometheus 9090` gives its address).",
+        "image/prometheus/Dockerfile; `docker compose port prometheus 9090` gives its address).",
     ]
     return lines
