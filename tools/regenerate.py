@@ -100,7 +100,7 @@ def _kind_cluster(root: Path) -> str:
 @functools.cache
 def _compose(root: Path) -> dict[str, str]:
     from lensemble.config import load_config
-    from lensemble.render.compose import write_compose
+    from lensemble.render.compose_files import write_compose
 
     overrides = ["federation.transport=network"]
     config = load_config(root / "config/local.yaml", overrides)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from lensemble.config import LensembleConfig, config_hash, load_config
-from lensemble.render.compose import write_compose
+from lensemble.render.compose_files import write_compose
 from tests.compose.conftest import REPO
 from tests.compose.topology import assert_topology
 from tests.support.tools import require

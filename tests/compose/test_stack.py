@@ -19,16 +19,11 @@ import pytest
 from lensemble.config import LensembleConfig, config_hash, load_config
 from lensemble.errors import IntegrityError, ToolMissing, UsageError
 from lensemble.stack import StackFailed
-from lensemble.stack.compose_stack import (
-    RECORD_NAME,
-    StackRecord,
-    down_compose,
-    prepare_certs,
-    round_progress,
-    up_compose,
-)
+from lensemble.stack.certs import prepare_certs
+from lensemble.stack.compose_stack import RECORD_NAME, StackRecord, down_compose, up_compose
 from lensemble.stack.engine import ContainerState, DockerComposeEngine, compose_command
 from lensemble.stack.ready_parse import check_ready_line, first_ready_line, parse_ready_line
+from lensemble.stack.run_output import round_progress
 from tests.compose.conftest import REPO
 from tests.support.cli import run_cli
 

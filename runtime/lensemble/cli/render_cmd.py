@@ -47,7 +47,8 @@ def compose(
     import sys
 
     from lensemble.config import default_config_path
-    from lensemble.render.compose import compose_header, compose_text, render_compose, write_compose
+    from lensemble.render.compose import render_compose
+    from lensemble.render.compose_files import compose_header, compose_text, write_compose
 
     cfg = load(config, set_)
     path = str(config) if config is not None else str(default_config_path())
