@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from lensemble.cli.options import ConfigOption, SetOption, load
-from lensemble.cli.output import write_output
+from lensemble.cli.options import ConfigOption, OutputFileOption, SetOption, load
+from lensemble.cli.output import emit
 
 app = typer.Typer(
     help="Render deployment artifacts (Compose, Helm values, Kubernetes manifests) from a config.",
@@ -85,9 +85,7 @@ def helm_values(
     trust_domain: str | None = typer.Option(
         None, "--trust-domain", "-t", help="Trust domain of a participant-mode release."
     ),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
-    ),
+    output: Path | None = OutputFileOption,
     set_: list[str] = SetOption,
 ) -> None:
     """Print the Helm values (charts/lensemble) that deploy a config."""
@@ -102,11 +100,7 @@ def helm_values(
         f"# Helm values for charts/lensemble, mode {mode}, from {config or 'the default config'}\n"
         f"# config hash: {config_hash(cfg)}\n" + yaml.safe_dump(values, sort_keys=False, width=100)
     )
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_output(output, text)
-        sys.stderr.write(f"wrote {output}\n")
+    emit(text, output, announce=True)
 
 
 @app.command("k8s")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from lensemble.cli.options import SET_HELP, load
+from lensemble.cli.options import SetOption, load
 from lensemble.errors import Interrupted, LensembleError, UsageError
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def simulate(
         "physics); quorum becomes a strict majority unless --set federation.quorum=... is given.",
     ),
     rounds: int | None = typer.Option(None, "--rounds", "-r", min=1, help="Outer rounds."),
-    set_: list[str] = typer.Option(None, "--set", "-s", help=SET_HELP, metavar="PATH=VALUE"),
+    set_: list[str] = SetOption,
     output_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Where to write results (default: run.output_dir)."
     ),
