@@ -42,7 +42,7 @@ CONTEXT_FILES = (
 )
 CONTEXT_DIRS = ("runtime",)
 WHEELHOUSE = "wheelhouse"
-#: Seconds a whole image build may take (a cold build here: about 2-5 min).
+#: Seconds a whole image build may take (docs/performance.md#images-and-the-compose-stack).
 BUILD_TIMEOUT_S = 3600.0
 #: Lines of the build output kept to explain a failure.
 _TAIL = 40

@@ -43,7 +43,7 @@ DPKG_FILTERS = (
     "path-exclude=/usr/share/locale/*",
     "path-include=/usr/share/locale/locale.alias",
 )
-#: Seconds the whole base build may take (measured here: 34-75 s).
+#: Seconds the whole base build may take (docs/performance.md#images-and-the-compose-stack).
 BASE_TIMEOUT_S = 1800.0
 _SNAPSHOT = re.compile(r"^\d{8}T\d{6}Z$")
 

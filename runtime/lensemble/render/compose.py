@@ -91,8 +91,8 @@ LABEL_RANKS = "dev.lensemble.ranks"
 #: keeps failing stops after three restarts so the failure surfaces instead of looping.
 RESTART_POLICY = "on-failure:3"
 HEALTH_INTERVAL = "5s"
-#: The check is a whole `lensemble health` process (about 0.5 CPU-seconds) that shares the
-#: container's CPU limit with a busy trainer: 3 s was measured to time out at 0.5 CPU.
+#: The check is a whole `lensemble health` process that shares the container's CPU limit with a
+#: busy trainer (what it costs: docs/performance.md#images-and-the-compose-stack).
 HEALTH_TIMEOUT = "10s"
 HEALTH_RETRIES = 5
 #: Importing torch and building the model takes a while on a cold, small machine.

@@ -45,8 +45,8 @@ LEDGER_NAME = "ledger.jsonl"
 #: Seconds between two looks at the containers while waiting.
 POLL_S = 1.0
 #: Seconds creating, and then starting, the containers may take each (``--start-timeout``).
-#: Measured here with overlay2: 2-5 s to create five containers; vfs copies the whole image
-#: (about 1.1 GB) for each, which took minutes on a loaded machine.
+#: A slow storage driver (vfs copies the whole image for each container) needs minutes
+#: (docs/performance.md#images-and-the-compose-stack).
 START_TIMEOUT_S = 900.0
 
 Echo = Callable[[str], None]
