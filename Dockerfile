@@ -48,10 +48,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 RUN python3 -m venv /opt/lensemble
-# pip's trust and index for every install below: deploy/image/pip wraps the venv's pip (the
+# pip's trust and index for every install below: image/pip wraps the venv's pip (the
 # base's CA store plus the optional ca-bundle secret, combined on a tmpfs, so that neither is
 # written to any layer). It stays in this stage.
-COPY deploy/image/pip /usr/local/lib/lensemble-build/pip
+COPY image/pip /usr/local/lib/lensemble-build/pip
 ENV PATH=/usr/local/lib/lensemble-build:/opt/lensemble/bin:$PATH
 
 # torch first, in its own layer: it is by far the largest download, and it changes only with

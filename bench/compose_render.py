@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from lensemble.config import load_config
-from lensemble.render.compose import write_compose
+from lensemble.render.compose_files import write_compose
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = 5

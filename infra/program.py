@@ -35,7 +35,7 @@ from infra.trust_domain import ParticipantTrustDomain, ParticipantTrustDomainArg
 from lensemble.config import LensembleConfig, load_config
 from lensemble.errors import ConfigError, ConfigProblem
 from lensemble.render.helm_values import pod_config
-from lensemble.render.k8s import KUSTOMIZE_DIR
+from lensemble.render.k8s import OVERLAYS_DIR
 from lensemble.render.names import (
     RUN_LABEL,
     coordinator_name,
@@ -83,7 +83,7 @@ def _namespace(
 
 
 def _kustomize_dir(config: LensembleConfig, settings: StackSettings) -> str:
-    overlay = KUSTOMIZE_DIR / "overlays" / config.deployment.environment
+    overlay = OVERLAYS_DIR / config.deployment.environment
     return settings.kustomize_dir or overlay.as_posix()
 
 

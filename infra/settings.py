@@ -61,7 +61,7 @@ class StackSettings:
         ca_file: PEM CA certificate (path) the coordinator stack publishes to participants.
         deploy_with: ``helm`` (the chart with rendered values) or ``kustomize`` (an overlay).
         kustomize_dir: Overlay directory (relative to the project root) for ``kustomize``;
-            None means ``deploy/kustomize/overlays/<environment>``.
+            None means ``overlays/<environment>``.
         vpc_cidr: IPv4 CIDR of the VPC.
         availability_zones: Private subnets to spread nodes over (count, 2-3).
         api_allowed_cidrs: CIDRs allowed to reach a public EKS endpoint (staging only).

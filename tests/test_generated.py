@@ -1,34 +1,20 @@
 """Every committed generated file is exactly what its generator writes today.
 
-One test over the registry of ``scripts/regenerate.py``; a stale file names the one command that
+One test over the registry of ``tools/regenerate.py``; a stale file names the one command that
 rewrites every generated file.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.support.tools import require
+from tools import regenerate
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _load_registry() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("regenerate", REPO / "scripts/regenerate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("regenerate", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-regenerate = _load_registry()
 
 
 @pytest.mark.parametrize("entry", regenerate.REGISTRY, ids=lambda e: e.path)

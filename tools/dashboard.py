@@ -1,9 +1,9 @@
 """The Grafana dashboard of a federation, generated with Grafana's Python SDK.
 
-    python scripts/regenerate.py     # rewrites charts/lensemble/files/grafana-dashboard.json
+    python -m tools.regenerate     # rewrites charts/lensemble/files/grafana-dashboard.json
 
 :func:`dashboard_text` is the committed JSON (``grafana-foundation-sdk``, in the ``[dev]``
-extra); ``scripts/regenerate.py --check`` fails when the file is stale. The chart ships it as a
+extra); ``tools/regenerate.py --check`` fails when the file is stale. The chart ships it as a
 ConfigMap for Grafana's dashboard sidecar (``grafanaDashboard.enabled``). Every query selects
 targets by their ``role`` label, as the alert rules do (docs/operations.md).
 """

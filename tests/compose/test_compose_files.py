@@ -14,13 +14,13 @@ from typing import Any
 import yaml
 
 from lensemble.config import LensembleConfig, config_hash, load_config
-from lensemble.render.compose import write_compose
+from lensemble.render.compose_files import write_compose
 from tests.compose.conftest import REPO
 from tests.compose.topology import assert_topology
 from tests.support.tools import require
 
-COMMITTED = REPO / "deploy/compose/compose.yaml"
-COMMITTED_CONFIG = REPO / "deploy/compose/lensemble.yaml"
+COMMITTED = REPO / "compose/compose.yaml"
+COMMITTED_CONFIG = REPO / "compose/lensemble.yaml"
 
 
 def compose_config(path: Path) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def test_committed_container_config_has_the_source_hash() -> None:
     source = load_config(REPO / "config/local.yaml", ["federation.transport=network"])
     assert config_hash(load_config(COMMITTED_CONFIG)) == config_hash(source)
     # Freshness is tests/test_generated.py's; the header names the command that regenerates.
-    assert "python scripts/regenerate.py" in COMMITTED.read_text(encoding="utf-8")
+    assert "python -m tools.regenerate" in COMMITTED.read_text(encoding="utf-8")
 
 
 def test_docker_compose_accepts_a_multi_rank_participant(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ counter must equal the ledger's count of committed rounds at that sample's time 
 times are those of the coordinator's ``round_closed`` log events).
 
 Needs the engine, the CPU image built from this checkout, and ``lensemble-prometheus:bookworm``
-(``deploy/monitoring/Dockerfile``).
+(``image/prometheus/Dockerfile``).
 """
 
 from __future__ import annotations

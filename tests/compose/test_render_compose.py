@@ -15,8 +15,8 @@ from lensemble.render.compose import (
     compose_memory,
     profile_images,
     render_compose,
-    write_compose,
 )
+from lensemble.render.compose_files import write_compose
 from tests.compose.conftest import REPO
 from tests.compose.topology import assert_topology, in_profile
 from tests.support.cli import run_cli

@@ -19,16 +19,11 @@ import pytest
 from lensemble.config import LensembleConfig, config_hash, load_config
 from lensemble.errors import IntegrityError, ToolMissing, UsageError
 from lensemble.stack import StackFailed
-from lensemble.stack.compose_stack import (
-    RECORD_NAME,
-    StackRecord,
-    down_compose,
-    prepare_certs,
-    round_progress,
-    up_compose,
-)
+from lensemble.stack.certs import prepare_certs
+from lensemble.stack.compose_stack import RECORD_NAME, StackRecord, down_compose, up_compose
 from lensemble.stack.engine import ContainerState, DockerComposeEngine, compose_command
 from lensemble.stack.ready_parse import check_ready_line, first_ready_line, parse_ready_line
+from lensemble.stack.run_output import round_progress
 from tests.compose.conftest import REPO
 from tests.support.cli import run_cli
 
@@ -486,7 +481,7 @@ def test_certs_are_created_and_shared_with_the_container_user(
 def test_existing_certs_are_kept(cfg: LensembleConfig, tmp_path: Path) -> None:
     identities = ["coordinator", *cfg.participant_ids]
     config_file = tmp_path / "lensemble.yaml"
-    config_file.write_text((REPO / "deploy/compose/lensemble.yaml").read_text())
+    config_file.write_text((REPO / "compose/lensemble.yaml").read_text())
     make_fake_certs(tmp_path / "certs", config_file)
     prepare_certs(tmp_path / "certs", config_file, identities, no_certs)
     assert mode(tmp_path / "certs" / "alpine" / "tls.crt") == 0o644

@@ -96,12 +96,12 @@ def test_the_staged_context_holds_only_what_the_image_needs(tmp_path: Path) -> N
         "Dockerfile",
         "README.md",
         "constraints.txt",
-        "deploy",
+        "image",
         "pyproject.toml",
         "runtime",
         "wheelhouse",
     ]
-    assert [p.name for p in (staged / "deploy").rglob("*") if p.is_file()] == ["pip"]
+    assert [p.name for p in (staged / "image").rglob("*") if p.is_file()] == ["pip"]
     assert [p.name for p in (staged / "wheelhouse").iterdir()] == [
         "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
     ]
@@ -118,7 +118,7 @@ def test_the_context_digest_follows_the_content_and_ignores_bytecode(tmp_path: P
         "pyproject.toml",
         "README.md",
         "constraints.txt",
-        "deploy/image/pip",
+        "image/pip",
     ):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         (tree / name).write_text(name)

@@ -323,9 +323,7 @@ def test_missing_tls_file_names_the_setting(run_stack, tmp_path):
 def test_staging_can_deploy_its_kustomize_overlay(run_stack):
     capture = run_stack("staging", "aws", {"lensemble:deployWith": "kustomize"})
     [directory] = capture.of_type("kubernetes:kustomize/v2:Directory")
-    assert (
-        Path.cwd() / directory.inputs["directory"]
-    ).resolve() == REPO / "deploy/kustomize/overlays/staging"
+    assert (Path.cwd() / directory.inputs["directory"]).resolve() == REPO / "overlays/staging"
     assert capture.of_type(RELEASE) == []
     # The overlay makes the namespaces; Pulumi makes none that would collide with them.
     assert capture.of_type("kubernetes:core/v1:Namespace") == []

@@ -139,24 +139,22 @@ def _render_staging_with_overlay(tmp_path: Path, overlay: str) -> Any:
     """``lensemble render k8s`` of config/staging.yaml with this staging overlay text."""
     require("helm")
     require("kubectl")
-    tree = tmp_path / "kustomize"
-    shutil.copytree(REPO / "deploy/kustomize", tree)
-    kustomization = tree / "overlays/staging/kustomization.yaml"
+    tree = tmp_path / "overlays"
+    shutil.copytree(REPO / "overlays", tree)
+    kustomization = tree / "staging/kustomization.yaml"
     kustomization.write_text(overlay, encoding="utf-8")
-    return run_cli("render", "k8s", "-c", "config/staging.yaml", "--kustomize", str(tree))
+    return run_cli("render", "k8s", "-c", "config/staging.yaml", "--overlays", str(tree))
 
 
 def test_a_broken_overlay_is_named(tmp_path: Path, in_repo: Path) -> None:
-    broken = "resources: [../../base/staging]\ncomponents: [../../components/missing]\n"
+    broken = "resources: [base]\ncomponents: [../components/missing]\n"
     result = _render_staging_with_overlay(tmp_path, broken)
     assert result.code == 2
     assert "staging/kustomization.yaml" in result.err
 
 
 def test_an_overlay_that_breaks_the_policy_fails_closed(tmp_path: Path, in_repo: Path) -> None:
-    overlay = (REPO / "deploy/kustomize/overlays/staging/kustomization.yaml").read_text(
-        encoding="utf-8"
-    ) + (
+    overlay = (REPO / "overlays/staging/kustomization.yaml").read_text(encoding="utf-8") + (
         "patches:\n  - target: {kind: Deployment}\n    patch: |-\n"
         "      - {op: add, path: /spec/template/spec/hostNetwork, value: true}\n"
     )

@@ -73,17 +73,17 @@ def test_the_values_schema_allows_dns_ipblocks_and_refuses_everyone() -> None:
 
 def test_the_kustomize_component_adds_node_local_dns(tmp_path: Path) -> None:
     require("kubectl")
-    tree = tmp_path / "kustomize"
-    shutil.copytree(REPO / "deploy/kustomize", tree)
-    overlay = tree / "overlays" / "node-local"
+    tree = tmp_path / "overlays"
+    shutil.copytree(REPO / "overlays", tree)
+    overlay = tree / "node-local"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
-                "resources": ["../../base/staging"],
-                "components": ["../../components/node-local-dns"],
+                "resources": ["../staging/base"],
+                "components": ["../components/node-local-dns"],
             }
         ),
         encoding="utf-8",

@@ -18,8 +18,9 @@ from lensemble.config.load import validate_mapping
 from lensemble.render.helm_values import render_helm_values
 from lensemble.render.k8s import (
     BASE_CONFIG,
+    BASE_DIR,
     BASE_MANIFESTS,
-    KUSTOMIZE_DIR,
+    OVERLAYS_DIR,
     is_hook,
     parse_manifests,
     render_chart,
@@ -30,8 +31,7 @@ from lensemble.render.names import TRUST_DOMAIN_LABEL, participant_namespace
 from tests.k8s.renders import ENVS, REPO, config_of, render
 from tests.support.tools import require
 
-TREE = REPO / KUSTOMIZE_DIR
-OVERLAYS = TREE / "overlays"
+OVERLAYS = REPO / OVERLAYS_DIR
 Docs = list[dict[str, Any]]
 
 
@@ -43,13 +43,13 @@ def _load(path: Path) -> Any:
 def test_overlays_are_small_kustomizations_over_their_base(env: str) -> None:
     kustomization = _load(OVERLAYS / env / "kustomization.yaml")
     assert kustomization["kind"] == "Kustomization"
-    assert kustomization["resources"] == [f"../../base/{env}"]
+    assert kustomization["resources"] == [BASE_DIR]
     assert "namespace" not in kustomization, "a namespace override would merge trust domains"
     for component in kustomization.get("components", []):
         path = (OVERLAYS / env / component).resolve()
-        assert path.parent == TREE / "components"
+        assert path.parent == OVERLAYS / "components"
         assert _load(path / "kustomization.yaml")["kind"] == "Component"
-    base = _load(TREE / "base" / env / "kustomization.yaml")
+    base = _load(OVERLAYS / env / BASE_DIR / "kustomization.yaml")
     assert base["resources"] == [BASE_MANIFESTS]
     # The config is written once; every workload's ConfigMap refers to it.
     assert {tuple(g["files"]) for g in base["configMapGenerator"]} == {(BASE_CONFIG,)}
@@ -108,7 +108,7 @@ def _patches(kustomization_dir: Path) -> list[Patch]:
     for component in kustomization.get("components", []):
         out += _patches((kustomization_dir / component).resolve())
     for entry in kustomization.get("patches", []):
-        source = str(kustomization_dir.relative_to(TREE))
+        source = str(kustomization_dir.relative_to(OVERLAYS))
         if "patch" in entry:  # inline JSON6902 with a target
             target = entry["target"]
             selector = target.get("labelSelector")
@@ -123,7 +123,7 @@ def _patches(kustomization_dir: Path) -> list[Patch]:
                 for pointer in _leaves(body):
                     out.append(
                         Patch(
-                            str(path.relative_to(TREE)),
+                            str(path.relative_to(OVERLAYS)),
                             doc["kind"],
                             pointer,
                             name=meta["name"],
@@ -163,7 +163,7 @@ def test_local_overlay_is_the_chart_as_the_config_says() -> None:
     assert _patches(OVERLAYS / "local") == []
     workers = [
         node["labels"]
-        for node in _load(REPO / "deploy/kind/kind-cluster.yaml")["nodes"]
+        for node in _load(REPO / "overlays/local/kind-cluster.yaml")["nodes"]
         if node["role"] == "worker"
     ]
     assert sorted(w[TRUST_DOMAIN_LABEL] for w in workers) == sorted(cfg.trust_domains)
@@ -290,18 +290,18 @@ def overriding_changes(tree: Path, env: str) -> list[str]:
     rendering it), so changing it contradicts the config. A patch that changes nothing at all
     repeats the base and is reported too.
     """
-    base = _build(tree / "base" / env)
-    overlay = tree / "overlays" / env
+    base = _build(tree / env / BASE_DIR)
+    overlay = tree / env
     out = []
     for name, unit in _units(overlay):
-        # A sibling of the overlay, so that its relative paths resolve the same way.
-        probe = tree / "overlays" / f"{env}-probe"
+        # A sibling of the overlay (with a copy of its base), so its relative paths resolve alike.
+        probe = tree / f"{env}-probe"
         shutil.rmtree(probe, ignore_errors=True)
         shutil.copytree(overlay, probe)
         document = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
-            "resources": [f"../../base/{env}"],
+            "resources": [BASE_DIR],
             **unit,
         }
         (probe / "kustomization.yaml").write_text(yaml.safe_dump(document), encoding="utf-8")
@@ -324,8 +324,8 @@ def overriding_changes(tree: Path, env: str) -> list[str]:
 @pytest.mark.parametrize("env", ENVS)
 def test_no_overlay_patch_overrides_the_config(env: str, tmp_path: Path) -> None:
     require("kubectl")
-    tree = tmp_path / "kustomize"
-    shutil.copytree(TREE, tree)
+    tree = tmp_path / "overlays"
+    shutil.copytree(OVERLAYS, tree)
     assert overriding_changes(tree, env) == []
 
 
@@ -343,12 +343,10 @@ def _local_overlay_with(tree: Path, path: str, value: str) -> None:
     overlay = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": ["../../base/local"],
-        "components": ["../../components/probe"],
+        "resources": [BASE_DIR],
+        "components": ["../components/probe"],
     }
-    (tree / "overlays/local/kustomization.yaml").write_text(
-        yaml.safe_dump(overlay), encoding="utf-8"
-    )
+    (tree / "local/kustomization.yaml").write_text(yaml.safe_dump(overlay), encoding="utf-8")
 
 
 @pytest.mark.parametrize(
@@ -372,8 +370,8 @@ def test_a_patch_against_the_config_is_found(
     tmp_path: Path, path: str, value: str, expected: str
 ) -> None:
     require("kubectl")
-    tree = tmp_path / "kustomize"
-    shutil.copytree(TREE, tree)
+    tree = tmp_path / "overlays"
+    shutil.copytree(OVERLAYS, tree)
     _local_overlay_with(tree, path, value)
     found = overriding_changes(tree, "local")
     assert found, "the patch went unnoticed"

@@ -12,7 +12,7 @@ import yaml
 
 from lensemble.config import load_config
 from lensemble.network.metrics import Metrics
-from lensemble.render.compose import prometheus_config_text
+from lensemble.render.compose_files import prometheus_config_text
 from lensemble.render.prometheus import ALERTS_NAME, alert_rules_text
 from tests.conftest import REPO
 from tests.support.tools import require

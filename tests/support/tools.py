@@ -107,7 +107,7 @@ def probe(tool: str) -> str | None:
             return None
         return (
             f"{PROMETHEUS_IMAGE} is not on the engine (build it: docker build -t "
-            f"{PROMETHEUS_IMAGE} -f deploy/monitoring/Dockerfile deploy/monitoring)"
+            f"{PROMETHEUS_IMAGE} -f image/prometheus/Dockerfile image/prometheus)"
         )
     if tool == "worldmodel":
         found = importlib.util.find_spec("stable_worldmodel")

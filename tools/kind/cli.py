@@ -183,7 +183,7 @@ def up(
     kubectl = [kubectl_exe, "--context", f"kind-{name}"]
     image = f"{cfg.deployment.image.repository}:{cfg.deployment.image.tag}"
     rendered = k8s_render.render_k8s(cfg, "local")
-    enforce(rendered.manifests, cfg, source="deploy/kustomize/overlays/local")
+    enforce(rendered.manifests, cfg, source="overlays/local")
     with tempfile.TemporaryDirectory(prefix="lensemble-kind-") as tmp:
         work = Path(tmp)
         if name not in _run([kind, "get", "clusters"]).split():

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from tools.vendor.digest import diff_trees, file_digests, tree_digest
 from tools.vendor.drift import describe_differences, series_changes
@@ -21,7 +22,7 @@ from tools.vendor.errors import NotSynced, PatchFailed, TreeDrift, VendorInputEr
 from tools.vendor.fetch import Release, fetch_distribution, resolve_release
 from tools.vendor.license import LicenseStatus, check_license
 from tools.vendor.manifest import CACHE_DIR, LOCK_FILE, Lock, LockedPatch, Project
-from tools.vendor.patches import apply_patch, check_dep3, patch_series
+from tools.vendor.patches import Patch, apply_patch, check_dep3, patch_series
 from tools.vendor.unpack import unpack
 
 
@@ -144,6 +145,72 @@ def _patch_failure(
     )
 
 
+def _patched_tree(
+    project: Project,
+    archive: Path,
+    tree: Path,
+    series: list[Patch],
+    *,
+    version: str,
+    lock: Lock | None,
+    update: str | None,
+) -> str:
+    """Unpack the release into ``tree`` and apply the whole series; the pristine digest.
+
+    Raises:
+        PatchFailed: Patches do not apply (every failing one named).
+    """
+    unpack(archive, tree, project.manifest.upstream.distribution)
+    pristine = tree_digest(file_digests(tree))
+    failures = [
+        (patch.name, reason)
+        for patch in series
+        if (reason := apply_patch(patch.path, tree)) is not None
+    ]
+    if failures:
+        moving = update is not None and (lock is None or lock.version != update)
+        raise _patch_failure(
+            project, version, lock, moving=moving, failures=failures, total=len(series)
+        )
+    return pristine
+
+
+def _lock_of(
+    project: Project,
+    version: str,
+    release: Release,
+    *,
+    tree: Path,
+    pristine: str,
+    files: dict[str, str],
+    series: list[Patch],
+) -> Lock:
+    """The lock record of a patched tree."""
+    upstream = project.manifest.upstream
+    return Lock(
+        package=upstream.package,
+        version=version,
+        distribution=upstream.distribution,
+        filename=release.filename,
+        url=release.url,
+        sha256=release.sha256,
+        upstream_commit=_upstream_commit(tree),
+        pristine_digest=pristine,
+        tree_digest=tree_digest(files),
+        patches=[LockedPatch(name=p.name, sha256=p.sha256) for p in series],
+        files=files,
+    )
+
+
+def _refuse_drift(project: Project, lock: Lock, new_lock: Lock) -> NoReturn:
+    """Raise TreeDrift naming what differs between the committed lock and the new one."""
+    raise TreeDrift(
+        f"{project.label}/{LOCK_FILE} is out of date: "
+        f"{'; '.join(_lock_differences(lock, new_lock))}.",
+        remediation=f"run `python -m tools.vendor sync {project.name}` and commit {LOCK_FILE}.",
+    )
+
+
 def sync_project(
     project: Project,
     *,
@@ -192,41 +259,17 @@ def sync_project(
     staging = Path(tempfile.mkdtemp(dir=staging_root, prefix=f"{project.name}.staging-"))
     try:
         tree = staging / "src"
-        unpack(archive, tree, project.manifest.upstream.distribution)
-        pristine = tree_digest(file_digests(tree))
-        failures = [
-            (patch.name, reason)
-            for patch in series
-            if (reason := apply_patch(patch.path, tree)) is not None
-        ]
-        if failures:
-            moving = update is not None and (lock is None or lock.version != update)
-            raise _patch_failure(
-                project, version, lock, moving=moving, failures=failures, total=len(series)
-            )
+        pristine = _patched_tree(
+            project, archive, tree, series, version=version, lock=lock, update=update
+        )
         files = file_digests(tree)
         license_status = check_license(project, tree)
-        new_lock = Lock(
-            package=project.manifest.upstream.package,
-            version=version,
-            distribution=project.manifest.upstream.distribution,
-            filename=release.filename,
-            url=release.url,
-            sha256=release.sha256,
-            upstream_commit=_upstream_commit(tree),
-            pristine_digest=pristine,
-            tree_digest=tree_digest(files),
-            patches=[LockedPatch(name=p.name, sha256=p.sha256) for p in series],
-            files=files,
+        new_lock = _lock_of(
+            project, version, release, tree=tree, pristine=pristine, files=files, series=series
         )
         lock_changed = new_lock != lock
         if locked and lock is not None and lock_changed:
-            raise TreeDrift(
-                f"{project.label}/{LOCK_FILE} is out of date: "
-                f"{'; '.join(_lock_differences(lock, new_lock))}.",
-                remediation=f"run `python -m tools.vendor sync {project.name}` and commit "
-                f"{LOCK_FILE}.",
-            )
+            _refuse_drift(project, lock, new_lock)
         if project.src.exists():
             project.src.rename(staging / "previous")
         tree.rename(project.src)

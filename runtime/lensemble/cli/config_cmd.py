@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from lensemble.cli.options import SetOption, load
+from lensemble.cli.options import OutputFileOption, SetOption, load
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
-from lensemble.cli.output import write_output
+from lensemble.cli.output import emit
 
 app = typer.Typer(
     help="Validate, show and compare configs; export the JSON Schema.", no_args_is_help=True
@@ -77,31 +77,21 @@ def diff(
 
 @app.command()
 def schema(
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
-    ),
+    output: Path | None = OutputFileOption,
 ) -> None:
     """Print the config's JSON Schema (draft 2020-12)."""
     from lensemble.config.schema_export import json_schema_text
 
     text = json_schema_text()
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_output(output, text)
+    emit(text, output)
 
 
 @app.command()
 def reference(
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
-    ),
+    output: Path | None = OutputFileOption,
 ) -> None:
     """Print the field reference (Markdown) generated from the schema."""
     from lensemble.config.reference import render_reference
 
     text = render_reference()
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_output(output, text)
+    emit(text, output)

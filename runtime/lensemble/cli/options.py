@@ -1,4 +1,4 @@
-"""Options shared by every command that reads a config."""
+"""Options shared by the commands: the config, its overrides, and an output file."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ SET_HELP = "Override a config field, e.g. --set federation.rounds=5 (repeatable)
 SetOption = typer.Option(None, "--set", "-s", help=SET_HELP, metavar="PATH=VALUE")
 ConfigOption = typer.Option(
     None, "--config", "-c", help="Config file (default: config/local.yaml).", metavar="FILE"
+)
+#: ``-o FILE`` of a command that otherwise prints its text (see :func:`lensemble.cli.output.emit`).
+OutputFileOption = typer.Option(
+    None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
 )
 
 

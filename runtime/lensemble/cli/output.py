@@ -14,6 +14,22 @@ def write_output(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def emit(text: str, output: Path | None, *, announce: bool = False) -> None:
+    """A command's text: on stdout, or written to ``output`` (``-o``).
+
+    Args:
+        text: What the command produced.
+        output: The file to write, or None for stdout.
+        announce: Also say on stderr which file was written.
+    """
+    if output is None:
+        sys.stdout.write(text)
+        return
+    write_output(output, text)
+    if announce:
+        sys.stderr.write(f"wrote {output}\n")
+
+
 def report_error(exc: LensembleError) -> None:
     """Print an error to stderr: one line per config problem, else one line with the fix."""
     if isinstance(exc, ConfigError):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from lensemble.cli.options import ConfigOption, SetOption, load
-from lensemble.cli.output import write_output
+from lensemble.cli.options import ConfigOption, OutputFileOption, SetOption, load
+from lensemble.cli.output import emit
 
 app = typer.Typer(
     help="Render deployment artifacts (Compose, Helm values, Kubernetes manifests) from a config.",
@@ -47,7 +47,8 @@ def compose(
     import sys
 
     from lensemble.config import default_config_path
-    from lensemble.render.compose import compose_header, compose_text, render_compose, write_compose
+    from lensemble.render.compose import render_compose
+    from lensemble.render.compose_files import compose_header, compose_text, write_compose
 
     cfg = load(config, set_)
     path = str(config) if config is not None else str(default_config_path())
@@ -84,9 +85,7 @@ def helm_values(
     trust_domain: str | None = typer.Option(
         None, "--trust-domain", "-t", help="Trust domain of a participant-mode release."
     ),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="Write to this file instead of stdout.", metavar="FILE"
-    ),
+    output: Path | None = OutputFileOption,
     set_: list[str] = SetOption,
 ) -> None:
     """Print the Helm values (charts/lensemble) that deploy a config."""
@@ -101,11 +100,7 @@ def helm_values(
         f"# Helm values for charts/lensemble, mode {mode}, from {config or 'the default config'}\n"
         f"# config hash: {config_hash(cfg)}\n" + yaml.safe_dump(values, sort_keys=False, width=100)
     )
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_output(output, text)
-        sys.stderr.write(f"wrote {output}\n")
+    emit(text, output, announce=True)
 
 
 @app.command("k8s")
@@ -115,7 +110,7 @@ def k8s(
         None,
         "--env",
         "-e",
-        help="Overlay (deploy/kustomize/overlays/ENV); default: deployment.environment.",
+        help="Overlay (overlays/ENV); default: deployment.environment.",
     ),
     output: Path | None = typer.Option(
         None,
@@ -125,10 +120,10 @@ def k8s(
         metavar="DIR",
     ),
     chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
-    kustomize_tree: Path | None = typer.Option(
+    overlays: Path | None = typer.Option(
         None,
-        "--kustomize",
-        help="Kustomize tree with base/, components/ and overlays/ (default: deploy/kustomize).",
+        "--overlays",
+        help="Kustomize tree with ENV/ (and ENV/base/) and components/ (default: overlays).",
         metavar="DIR",
     ),
     set_: list[str] = SetOption,
@@ -139,8 +134,8 @@ def k8s(
 
     cfg = load(config, set_)
     environment = k8s_render.env_from_config(cfg, env)
-    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, kustomize_tree=kustomize_tree)
-    enforce(rendered.manifests, cfg, source=f"deploy/kustomize/overlays/{environment}")
+    rendered = k8s_render.render_k8s(cfg, environment, chart=chart, overlays=overlays)
+    enforce(rendered.manifests, cfg, source=f"overlays/{environment}")
     if output is None:
         sys.stdout.write(k8s_render.dump_manifests(rendered.manifests))
     else:

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from lensemble.cli.options import SET_HELP, load
+from lensemble.cli.options import SetOption, load
 from lensemble.errors import Interrupted, LensembleError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from lensemble.config import LensembleConfig
+    from lensemble.federation.faults import FaultPlan
     from lensemble.simulation.summary import SimulationResult
 
 
@@ -47,7 +48,7 @@ def simulate(
         "physics); quorum becomes a strict majority unless --set federation.quorum=... is given.",
     ),
     rounds: int | None = typer.Option(None, "--rounds", "-r", min=1, help="Outer rounds."),
-    set_: list[str] = typer.Option(None, "--set", "-s", help=SET_HELP, metavar="PATH=VALUE"),
+    set_: list[str] = SetOption,
     output_dir: Path | None = typer.Option(
         None, "--output-dir", "-o", help="Where to write results (default: run.output_dir)."
     ),
@@ -72,50 +73,14 @@ def simulate(
     the best of them, the pooled-data oracle and the FedAvg ablation.
     """
     from lensemble.config import default_config_path
-    from lensemble.federation.faults import PARTICIPANT_KINDS, parse_faults
-    from lensemble.run_lock import run_folder_lock
-    from lensemble.simulation.output import prepare_output_dir
+    from lensemble.federation.faults import parse_faults
 
     overrides = _overrides(set_, participants, rounds, output_dir)
     cfg = load(config or default_config_path(), overrides)
     plan = parse_faults(faults, cfg.participant_ids)
-    late = [f for f in plan.faults if f.round_index >= cfg.federation.rounds]
-    if late:
-        raise UsageError(
-            f"--faults targets round {late[0].round_index}, but the run has "
-            f"{cfg.federation.rounds} rounds (0 to {cfg.federation.rounds - 1});",
-            remediation="use a round inside the run or raise --rounds.",
-        )
-    network = cfg.federation.transport == "network"
-    in_transport = [f for f in plan.faults if f.kind not in PARTICIPANT_KINDS]
-    if network and in_transport:
-        raise UsageError(
-            "--faults injects faults into the in-process transport only (here "
-            f"'{in_transport[0].spec()}'), except rank_kill, which a participant process applies "
-            "to itself;",
-            remediation="drop those entries, or kill and restart the processes of a network run.",
-        )
-    if any(f.kind == "rank_kill" for f in plan.faults):
-        from lensemble.simulation.in_process import check_rank_faults
-
-        check_rank_faults(cfg, plan)  # before the output folder is touched
+    _check_faults(cfg, plan)  # before the output folder is touched
     try:
-        note = prepare_output_dir(cfg, resume)
-        # One run per folder, held for the run's life; a second run exits 2 at once.
-        with run_folder_lock(Path(cfg.run.output_dir)):
-            if resume:  # a signed run without its key (or the reverse): refused before anything
-                from lensemble.federation.signing import signer_from_env
-                from lensemble.federation.verify import require_matching_key
-
-                require_matching_key(
-                    Path(cfg.run.output_dir), cfg.observability.ledger_path, signer_from_env()
-                )
-            if note is not None:
-                sys.stderr.write(note + "\n")
-            if network:
-                result = _run_network(cfg, config or default_config_path(), overrides, resume, plan)
-            else:
-                result = _run_with_progress(cfg, plan, resume)
+        result = _run(cfg, config or default_config_path(), overrides, resume, plan)
     except KeyboardInterrupt:
         raise Interrupted(
             f"simulation interrupted; the committed rounds stay in {cfg.run.output_dir};",
@@ -126,6 +91,65 @@ def simulate(
             error = {"error": exc.message, "code": exc.code, "exit_code": exc.exit_code}
             sys.stdout.write(json.dumps(error, sort_keys=True) + "\n")
         raise
+    _report(cfg, result, json_summary)
+
+
+def _check_faults(cfg: LensembleConfig, plan: FaultPlan) -> None:
+    """Refuse a fault plan this run cannot apply.
+
+    Raises:
+        UsageError: A fault targets a round past the run, a transport fault meets the network
+            transport, or a rank_kill names a rank its participant does not have.
+    """
+    from lensemble.federation.faults import PARTICIPANT_KINDS
+
+    late = [f for f in plan.faults if f.round_index >= cfg.federation.rounds]
+    if late:
+        raise UsageError(
+            f"--faults targets round {late[0].round_index}, but the run has "
+            f"{cfg.federation.rounds} rounds (0 to {cfg.federation.rounds - 1});",
+            remediation="use a round inside the run or raise --rounds.",
+        )
+    in_transport = [f for f in plan.faults if f.kind not in PARTICIPANT_KINDS]
+    if cfg.federation.transport == "network" and in_transport:
+        raise UsageError(
+            "--faults injects faults into the in-process transport only (here "
+            f"'{in_transport[0].spec()}'), except rank_kill, which a participant process applies "
+            "to itself;",
+            remediation="drop those entries, or kill and restart the processes of a network run.",
+        )
+    if any(f.kind == "rank_kill" for f in plan.faults):
+        from lensemble.simulation.in_process import check_rank_faults
+
+        check_rank_faults(cfg, plan)
+
+
+def _run(
+    cfg: LensembleConfig, config: Path, overrides: list[str], resume: bool, plan: FaultPlan
+) -> SimulationResult:
+    """Run the federation in its output folder, held for the run's life."""
+    from lensemble.run_lock import run_folder_lock
+    from lensemble.simulation.output import prepare_output_dir
+
+    note = prepare_output_dir(cfg, resume)
+    # One run per folder, held for the run's life; a second run exits 2 at once.
+    with run_folder_lock(Path(cfg.run.output_dir)):
+        if resume:  # a signed run without its key (or the reverse): refused before anything
+            from lensemble.federation.signing import signer_from_env
+            from lensemble.federation.verify import require_matching_key
+
+            require_matching_key(
+                Path(cfg.run.output_dir), cfg.observability.ledger_path, signer_from_env()
+            )
+        if note is not None:
+            sys.stderr.write(note + "\n")
+        if cfg.federation.transport == "network":
+            return _run_network(cfg, config, overrides, resume, plan)
+        return _run_with_progress(cfg, plan, resume)
+
+
+def _report(cfg: LensembleConfig, result: SimulationResult, json_summary: bool) -> None:
+    """Draw report.png, then print the JSON summary or the tables."""
     from lensemble.simulation.output import REPORT_FILE, read_metrics
     from lensemble.simulation.report import write_report_png
     from lensemble.simulation.summary import summary

@@ -2,7 +2,7 @@
 
 The context handed to the builder is a fresh folder holding exactly what the image needs
 (``Dockerfile``, ``pyproject.toml``, ``README.md``, ``constraints.txt``, the build stage's pip
-wrapper ``deploy/image/pip``, ``runtime/``) plus an optional ``wheelhouse/`` of local wheels:
+wrapper ``image/pip``, ``runtime/``) plus an optional ``wheelhouse/`` of local wheels:
 nothing else of the checkout (certificates, run output, virtual environments) can reach the
 builder. Options that must not end up in the image travel
 the BuildKit way: the wheelhouse is bind-mounted into the install steps, and an extra CA bundle
@@ -38,11 +38,11 @@ CONTEXT_FILES = (
     "pyproject.toml",
     "README.md",
     "constraints.txt",
-    "deploy/image/pip",
+    "image/pip",
 )
 CONTEXT_DIRS = ("runtime",)
 WHEELHOUSE = "wheelhouse"
-#: Seconds a whole image build may take (a cold build here: about 2-5 min).
+#: Seconds a whole image build may take (docs/performance.md#images-and-the-compose-stack).
 BUILD_TIMEOUT_S = 3600.0
 #: Lines of the build output kept to explain a failure.
 _TAIL = 40
@@ -243,6 +243,33 @@ def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
     return (f"The image build failed: {reason}", "The full build output is above (stderr).")
 
 
+def image_tags(
+    version: str,
+    torch_cuda: str,
+    revision: str,
+    *,
+    clean: bool,
+    extra: Sequence[str] = (),
+    echo: Echo = print,
+) -> list[str]:
+    """Tags of a build: ``lensemble:<version>-<line>``, ``sha-<7 hex>`` of a clean checkout, extra.
+
+    Args:
+        version: The package version.
+        torch_cuda: Torch line (``cpu``, ``cu126``, ...).
+        revision: The checkout's commit, or ``unknown`` outside git.
+        clean: Whether its tracked files are unchanged (only then is ``sha-`` tagged).
+        extra: More tags, each kept once.
+        echo: Says why a known commit is not tagged.
+    """
+    tags = [image_tag(version, torch_cuda)]
+    if clean and revision != "unknown":
+        tags.append(f"{IMAGE_REPOSITORY}:sha-{revision[:7]}")
+    elif revision != "unknown":
+        echo(f"not tagging sha-{revision[:7]}: the checkout has uncommitted changes")
+    return tags + [t for t in extra if t not in tags]
+
+
 def build_image(
     client: BuildClient,
     source: Path,
@@ -293,12 +320,7 @@ def build_image(
         )
     digest = context_digest(source)
     revision, clean = git_revision(source)
-    tags = [image_tag(version, torch_cuda)]
-    if clean and revision != "unknown":
-        tags.append(f"{IMAGE_REPOSITORY}:sha-{revision[:7]}")
-    elif revision != "unknown":
-        echo(f"not tagging sha-{revision[:7]}: the checkout has uncommitted changes")
-    tags += [t for t in extra_tags if t not in tags]
+    tags = image_tags(version, torch_cuda, revision, clean=clean, extra=extra_tags, echo=echo)
     with tempfile.TemporaryDirectory(prefix="lensemble-image-") as tmp:
         context = Path(tmp)
         stage_context(source, context, wheelhouse)

@@ -43,7 +43,7 @@ DPKG_FILTERS = (
     "path-exclude=/usr/share/locale/*",
     "path-include=/usr/share/locale/locale.alias",
 )
-#: Seconds the whole base build may take (measured here: 34-75 s).
+#: Seconds the whole base build may take (docs/performance.md#images-and-the-compose-stack).
 BASE_TIMEOUT_S = 1800.0
 _SNAPSHOT = re.compile(r"^\d{8}T\d{6}Z$")
 
@@ -69,6 +69,27 @@ class BaseImage:
     size_bytes: int
 
 
+def _apt_source_files(sources_list: Path, sources_dir: Path) -> list[Path]:
+    files = [sources_list] if sources_list.is_file() else []
+    if sources_dir.is_dir():
+        files += sorted(p for p in sources_dir.iterdir() if p.suffix in (".list", ".sources"))
+    return files
+
+
+def _source_uris(text: str) -> list[str]:
+    """The archive URIs of one apt sources file, one-line (``deb URI ...``) or deb822."""
+    uris: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("deb "):
+            parts = [p for p in line.split() if not p.startswith("[")]
+            if len(parts) > 1:
+                uris.append(parts[1])
+        elif line.lower().startswith("uris:"):
+            uris.extend(line.split(":", 1)[1].split())
+    return uris
+
+
 def host_debian_mirror(
     sources_list: Path = Path("/etc/apt/sources.list"),
     sources_dir: Path = Path("/etc/apt/sources.list.d"),
@@ -79,22 +100,11 @@ def host_debian_mirror(
     security and other archives (``debian-security``) are skipped.
     """
     uris: list[str] = []
-    files = [sources_list] if sources_list.is_file() else []
-    if sources_dir.is_dir():
-        files += sorted(p for p in sources_dir.iterdir() if p.suffix in (".list", ".sources"))
-    for path in files:
+    for path in _apt_source_files(sources_list, sources_dir):
         try:
-            text = path.read_text(encoding="utf-8")
+            uris += _source_uris(path.read_text(encoding="utf-8"))
         except OSError:
             continue
-        for raw in text.splitlines():
-            line = raw.strip()
-            if line.startswith("deb "):
-                parts = [p for p in line.split() if not p.startswith("[")]
-                if len(parts) > 1:
-                    uris.append(parts[1])
-            elif line.lower().startswith("uris:"):
-                uris.extend(line.split(":", 1)[1].split())
     for uri in uris:
         if "://" in uri and uri.rstrip("/").endswith("/debian"):
             return uri.rstrip("/")
@@ -179,6 +189,30 @@ def build_base(
         UsageError: The snapshot timestamp is malformed.
         ImageBuildFailed: ``mmdebstrap`` or ``docker import`` failed (their last error line).
     """
+    _require_tools(docker)
+    env = None
+    if snapshot:
+        epoch = snapshot_epoch(snapshot)
+        mirror = SNAPSHOT_MIRROR.format(timestamp=snapshot)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
+    else:
+        mirror = mirror or host_debian_mirror() or DEFAULT_MIRROR
+    echo(f"building Debian {suite} base from {mirror} with mmdebstrap")
+    start = clock()
+    _strap_into_import(
+        mmdebstrap_command(suite, mirror, snapshot=snapshot),
+        import_command(docker, tag, suite, mirror),
+        env=env,
+        what=f"Debian {suite} from {mirror}",
+        mirror=mirror,
+    )
+    seconds = clock() - start
+    size = image_size(docker, tag)
+    echo(f"imported {tag}: Debian {suite}, {size / 1e6:.0f} MB, {seconds:.0f} s")
+    return BaseImage(tag=tag, suite=suite, mirror=mirror, seconds=seconds, size_bytes=size)
+
+
+def _require_tools(docker: str) -> None:
     if shutil.which("mmdebstrap") is None:
         raise ToolMissing(
             "`mmdebstrap` is not installed, so no Debian base can be built.",
@@ -190,28 +224,29 @@ def build_base(
             f"`{docker}` is not installed.",
             remediation="Install Docker (Debian: `apt-get install docker.io`).",
         )
-    env = None
-    if snapshot:
-        epoch = snapshot_epoch(snapshot)
-        mirror = SNAPSHOT_MIRROR.format(timestamp=snapshot)
-        env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
-    else:
-        mirror = mirror or host_debian_mirror() or DEFAULT_MIRROR
-    echo(f"building Debian {suite} base from {mirror} with mmdebstrap")
-    start = clock()
+
+
+def _strap_into_import(
+    strap_args: list[str],
+    import_args: list[str],
+    *,
+    env: dict[str, str] | None,
+    what: str,
+    mirror: str,
+) -> None:
+    """Pipe mmdebstrap's tar stream into ``docker import``, within :data:`BASE_TIMEOUT_S`.
+
+    Raises:
+        ImageBuildFailed: Either command failed (its telling line), or time ran out.
+    """
     # mmdebstrap's messages go to a file, not a pipe: a full, unread stderr pipe would block it
     # while `docker import` waits for the rest of its tar stream.
     with tempfile.TemporaryFile() as strap_log:
-        strap = subprocess.Popen(
-            mmdebstrap_command(suite, mirror, snapshot=snapshot),
-            stdout=subprocess.PIPE,
-            stderr=strap_log,
-            env=env,
-        )
+        strap = subprocess.Popen(strap_args, stdout=subprocess.PIPE, stderr=strap_log, env=env)
         assert strap.stdout is not None  # guaranteed by stdout=PIPE
         try:
             imported = subprocess.run(
-                import_command(docker, tag, suite, mirror),
+                import_args,
                 stdin=strap.stdout,
                 capture_output=True,
                 text=True,
@@ -232,7 +267,7 @@ def build_base(
         strap_err = strap_log.read().decode(errors="replace")
     if strap_code != 0:
         raise ImageBuildFailed(
-            f"mmdebstrap could not build Debian {suite} from {mirror} ({_first_error(strap_err)}).",
+            f"mmdebstrap could not build {what} ({_first_error(strap_err)}).",
             remediation="Check the suite and the mirror (--mirror, --snapshot).",
         )
     if imported.returncode != 0:
@@ -240,10 +275,6 @@ def build_base(
             f"`docker import` of the Debian base failed: {_last_line(imported.stderr)}",
             remediation="Check that the Docker engine answers (`docker info`).",
         )
-    seconds = clock() - start
-    size = image_size(docker, tag)
-    echo(f"imported {tag}: Debian {suite}, {size / 1e6:.0f} MB, {seconds:.0f} s")
-    return BaseImage(tag=tag, suite=suite, mirror=mirror, seconds=seconds, size_bytes=size)
 
 
 def _first_error(text: str) -> str:

@@ -112,37 +112,28 @@ def _agree(folder: Path, job: RoundJob) -> RoundJob:
     return RoundJob(job.config_json, job.participant_id, round_index, steps, kill, bool(stop))
 
 
-def _train(folder: Path, job: RoundJob, config: Any) -> None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+def _device(backend: str) -> torch.device:
+    """The device this rank computes on: its local GPU under nccl, else the CPU."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
+def _sharded_model(config: Any, spec: Any, mixed_precision: str, device: torch.device) -> Any:
+    """The world model on ``device``, wrapped by FSDP2's ``fully_shard``."""
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,
         fully_shard,
         register_fsdp_forward_method,
     )
 
-    from lensemble.data.trajectories import load_or_collect
-    from lensemble.model.inner_loop import sample_windows
     from lensemble.model.worldmodel import build_model
-    from lensemble.ranks.sharded_loss import sharded_jepa_loss
-    from lensemble.seeds import derive
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    layout = config.rank_layout(job.participant_id)
-    data = load_or_collect(config, job.participant_id)
-    device = torch.device("cpu")
-    if layout.backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    model = build_model(config, data.spec).to(device)
-    names = [name for name, _ in model.named_parameters()]
+    model = build_model(config, spec).to(device)
     policy = MixedPrecisionPolicy()
-    if layout.mixed_precision == "bf16":
+    if mixed_precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     fully_shard(model, mp_policy=policy)
     # encode's output is a view; nothing here changes it in place, which is what FSDP2 warns of.
@@ -150,15 +141,23 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
     # jepa_loss calls encode and rollout, never forward: let FSDP2 gather around them.
     register_fsdp_forward_method(model, "encode")
     register_fsdp_forward_method(model, "rollout")
-    opt = config.federation.inner_optimizer
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=opt.lr,
-        betas=opt.betas,
-        eps=opt.eps,
-        weight_decay=opt.weight_decay,
-        foreach=True,
+    return model
+
+
+def _load_round_inputs(
+    folder: Path, model: Any, optimizer: Any, *, names: list[str], opt: Any, device: torch.device
+) -> None:
+    """Load rank 0's global model, and inner optimizer state when the folder has one.
+
+    Both reach every rank sharded, as they arrive.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
     )
+
+    rank = dist.get_rank()
     full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     # Collectives run on the backend's device (nccl reduces CUDA tensors only).
     has_inner = torch.tensor([int(rank == 0 and (folder / INNER).exists())], device=device)
@@ -169,7 +168,21 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
         state = _optimizer_state(load_file(folder / INNER), names, opt) if rank == 0 else {}
         set_optimizer_state_dict(model, optimizer, state, options=full)
 
-    batch = opt.batch_size
+
+def _inner_steps(
+    model: Any, optimizer: Any, *, data: Any, config: Any, job: RoundJob, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    """The round's inner steps on this rank's rows of each global batch.
+
+    Returns:
+        This rank's summed loss (float64, CPU) and the steps' wall seconds.
+    """
+    from lensemble.model.inner_loop import sample_windows
+    from lensemble.ranks.sharded_loss import sharded_jepa_loss
+    from lensemble.seeds import derive
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = config.federation.inner_optimizer.batch_size
     rows = batch // world
     seed = derive(config.run.root_seed, f"batches:{job.participant_id}:round:{job.round_index}")
     generator = torch.Generator().manual_seed(seed)
@@ -194,14 +207,23 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
         total += terms.total.detach().double().cpu()
         if step == 0 and rank == job.kill_rank:
             os.kill(os.getpid(), signal.SIGKILL)  # the rank_kill fault: die mid-round
-    seconds = time.perf_counter() - start
-    summed = total.to(device)
-    dist.all_reduce(summed)
-    total = summed.cpu()
+    return total, time.perf_counter() - start
+
+
+def _write_round_outputs(
+    folder: Path, model: Any, optimizer: Any, *, names: list[str], mean_loss: float, seconds: float
+) -> None:
+    """Gather the full model and optimizer state to rank 0, which writes them and the result."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
     params: dict[str, Any] = dict(get_model_state_dict(model, options=gathered))
     optim: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=gathered))
-    if rank == 0:
+    if dist.get_rank() == 0:
         save_file({n: params[n].detach().contiguous() for n in names}, folder / LOCAL)
         inner: dict[str, torch.Tensor] = {}
         for n in names:
@@ -209,8 +231,34 @@ def _train(folder: Path, job: RoundJob, config: Any) -> None:
                 value = optim["state"][n][key]
                 inner[f"optimizer.{key}.{n}"] = torch.as_tensor(value, dtype=torch.float32)
         save_file({k: v.contiguous() for k, v in inner.items()}, folder / INNER_OUT)
-        mean = float(total) / world / max(job.steps, 1)
-        RoundResult(mean, seconds).write(folder)
+        RoundResult(mean_loss, seconds).write(folder)
+
+
+def _train(folder: Path, job: RoundJob, config: Any) -> None:
+    from lensemble.data.trajectories import load_or_collect
+
+    layout = config.rank_layout(job.participant_id)
+    data = load_or_collect(config, job.participant_id)
+    device = _device(layout.backend)
+    model = _sharded_model(config, data.spec, layout.mixed_precision, device)
+    names = [name for name, _ in model.named_parameters()]
+    opt = config.federation.inner_optimizer
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=opt.lr,
+        betas=opt.betas,
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        foreach=True,
+    )
+    _load_round_inputs(folder, model, optimizer, names=names, opt=opt, device=device)
+    total, seconds = _inner_steps(
+        model, optimizer, data=data, config=config, job=job, device=device
+    )
+    summed = total.to(device)
+    dist.all_reduce(summed)
+    mean = float(summed.cpu()) / dist.get_world_size() / max(job.steps, 1)
+    _write_round_outputs(folder, model, optimizer, names=names, mean_loss=mean, seconds=seconds)
     dist.barrier()
 
 

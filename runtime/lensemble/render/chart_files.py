@@ -3,7 +3,7 @@
 ``values.yaml`` has a ``# --`` comment above every key (the helm-docs convention);
 :func:`render_readme` turns those comments into the README's values table. ``values.yaml`` has
 no default ``config:``: Helm would merge its mappings into every release's config. The README is
-in ``scripts/regenerate.py``'s registry, so a test fails when it drifts.
+in ``tools/regenerate.py``'s registry, so a test fails when it drifts.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def render_readme(chart: Path) -> str:
         [
             f"# {meta['name']}",
             "",
-            "<!-- Generated from values.yaml by python scripts/regenerate.py: do not edit. -->",
+            "<!-- Generated from values.yaml by python -m tools.regenerate: do not edit. -->",
             "",
             f"Version {meta['version']}, app version {meta['appVersion']}, Kubernetes "
             f"{meta['kubeVersion']}.",

@@ -44,15 +44,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
-import yaml
-
-from lensemble.config import LensembleConfig, config_hash, dump_config
+from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.schema import CUDA_TAG, ParticipantSpec
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.container import (
@@ -64,12 +61,8 @@ from lensemble.render.container import (
 )
 from lensemble.render.names import COORDINATOR as COORDINATOR_IDENTITY
 from lensemble.render.prometheus import (
-    ALERTS_NAME,
     MONITORING_NETWORK,
     PROMETHEUS,
-    PROMETHEUS_CONFIG_NAME,
-    alert_rules_text,
-    prometheus_config,
     prometheus_service,
 )
 from lensemble.render.ranks import RankPod, layout_field, rank_pod
@@ -98,8 +91,8 @@ LABEL_RANKS = "dev.lensemble.ranks"
 #: keeps failing stops after three restarts so the failure surfaces instead of looping.
 RESTART_POLICY = "on-failure:3"
 HEALTH_INTERVAL = "5s"
-#: The check is a whole `lensemble health` process (about 0.5 CPU-seconds) that shares the
-#: container's CPU limit with a busy trainer: 3 s was measured to time out at 0.5 CPU.
+#: The check is a whole `lensemble health` process that shares the container's CPU limit with a
+#: busy trainer (what it costs: docs/performance.md#images-and-the-compose-stack).
 HEALTH_TIMEOUT = "10s"
 HEALTH_RETRIES = 5
 #: Importing torch and building the model takes a while on a cold, small machine.
@@ -114,23 +107,6 @@ PULL_POLICY = {"Always": "always", "IfNotPresent": "if_not_present", "Never": "n
 _TAG_LINE = re.compile(r"^(?P<version>.+)-(?P<line>cpu|cu[0-9]{3})$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-
-
-@dataclass(frozen=True)
-class ComposeFiles:
-    """The files one render writes.
-
-    Attributes:
-        compose: The Compose file.
-        config: The container config next to it, bind-mounted into every container.
-        prometheus: Prometheus's config (the ``monitoring`` profile), next to it.
-        alerts: The alert rules Prometheus loads, next to it.
-    """
-
-    compose: Path
-    config: Path
-    prometheus: Path | None = None
-    alerts: Path | None = None
 
 
 # ------------------------------------------------------------------------------- the config
@@ -317,6 +293,63 @@ def _resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     return resources
 
 
+def _mounts(
+    config: LensembleConfig, *, identity: str, state: str, certs_dir: str, config_name: str
+) -> list[dict[str, Any]]:
+    """The config (read-only), the identity's own TLS folder when TLS is on, and its state."""
+    mounts: list[dict[str, Any]] = [
+        {
+            "type": "bind",
+            "source": _relative_dir(config_name),
+            "target": CONFIG_PATH,
+            "read_only": True,
+        }
+    ]
+    if config.network.tls.enabled:
+        mounts.append(
+            {
+                "type": "bind",
+                "source": f"{_relative_dir(certs_dir)}/{identity}",
+                "target": TLS_DIR,
+                "read_only": True,
+            }
+        )
+    mounts.append({"type": "volume", "source": state, "target": STATE_DIR})
+    return mounts
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """What one container holds and uses: state volume, networks, CPU and memory quantities."""
+
+    state: str
+    networks: list[str]
+    cpu: str
+    memory: str
+
+
+def _placement(
+    config: LensembleConfig, participant: ParticipantSpec | None, ranks: RankPod | None
+) -> _Placement:
+    if participant is None:
+        own = config.deployment.resources.coordinator
+        networks = [participant_network(pid) for pid in config.participant_ids]
+        return _Placement(COORDINATOR_VOLUME, networks, own.cpu, own.memory)
+    pod = ranks if ranks is not None else rank_pod(config, participant.id)
+    networks = [participant_network(participant.id)]
+    return _Placement(participant_volume(participant.id), networks, pod.cpu, pod.memory)
+
+
+def _healthcheck(config: LensembleConfig) -> dict[str, Any]:
+    return {
+        "test": ["CMD", "lensemble", "health", "--port", str(config.network.health_port)],
+        "interval": HEALTH_INTERVAL,
+        "timeout": HEALTH_TIMEOUT,
+        "retries": HEALTH_RETRIES,
+        "start_period": HEALTH_START_PERIOD,
+    }
+
+
 def _service(
     config: LensembleConfig,
     *,
@@ -330,42 +363,18 @@ def _service(
     config_name: str,
 ) -> dict[str, Any]:
     """One container of the stack; ``participant`` (and ``ranks``) is None for the coordinator."""
-    net = config.network
     role = "coordinator" if participant is None else "participant"
     environment = {"LENSEMBLE_ROLE": role, "LENSEMBLE_CONFIG": CONFIG_PATH}
     labels = {LABEL_RUN: config.run.name, LABEL_ROLE: role}
-    volumes: list[dict[str, Any]] = [
-        {
-            "type": "bind",
-            "source": _relative_dir(config_name),
-            "target": CONFIG_PATH,
-            "read_only": True,
-        }
-    ]
-    if net.tls.enabled:
-        volumes.append(
-            {
-                "type": "bind",
-                "source": f"{_relative_dir(certs_dir)}/{identity}",
-                "target": TLS_DIR,
-                "read_only": True,
-            }
-        )
-    if participant is None:
-        state = COORDINATOR_VOLUME
-        networks = [participant_network(pid) for pid in config.participant_ids]
-        role_resources = config.deployment.resources.coordinator
-        cpu, memory = role_resources.cpu, role_resources.memory
-    else:
-        state = participant_volume(participant.id)
-        networks = [participant_network(participant.id)]
-        pod = ranks if ranks is not None else rank_pod(config, participant.id)
-        cpu, memory = pod.cpu, pod.memory
+    if participant is not None:
         environment["LENSEMBLE_PARTICIPANT_ID"] = participant.id
         labels[LABEL_PARTICIPANT] = participant.id
         labels[LABEL_TRUST_DOMAIN] = participant.trust_domain
     labels[LABEL_PROFILE] = ",".join(profiles)
-    volumes.append({"type": "volume", "source": state, "target": STATE_DIR})
+    place = _placement(config, participant, ranks)
+    mounts = _mounts(
+        config, identity=identity, state=place.state, certs_dir=certs_dir, config_name=config_name
+    )
     service: dict[str, Any] = {
         "image": image,
         "pull_policy": PULL_POLICY[config.deployment.image.pull_policy],
@@ -379,8 +388,8 @@ def _service(
         "security_opt": ["no-new-privileges:true"],
         # tini as PID 1 forwards SIGTERM and reaps children.
         "init": True,
-        "volumes": volumes,
-        "networks": networks,
+        "volumes": mounts,
+        "networks": place.networks,
     }
     if ranks is not None and ranks.multi_rank:
         # torch.distributed moves tensors between local ranks through /dev/shm (64 MiB default).
@@ -388,23 +397,92 @@ def _service(
         labels[LABEL_RANKS] = str(ranks.world_size)
     if participant is not None:
         service["depends_on"] = {COORDINATOR: {"condition": "service_healthy"}}
+    grace_s = math.ceil(config.network.rpc_timeout_s) + STOP_GRACE_MARGIN_S
     service.update(
         {
-            "healthcheck": {
-                "test": ["CMD", "lensemble", "health", "--port", str(net.health_port)],
-                "interval": HEALTH_INTERVAL,
-                "timeout": HEALTH_TIMEOUT,
-                "retries": HEALTH_RETRIES,
-                "start_period": HEALTH_START_PERIOD,
-            },
+            "healthcheck": _healthcheck(config),
             "restart": RESTART_POLICY,
             "stop_signal": "SIGTERM",
-            "stop_grace_period": f"{math.ceil(net.rpc_timeout_s) + STOP_GRACE_MARGIN_S}s",
-            "deploy": {"resources": _resources(cpu, memory, gpus)},
+            "stop_grace_period": f"{grace_s}s",
+            "deploy": {"resources": _resources(place.cpu, place.memory, gpus)},
             "labels": labels,
         }
     )
     return service
+
+
+def _services(
+    config: LensembleConfig, images: dict[str, str], *, certs_dir: str, config_name: str
+) -> dict[str, Any]:
+    """The coordinator, every participant in each profile, and Prometheus."""
+    coordinator_gpus = config.deployment.resources.coordinator.gpu
+    # The coordinator only averages; it runs the CPU image unless the config gives it GPUs.
+    own = config.deployment.image
+    services: dict[str, Any] = {
+        COORDINATOR: _service(
+            config,
+            identity=COORDINATOR,
+            participant=None,
+            image=f"{own.repository}:{own.tag}" if coordinator_gpus else images["cpu"],
+            profiles=list(PROFILES),
+            gpus=coordinator_gpus,
+            certs_dir=certs_dir,
+            config_name=config_name,
+        )
+    }
+    by_id = {p.id: p for p in config.federation.participants}
+    for profile in PROFILES:
+        for pid in config.participant_ids:
+            pod = rank_pod(config, pid)
+            services[participant_service(pid, profile)] = _service(
+                config,
+                identity=pid,
+                participant=by_id[pid],
+                ranks=pod,
+                image=images[profile],
+                profiles=[profile],
+                gpus=gpu_devices(pod) if profile == "gpu" else 0,
+                certs_dir=certs_dir,
+                config_name=config_name,
+            )
+    services[PROMETHEUS] = prometheus_service(
+        [participant_network(pid) for pid in config.participant_ids]
+    )
+    services[PROMETHEUS]["labels"] = {LABEL_RUN: config.run.name, LABEL_ROLE: PROMETHEUS}
+    return services
+
+
+def _participant_labels(config: LensembleConfig) -> dict[str, dict[str, str]]:
+    """Labels of each participant's network and volume, by participant id."""
+    by_id = {p.id: p for p in config.federation.participants}
+    return {
+        pid: {
+            LABEL_RUN: config.run.name,
+            LABEL_PARTICIPANT: pid,
+            LABEL_TRUST_DOMAIN: by_id[pid].trust_domain,
+        }
+        for pid in config.participant_ids
+    }
+
+
+def _networks(config: LensembleConfig) -> dict[str, Any]:
+    networks: dict[str, Any] = {
+        # No route out: a participant talks to the coordinator and nothing else.
+        participant_network(pid): {"internal": True, "labels": labels}
+        for pid, labels in _participant_labels(config).items()
+    }
+    # Prometheus's own network: the only one with a route to the host (its published port).
+    networks[MONITORING_NETWORK] = {"labels": {LABEL_RUN: config.run.name, LABEL_ROLE: PROMETHEUS}}
+    return networks
+
+
+def _named_volumes(config: LensembleConfig) -> dict[str, Any]:
+    volumes: dict[str, Any] = {
+        COORDINATOR_VOLUME: {"labels": {LABEL_RUN: config.run.name, LABEL_ROLE: COORDINATOR}}
+    }
+    for pid, labels in _participant_labels(config).items():
+        volumes[participant_volume(pid)] = {"labels": labels}
+    return volumes
 
 
 def render_compose(
@@ -433,70 +511,6 @@ def render_compose(
     """
     check_composable(config)
     images = profile_images(config, gpu_tag)
-    coordinator_gpus = config.deployment.resources.coordinator.gpu
-    # The coordinator only averages; it runs the CPU image unless the config gives it GPUs.
-    coordinator_image = config.deployment.image
-    services: dict[str, Any] = {
-        COORDINATOR: _service(
-            config,
-            identity=COORDINATOR,
-            participant=None,
-            image=(
-                f"{coordinator_image.repository}:{coordinator_image.tag}"
-                if coordinator_gpus
-                else images["cpu"]
-            ),
-            profiles=list(PROFILES),
-            gpus=coordinator_gpus,
-            certs_dir=certs_dir,
-            config_name=config_name,
-        )
-    }
-    by_id = {p.id: p for p in config.federation.participants}
-    for profile in PROFILES:
-        for pid in config.participant_ids:
-            pod = rank_pod(config, pid)
-            services[participant_service(pid, profile)] = _service(
-                config,
-                identity=pid,
-                participant=by_id[pid],
-                ranks=pod,
-                image=images[profile],
-                profiles=[profile],
-                gpus=gpu_devices(pod) if profile == "gpu" else 0,
-                certs_dir=certs_dir,
-                config_name=config_name,
-            )
-    services[PROMETHEUS] = prometheus_service(
-        [participant_network(pid) for pid in config.participant_ids]
-    )
-    services[PROMETHEUS]["labels"] = {LABEL_RUN: config.run.name, LABEL_ROLE: PROMETHEUS}
-    run_label = {LABEL_RUN: config.run.name}
-    networks: dict[str, Any] = {
-        participant_network(pid): {
-            # No route out: a participant talks to the coordinator and nothing else.
-            "internal": True,
-            "labels": {
-                **run_label,
-                LABEL_PARTICIPANT: pid,
-                LABEL_TRUST_DOMAIN: by_id[pid].trust_domain,
-            },
-        }
-        for pid in config.participant_ids
-    }
-    # Prometheus's own network: the only one with a route to the host (its published port).
-    networks[MONITORING_NETWORK] = {"labels": {**run_label, LABEL_ROLE: PROMETHEUS}}
-    volumes: dict[str, Any] = {
-        COORDINATOR_VOLUME: {"labels": {**run_label, LABEL_ROLE: COORDINATOR}}
-    }
-    for pid in config.participant_ids:
-        volumes[participant_volume(pid)] = {
-            "labels": {
-                **run_label,
-                LABEL_PARTICIPANT: pid,
-                LABEL_TRUST_DOMAIN: by_id[pid].trust_domain,
-            }
-        }
     return {
         "x-lensemble": {
             "project": config.run.name,
@@ -504,129 +518,7 @@ def render_compose(
             "container_config": config_name,
             "certs": certs_dir,
         },
-        "services": services,
-        "networks": networks,
-        "volumes": volumes,
+        "services": _services(config, images, certs_dir=certs_dir, config_name=config_name),
+        "networks": _networks(config),
+        "volumes": _named_volumes(config),
     }
-
-
-# ------------------------------------------------------------------------------- writing
-class _NoAliasDumper(yaml.SafeDumper):
-    """Plain YAML: repeated values are written out, never as anchors and aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _comment(lines: Sequence[str]) -> str:
-    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
-
-
-def compose_text(compose: dict[str, Any], header: Sequence[str] = ()) -> str:
-    """The Compose mapping as YAML, after ``header`` lines written as comments."""
-    body = yaml.dump(
-        compose, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=100
-    )
-    return _comment(header) + body
-
-
-def container_config_text(config: LensembleConfig, header: Sequence[str] = ()) -> str:
-    """The container config (:func:`compose_container_config`) as YAML after ``header``."""
-    return _comment(header) + dump_config(compose_container_config(config))
-
-
-def write_compose(
-    config: LensembleConfig,
-    output: Path,
-    *,
-    command: str = "",
-    source: str = "",
-    certs_dir: str = "certs",
-    gpu_tag: str | None = None,
-) -> ComposeFiles:
-    """Render and write the Compose file and, next to it, the container config.
-
-    The output is deterministic (no time stamps or absolute paths), so a committed render can
-    be checked for staleness by rendering again and comparing.
-
-    Args:
-        config: The validated source config.
-        output: Path of the Compose file; its folder is created when missing.
-        command: The command line that regenerates the files, quoted in their headers.
-        source: Where the config came from (file and overrides), quoted in the headers.
-        certs_dir: See :func:`render_compose`.
-        gpu_tag: See :func:`render_compose`.
-
-    Returns:
-        The paths written.
-
-    Raises:
-        ConfigError: See :func:`render_compose`.
-        UsageError: See :func:`render_compose`.
-        OSError: A file cannot be written.
-    """
-    compose = render_compose(config, certs_dir=certs_dir, gpu_tag=gpu_tag)
-    config_path = output.parent / CONTAINER_CONFIG_NAME
-    header = compose_header(config, command=command, source=source, certs_dir=certs_dir)
-    config_header = [
-        f"Rendered by `lensemble render compose`{f' from: {source}' if source else ''}",
-        "The config every container of the Compose stack reads (mounted read-only at",
-        f"{CONFIG_PATH}). Do not edit. Its config hash equals the source config's:",
-        config_hash(config),
-    ]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(compose_text(compose, header), encoding="utf-8")
-    config_path.write_text(container_config_text(config, config_header), encoding="utf-8")
-    prometheus_path = output.parent / PROMETHEUS_CONFIG_NAME
-    prometheus_path.write_text(prometheus_config_text(config, config_header[:1]), encoding="utf-8")
-    alerts_path = output.parent / ALERTS_NAME
-    alerts_path.write_text(alert_rules_text(), encoding="utf-8")
-    return ComposeFiles(
-        compose=output, config=config_path, prometheus=prometheus_path, alerts=alerts_path
-    )
-
-
-def prometheus_config_text(config: LensembleConfig, header: Sequence[str] = ()) -> str:
-    """``prometheus.yml`` of the ``monitoring`` profile: it scrapes every service of the stack."""
-    hosts = {
-        pid: [participant_service(pid, profile) for profile in PROFILES]
-        for pid in config.participant_ids
-    }
-    mapping = prometheus_config(config, COORDINATOR, hosts)
-    lines = [*header, "Prometheus of the Compose `monitoring` profile. Do not edit."]
-    return _comment(lines) + yaml.dump(
-        mapping, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=100
-    )
-
-
-def compose_header(
-    config: LensembleConfig, *, command: str = "", source: str = "", certs_dir: str = "certs"
-) -> list[str]:
-    """Comment lines that open a rendered Compose file: provenance and how to start it."""
-    project = config.run.name
-    lines = [
-        f"Rendered by `lensemble render compose`{f' from: {source}' if source else ''}",
-        "Do not edit: change the config and render again" + (" with" if command else "."),
-    ]
-    if command:
-        lines.append(f"  {command}")
-    lines += [
-        f"Config hash: {config_hash(config)}",
-        "",
-        "Easiest: `lensemble up --substrate compose --config FILE` renders, creates the",
-        "certificates, starts the stack, waits for every ready line and follows the rounds.",
-        "By hand, from this folder (pick ONE profile: cpu or gpu):",
-    ]
-    if config.network.tls.enabled:
-        lines += [
-            f"  lensemble certs init {certs_dir} --config {CONTAINER_CONFIG_NAME}",
-            f"  chmod 700 {certs_dir} && chmod -R a+rX {certs_dir}/*/"
-            "   # the image's user (UID 10001) reads its folder",
-        ]
-    lines += [
-        f"  docker compose -p {project} --profile cpu up -d",
-        f"  docker compose -p {project} --profile cpu down",
-        "Add `--profile monitoring` for Prometheus with the alert rules (its image:",
-        "deploy/monitoring/Dockerfile; `docker compose port prometheus 9090` gives its address).",
-    ]
-    return lines

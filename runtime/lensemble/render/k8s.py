@@ -4,14 +4,14 @@ Helm runs in-process through the ``helm-python-sdk`` wheel (``helm_python``, Hel
 no ``helm`` binary), Kustomize through ``kubectl kustomize``. Both are reached only inside these
 functions, so importing this module is cheap.
 
-Layout the functions rely on (the Kustomize tree is ``deploy/kustomize`` of the checkout)::
+Layout the functions rely on (the Kustomize tree is ``overlays/`` of the checkout)::
 
-    charts/lensemble/                                   the chart
-    deploy/kustomize/base/<env>/manifests.yaml          the chart rendered with config/<env>.yaml,
-    deploy/kustomize/base/<env>/config.yaml             its config, once (ConfigMaps refer to it),
-    deploy/kustomize/base/<env>/kustomization.yaml      and their kustomization (all generated)
-    deploy/kustomize/components/<feature>/              Components: what a config cannot say
-    deploy/kustomize/overlays/<env>/kustomization.yaml  one overlay per environment, over its base
+    charts/lensemble/                           the chart
+    overlays/<env>/kustomization.yaml           one overlay per environment: what a user applies
+    overlays/<env>/base/manifests.yaml          the chart rendered with config/<env>.yaml,
+    overlays/<env>/base/config.yaml             its config, once (ConfigMaps refer to it),
+    overlays/<env>/base/kustomization.yaml      and their kustomization (all generated)
+    overlays/components/<feature>/              Components: what a config cannot say
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from lensemble.config.schema import Environment, LensembleConfig
 from lensemble.errors import ConfigError, ConfigProblem, ToolMissing, UsageError
 from lensemble.render.helm_values import render_helm_values
 
-#: The Kustomize tree, relative to the checkout.
-KUSTOMIZE_DIR = Path("deploy/kustomize")
-#: The files of one environment's base (all generated), relative to ``base/<env>``.
+#: The Kustomize tree (one overlay per environment), relative to the checkout.
+OVERLAYS_DIR = Path("overlays")
+#: The folder of an overlay that holds its generated base.
+BASE_DIR = "base"
+#: The files of one environment's base (all generated), relative to ``<env>/base``.
 BASE_MANIFESTS = "manifests.yaml"
 BASE_CONFIG = "config.yaml"
 BASE_KUSTOMIZATION = "kustomization.yaml"
@@ -96,19 +98,19 @@ def chart_dir(path: Path | None = None) -> Path:
     return chart
 
 
-def kustomize_dir(path: Path | None = None) -> Path:
-    """The Kustomize tree: ``path``, else ``deploy/kustomize`` of the checkout.
+def overlays_dir(path: Path | None = None) -> Path:
+    """The Kustomize tree: ``path``, else ``overlays`` of the checkout.
 
-    It holds ``base/<env>/`` (generated), ``components/`` and ``overlays/<env>/``.
+    It holds ``<env>/kustomization.yaml`` with ``<env>/base/`` (generated), and ``components/``.
 
     Raises:
-        UsageError: It has no ``overlays/`` folder.
+        UsageError: It has no ``<env>/kustomization.yaml``.
     """
-    tree = path if path is not None else repo_root() / KUSTOMIZE_DIR
-    if not (tree / "overlays").is_dir():
+    tree = path if path is not None else repo_root() / OVERLAYS_DIR
+    if not any(tree.glob("*/kustomization.yaml")):
         raise UsageError(
-            f"{tree}/overlays is not a directory.",
-            remediation=f"Run from the repository root or pass --kustomize {KUSTOMIZE_DIR}.",
+            f"{tree} holds no overlay (no {tree}/<env>/kustomization.yaml).",
+            remediation=f"Run from the repository root or pass --overlays {OVERLAYS_DIR}.",
         )
     return tree
 
@@ -250,7 +252,7 @@ def kustomize(overlay: Path, *, kubectl: str = "kubectl") -> list[Manifest]:
 def _generated_note(env: str) -> str:
     return (
         f"The lensemble chart rendered with config/{env}.yaml (mode all, hooks left out).\n"
-        "Generated: do not edit. Regenerate with: python scripts/regenerate.py"
+        "Generated: do not edit. Regenerate with: python -m tools.regenerate"
     )
 
 
@@ -271,7 +273,7 @@ def _config_maps(docs: list[Manifest]) -> tuple[list[Manifest], str]:
 def base_files(
     config: LensembleConfig, env: Environment | str, *, chart: Path | None = None
 ) -> tuple[list[Manifest], dict[str, str]]:
-    """The chart rendered for ``config``, and the generated files of ``base/<env>``.
+    """The chart rendered for ``config``, and the generated files of ``<env>/base``.
 
     The base holds the config once: every workload's ConfigMap is made by Kustomize's
     ``configMapGenerator`` from ``config.yaml``, so ``kubectl kustomize`` of the base yields
@@ -318,9 +320,9 @@ def base_files(
 
 
 def _overlay(tree: Path, env: str) -> Path:
-    overlay = tree / "overlays" / env
+    overlay = tree / env
     if not (overlay / "kustomization.yaml").is_file():
-        known = sorted(p.parent.name for p in (tree / "overlays").glob("*/kustomization.yaml"))
+        known = sorted(p.parent.name for p in tree.glob("*/kustomization.yaml"))
         raise UsageError(
             f"{overlay}/kustomization.yaml does not exist.",
             remediation=f"Use --env with one of: {', '.join(known)}.",
@@ -333,29 +335,30 @@ def render_k8s(
     env: Environment | str,
     *,
     chart: Path | None = None,
-    kustomize_tree: Path | None = None,
+    overlays: Path | None = None,
 ) -> RenderedK8s:
-    """Render the chart for ``config`` and build ``overlays/<env>`` over it.
+    """Render the chart for ``config`` and build the overlay ``<env>`` over it.
 
-    The Kustomize tree is copied to a temporary directory and ``base/<env>`` replaced with this
-    config's (:func:`base_files`), so the committed files are never touched.
+    The Kustomize tree (``overlays`` or ``overlays/`` of the checkout) is copied to a temporary
+    directory and ``<env>/base`` replaced with this config's (:func:`base_files`), so the
+    committed files are never touched.
 
     Raises:
         UsageError: ``env`` has no overlay, or Helm or Kustomize refused the input.
         ConfigError: Helm's schema validation rejected the values.
         ToolMissing: Helm's library or kubectl is missing.
     """
-    tree = kustomize_dir(kustomize_tree)
+    tree = overlays_dir(overlays)
     _overlay(tree, str(env))
     helm, files = base_files(config, env, chart=chart)
     with tempfile.TemporaryDirectory(prefix="lensemble-k8s-") as tmp:
-        copy = Path(tmp) / "kustomize"
+        copy = Path(tmp) / "overlays"
         shutil.copytree(tree, copy)
-        base = copy / "base" / str(env)
+        base = copy / str(env) / BASE_DIR
         base.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (base / name).write_text(text, encoding="utf-8")
-        manifests = kustomize(copy / "overlays" / str(env))
+        manifests = kustomize(copy / str(env))
     return RenderedK8s(helm=helm, manifests=manifests)
 
 

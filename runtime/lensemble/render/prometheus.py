@@ -3,7 +3,7 @@
 The alert rules (``monitoring/alerts.yaml`` in this package, runbooks in docs/operations.md)
 are the same file for the chart (``charts/lensemble/files/alerts.yaml``, a generated copy) and
 for the Compose ``monitoring`` profile, which runs Prometheus from Debian's package
-(``deploy/monitoring/Dockerfile``) next to the stack. Every target gets a ``role`` label
+(``image/prometheus/Dockerfile``) next to the stack. Every target gets a ``role`` label
 (``coordinator``/``participant``) and participants a ``participant`` label; the rules and the
 dashboard select on them.
 """
@@ -19,10 +19,10 @@ from lensemble.config import LensembleConfig
 MONITORING_PROFILE = "monitoring"
 PROMETHEUS = "prometheus"
 MONITORING_NETWORK = "monitoring"
-#: Built by ``deploy/monitoring/Dockerfile`` on the Lensemble image's Debian base.
+#: Built by ``image/prometheus/Dockerfile`` on the Lensemble image's Debian base.
 PROMETHEUS_IMAGE = "lensemble-prometheus:bookworm"
 PROMETHEUS_PORT = 9090
-#: The image's prometheus user (``PROMETHEUS_UID`` of deploy/monitoring/Dockerfile).
+#: The image's prometheus user (``PROMETHEUS_UID`` of image/prometheus/Dockerfile).
 PROMETHEUS_UID = 990
 #: File names next to the Compose file, and where the container reads them.
 PROMETHEUS_CONFIG_NAME = "prometheus.yml"

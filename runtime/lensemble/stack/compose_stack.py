@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -30,12 +28,14 @@ from lensemble.render.compose import (
     COORDINATOR_VOLUME,
     participant_service,
     profile_images,
-    write_compose,
 )
+from lensemble.render.compose_files import ComposeFiles, write_compose
 from lensemble.render.container import STATE_DIR
 from lensemble.stack import StackFailed
-from lensemble.stack.engine import DockerComposeEngine, Engine
+from lensemble.stack.certs import MakeCerts, prepare_certs, run_certs_init
+from lensemble.stack.engine import ContainerState, DockerComposeEngine, Engine
 from lensemble.stack.ready_parse import ReadyLine, check_ready_line, first_ready_line
+from lensemble.stack.run_output import committed_hashes, last_error, round_progress
 
 RECORD_NAME = "stack.json"
 COMPOSE_NAME = "compose.yaml"
@@ -45,13 +45,12 @@ LEDGER_NAME = "ledger.jsonl"
 #: Seconds between two looks at the containers while waiting.
 POLL_S = 1.0
 #: Seconds creating, and then starting, the containers may take each (``--start-timeout``).
-#: Measured here with overlay2: 2-5 s to create five containers; vfs copies the whole image
-#: (about 1.1 GB) for each, which took minutes on a loaded machine.
+#: A slow storage driver (vfs copies the whole image for each container) needs minutes
+#: (docs/performance.md#images-and-the-compose-stack).
 START_TIMEOUT_S = 900.0
 
 Echo = Callable[[str], None]
 EngineFactory = Callable[["StackRecord"], Engine]
-MakeCerts = Callable[[Path, Path], None]
 
 
 @dataclass(frozen=True)
@@ -116,19 +115,6 @@ class ExpectedService:
     participant_id: str | None
 
 
-#: How much of a container's last error line a stack error quotes (characters).
-ERROR_QUOTE_CHARS = 600
-
-
-def last_error(lines: Iterable[str]) -> str | None:
-    """The last ``error: ...`` line a Lensemble process wrote (its text, bounded), if any."""
-    said = None
-    for line in lines:
-        if line.startswith("error: "):
-            said = line.removeprefix("error: ").strip()
-    return said[:ERROR_QUOTE_CHARS] if said else None
-
-
 def default_stack_dir(config: LensembleConfig) -> Path:
     """Where ``up`` renders and records a config's stack: ``<run.output_dir>/compose``."""
     return Path(config.run.output_dir) / "compose"
@@ -145,105 +131,78 @@ def expected_services(config: LensembleConfig, profile: str) -> list[ExpectedSer
     ]
 
 
-def run_certs_init(certs_dir: Path, config_file: Path) -> None:
-    """Create the development CA and one key pair per identity with ``lensemble certs init``.
+def _passed_exit_code(code: int) -> int:
+    """A coordinator's own failure codes (1, 2, 3) pass through; any other code is 1."""
+    return code if code in (EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_FAIL_CLOSED) else EXIT_RUN_FAILED
+
+
+def _stopped(
+    engine: Engine, container: str, name: str, code: int, record: StackRecord
+) -> StackFailed:
+    """The failure of a service that exited with ``code`` before it printed its ready line."""
+    # Its own one-line error says why (a broken run record names its line); a coordinator's
+    # exit code is passed through, as after a run.
+    said = last_error(engine.follow(container, new_only=False))
+    return StackFailed(
+        f"{name} stopped with exit code {code} before it was ready{f': {said}' if said else '.'}",
+        remediation=f"Its log: {record.logs_hint(name)}; then `lensemble down`.",
+        exit_code=_passed_exit_code(code) if name == COORDINATOR else EXIT_RUN_FAILED,
+    )
+
+
+def _announced(
+    engine: Engine,
+    expected: ExpectedService,
+    containers: dict[str, str],
+    *,
+    record: StackRecord,
+    config_hash: str,
+) -> ReadyLine | None:
+    """The service's checked ready line, or None while it has no container or line yet.
 
     Raises:
-        StackFailed: The command failed.
+        StackFailed: The service finished without a ready line.
+        IntegrityError: The ready line names another config hash.
     """
-    args = [
-        sys.executable,
-        "-c",
-        "from lensemble.cli import main; main()",
-        "certs",
-        "init",
-        str(certs_dir),
-        "--config",
-        str(config_file),
-    ]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise StackFailed(
-            f"`lensemble certs init {certs_dir}` failed: {reason[-1]}",
-            remediation="Create the certificates yourself with that command, then run again.",
-        )
-
-
-def prepare_certs(
-    certs_dir: Path, config_file: Path, identities: Sequence[str], make_certs: MakeCerts
-) -> None:
-    """Make sure every identity has its TLS folder, readable by the containers' user.
-
-    Creates the certificates when none exist. The containers run as UID 10001, not as the
-    user who made the files, so each identity folder becomes world-readable while ``certs_dir``
-    itself becomes ``0700``: other users on the host cannot reach into it, and the CA key in
-    ``certs_dir`` (never mounted) keeps its own mode.
-
-    Args:
-        certs_dir: The folder ``lensemble certs init`` fills.
-        config_file: The container config (its host names become certificate SANs).
-        identities: ``coordinator`` and every participant id.
-        make_certs: Creates the certificates (``certs_dir``, ``config_file``).
-
-    Raises:
-        StackFailed: Only some identities have certificates, or creating them failed.
-    """
-
-    def missing() -> list[str]:
-        return [i for i in identities if not (certs_dir / i / "tls.crt").is_file()]
-
-    absent = missing()
-    if absent and len(absent) < len(identities):
-        raise StackFailed(
-            f"{certs_dir} has no certificates for {', '.join(absent)} but has some for others "
-            "(the participants changed since it was made).",
-            remediation=f"Delete {certs_dir} and run again to create a fresh set.",
-        )
-    if absent:
-        make_certs(certs_dir, config_file)
-        still = missing()
-        if still:
-            raise StackFailed(
-                f"`lensemble certs init` left no certificate for {', '.join(still)} in "
-                f"{certs_dir}.",
-                remediation="Check the certificate layout in docs/architecture.md.",
-            )
-    certs_dir.chmod(0o700)
-    for identity in identities:
-        folder = certs_dir / identity
-        folder.chmod(0o755)
-        for item in folder.iterdir():
-            if item.is_file():
-                item.chmod(0o644)
-
-
-def round_progress(line: str) -> str | None:
-    """A one-line summary of a coordinator log record worth showing while following a run.
-
-    Records are JSON objects (``observability.log_format: json``). Shown: records with a
-    ``round`` field (``round 3: committed``; the text is the first of ``message``, ``msg``,
-    ``event`` and ``state``, so a logged ledger line shows as ``round 3: closed``; a text that
-    already starts with ``round`` is shown as it is) and records at level ERROR or above.
-
-    Returns:
-        The summary, or None for lines not worth showing.
-    """
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+    name = expected.service
+    container = containers.get(name) or engine.container(name)
+    if container is None:
         return None
-    if not isinstance(record, dict):
+    containers[name] = container
+    line = first_ready_line(engine.stdout(container), service=name)
+    if line is None:
+        state = engine.state(container)
+        if state.finished:
+            raise _stopped(engine, container, name, state.exit_code, record)
         return None
-    text = next((str(record[k]) for k in ("message", "msg", "event", "state") if record.get(k)), "")
-    if "round" in record:
-        # Messages that already name their round ("round 3 attempt 0 committed ...") stand alone.
-        if text.startswith("round "):
-            return text
-        return f"round {record['round']}: {text}".rstrip(": ")
-    if str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
-        return f"coordinator error: {text}"
-    return None
+    check_ready_line(
+        line,
+        service=name,
+        role=expected.role,
+        participant_id=expected.participant_id,
+        config_hash=config_hash,
+    )
+    return line
+
+
+def _healthy(state: ContainerState) -> bool:
+    """Whether a container counts as healthy once it announced itself."""
+    # Ready means announced and healthy: a container without a healthcheck, or one that already
+    # finished its run cleanly, counts as healthy.
+    return state.health in ("", "healthy") or (state.finished and state.exit_code == 0)
+
+
+def _not_ready(
+    pending: Iterable[str], unhealthy: set[str], timeout_s: float, record: StackRecord
+) -> StackFailed:
+    names = sorted(pending)
+    failing = sorted(unhealthy.intersection(names))
+    return StackFailed(
+        f"{', '.join(names)} not ready after {timeout_s:.0f} s"
+        + (f" ({', '.join(failing)}: healthcheck failing)." if failing else "."),
+        remediation=f"Look at the logs ({record.logs_hint(names[0])}); the "
+        "stack is still up: `lensemble down` tears it down.",
+    )
 
 
 def wait_ready(
@@ -284,44 +243,11 @@ def wait_ready(
     unhealthy: set[str] = set()
     while True:
         for name, exp in list(pending.items()):
-            container = containers.get(name) or engine.container(name)
-            if container is None:
-                continue
-            containers[name] = container
-            line = first_ready_line(engine.stdout(container), service=name)
+            line = _announced(engine, exp, containers, record=record, config_hash=config_hash)
             if line is None:
-                state = engine.state(container)
-                if state.finished:
-                    # Its own one-line error says why (a broken run record names its line);
-                    # a coordinator's exit code is passed through, as after a run.
-                    said = last_error(engine.follow(container, new_only=False))
-                    why = f": {said}" if said else "."
-                    code = state.exit_code
-                    passed = (
-                        code
-                        if name == COORDINATOR
-                        and code in (EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_FAIL_CLOSED)
-                        else EXIT_RUN_FAILED
-                    )
-                    raise StackFailed(
-                        f"{name} stopped with exit code {code} before it was ready{why}",
-                        remediation=f"Its log: {record.logs_hint(name)}; then `lensemble down`.",
-                        exit_code=passed,
-                    )
                 continue
-            check_ready_line(
-                line,
-                service=name,
-                role=exp.role,
-                participant_id=exp.participant_id,
-                config_hash=config_hash,
-            )
-            # Ready means announced and healthy: a container without a healthcheck, or one that
-            # already finished its run cleanly, counts as healthy.
-            state = engine.state(container)
-            if state.health not in ("", "healthy") and not (
-                state.finished and state.exit_code == 0
-            ):
+            state = engine.state(containers[name])
+            if not _healthy(state):
                 # A check slower than its timeout on a loaded machine reads as unhealthy, and
                 # may pass at the next try: said once, and only the deadline ends the wait.
                 if state.health == "unhealthy" and name not in unhealthy:
@@ -337,14 +263,7 @@ def wait_ready(
         if not pending:
             return ready
         if clock() >= deadline:
-            names = ", ".join(sorted(pending))
-            failing = sorted(unhealthy & pending.keys())
-            raise StackFailed(
-                f"{names} not ready after {timeout_s:.0f} s"
-                + (f" ({', '.join(failing)}: healthcheck failing)." if failing else "."),
-                remediation=f"Look at the logs ({record.logs_hint(sorted(pending)[0])}); the "
-                "stack is still up: `lensemble down` tears it down.",
-            )
+            raise _not_ready(pending, unhealthy, timeout_s, record)
         sleep(POLL_S)
 
 
@@ -390,27 +309,6 @@ class StackRun:
     model_hashes: list[str]
 
 
-def committed_hashes(ledger: bytes) -> list[str]:
-    """Model hashes of the committed (``closed``) rounds of a ledger, in order.
-
-    A line wraps its round record under ``record`` (ledger v2, docs/run-record.md). Lines that
-    are not JSON objects with a string ``model_hash`` are skipped: the ledger is read only to
-    report the run, never trusted for anything else (``lensemble verify`` checks it).
-    """
-    hashes: list[str] = []
-    for raw in ledger.splitlines():
-        try:
-            line = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        record = line.get("record") if isinstance(line, dict) else None
-        if isinstance(record, dict) and record.get("state") == "closed":
-            value = record.get("model_hash")
-            if isinstance(value, str):
-                hashes.append(value)
-    return hashes
-
-
 def check_image(engine: Engine, config: LensembleConfig, profile: str) -> None:
     """Refuse to start when the profile's image must be local (pull policy Never) but is not.
 
@@ -427,6 +325,106 @@ def check_image(engine: Engine, config: LensembleConfig, profile: str) -> None:
             remediation="Build it with `lensemble image build` (without a registry: "
             "`lensemble image base` first, see the README), then run again.",
         )
+
+
+def _refuse_a_second_stack(stack_dir: Path) -> None:
+    """Refuse a folder whose stack is still recorded as up.
+
+    Raises:
+        UsageError: ``stack_dir`` holds a stack record.
+    """
+    record_path = stack_dir / RECORD_NAME
+    if record_path.exists():
+        running = StackRecord.load(record_path)
+        raise UsageError(
+            f"A stack (Compose project '{running.project}') is already up from {stack_dir}.",
+            remediation="Tear it down first with `lensemble down`.",
+        )
+
+
+def _render_stack(
+    config: LensembleConfig, stack_dir: Path, *, source: str, make_certs: MakeCerts
+) -> ComposeFiles:
+    """The rendered files in ``stack_dir``, with every identity's certificates when TLS is on."""
+    files = write_compose(config, stack_dir / COMPOSE_NAME, source=source, certs_dir=CERTS_NAME)
+    if config.network.tls.enabled:
+        identities = [COORDINATOR, *config.participant_ids]
+        prepare_certs(stack_dir / CERTS_NAME, files.config, identities, make_certs)
+    return files
+
+
+def _follow_coordinator(
+    engine: Engine, record: StackRecord, *, echo: Echo, sleep: Callable[[float], None]
+) -> str:
+    """Follow the coordinator's rounds until it exits cleanly; its container.
+
+    Raises:
+        StackFailed: Its container is gone, or it exited with a failure (its code passed on).
+    """
+    coordinator = engine.container(COORDINATOR)
+    if coordinator is None:
+        raise StackFailed(
+            "The coordinator's container disappeared after it was ready.",
+            remediation="Something else removed it; `lensemble down` cleans up.",
+        )
+    code = follow_run(engine, coordinator, echo=echo, sleep=sleep)
+    if code != 0:
+        raise StackFailed(
+            f"The run failed: the coordinator exited with code {code}.",
+            remediation=f"Its log: {record.logs_hint(COORDINATOR)}; tear the stack down with "
+            "`lensemble down`.",
+            exit_code=_passed_exit_code(code),
+        )
+    return coordinator
+
+
+def _copy_ledger(
+    engine: Engine, coordinator: str, stack_dir: Path, echo: Echo
+) -> tuple[Path | None, list[str]]:
+    """Copy the coordinator's ledger into ``stack_dir`` and say how the run ended.
+
+    Returns:
+        The copy (None when the ledger is unreadable) and the committed hash chain.
+    """
+    ledger = engine.read_file(coordinator, f"{STATE_DIR}/{LEDGER_NAME}")
+    hashes = committed_hashes(ledger) if ledger is not None else []
+    ledger_path = None
+    if ledger is not None:
+        ledger_path = stack_dir / LEDGER_NAME
+        ledger_path.write_bytes(ledger)
+    final = f"final model {hashes[-1]} after {len(hashes)} committed rounds; " if hashes else ""
+    echo(
+        f"run finished: {final}checkpoints and ledger are on volume '{COORDINATOR_VOLUME}'"
+        + (f" (ledger copied to {ledger_path})" if ledger_path else "")
+        + "; `lensemble down` removes the containers (and with --volumes the data)"
+    )
+    return ledger_path, hashes
+
+
+def _create_and_start(
+    engine: Engine,
+    record: StackRecord,
+    files: ComposeFiles,
+    count: int,
+    *,
+    timeout_s: float,
+    echo: Echo,
+    clock: Callable[[], float],
+) -> float:
+    """Create the project's ``count`` containers, then start them (``timeout_s`` each).
+
+    Returns:
+        The clock's reading when creating began (seconds).
+    """
+    echo(
+        f"creating Compose project '{record.project}' (profile {record.profile}) from "
+        f"{files.compose}"
+    )
+    began = clock()
+    engine.create(timeout_s=timeout_s, echo=echo)
+    echo(f"created {count} containers in {clock() - began:.0f} s; starting")
+    engine.start(timeout_s=timeout_s, echo=echo)
+    return began
 
 
 def up_compose(
@@ -472,21 +470,8 @@ def up_compose(
         IntegrityError: A container reports another config hash.
         ToolMissing: Docker is missing.
     """
-    record_path = stack_dir / RECORD_NAME
-    if record_path.exists():
-        running = StackRecord.load(record_path)
-        raise UsageError(
-            f"A stack (Compose project '{running.project}') is already up from {stack_dir}.",
-            remediation="Tear it down first with `lensemble down`.",
-        )
-    files = write_compose(config, stack_dir / COMPOSE_NAME, source=source, certs_dir=CERTS_NAME)
-    if config.network.tls.enabled:
-        prepare_certs(
-            stack_dir / CERTS_NAME,
-            files.config,
-            [COORDINATOR, *config.participant_ids],
-            make_certs,
-        )
+    _refuse_a_second_stack(stack_dir)
+    files = _render_stack(config, stack_dir, source=source, make_certs=make_certs)
     record = StackRecord(
         substrate="compose",
         project=config.run.name,
@@ -497,20 +482,19 @@ def up_compose(
     engine = (engine_factory or _docker_engine)(record)
     check_image(engine, config, profile)
     # Recorded before starting: a start that fails halfway is still torn down by `down`.
-    record.save(record_path)
+    record.save(stack_dir / RECORD_NAME)
     expected = expected_services(config, profile)
-    echo(f"creating Compose project '{record.project}' (profile {profile}) from {files.compose}")
-    began = clock()
-    engine.create(timeout_s=start_timeout_s, echo=echo)
-    echo(f"created {len(expected)} containers in {clock() - began:.0f} s; starting")
-    engine.start(timeout_s=start_timeout_s, echo=echo)
+    began = _create_and_start(
+        engine, record, files, len(expected), timeout_s=start_timeout_s, echo=echo, clock=clock
+    )
     expected_hash = config_hash(config)
+    timeout_s = ready_timeout_s or config.federation.join_timeout_s
     ready = wait_ready(
         engine,
         expected,
         record=record,
         config_hash=expected_hash,
-        timeout_s=ready_timeout_s or config.federation.join_timeout_s,
+        timeout_s=timeout_s,
         echo=echo,
         clock=clock,
         sleep=sleep,
@@ -520,34 +504,9 @@ def up_compose(
         f"participants on config hash {expected_hash}; following {config.federation.rounds} "
         "rounds"
     )
-    coordinator = engine.container(COORDINATOR)
-    if coordinator is None:
-        raise StackFailed(
-            "The coordinator's container disappeared after it was ready.",
-            remediation="Something else removed it; `lensemble down` cleans up.",
-        )
-    code = follow_run(engine, coordinator, echo=echo, sleep=sleep)
-    if code != 0:
-        passed = code if code in (EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_FAIL_CLOSED) else 1
-        raise StackFailed(
-            f"The run failed: the coordinator exited with code {code}.",
-            remediation=f"Its log: {record.logs_hint(COORDINATOR)}; tear the stack down with "
-            "`lensemble down`.",
-            exit_code=passed,
-        )
-    ledger = engine.read_file(coordinator, f"{STATE_DIR}/{LEDGER_NAME}")
-    hashes = committed_hashes(ledger) if ledger is not None else []
-    ledger_path = None
-    if ledger is not None:
-        ledger_path = stack_dir / LEDGER_NAME
-        ledger_path.write_bytes(ledger)
-    final = f"final model {hashes[-1]} after {len(hashes)} committed rounds; " if hashes else ""
-    echo(
-        f"run finished: {final}checkpoints and ledger are on volume '{COORDINATOR_VOLUME}'"
-        + (f" (ledger copied to {ledger_path})" if ledger_path else "")
-        + "; `lensemble down` removes the containers (and with --volumes the data)"
-    )
-    return StackRun(ready=ready, ledger=ledger_path, model_hashes=hashes)
+    coordinator = _follow_coordinator(engine, record, echo=echo, sleep=sleep)
+    ledger, hashes = _copy_ledger(engine, coordinator, stack_dir, echo)
+    return StackRun(ready=ready, ledger=ledger, model_hashes=hashes)
 
 
 def down_compose(

@@ -1,7 +1,7 @@
 """Regenerate every committed generated file, or check that each one is fresh.
 
-    python scripts/regenerate.py            # rewrite every stale file, print what changed
-    python scripts/regenerate.py --check    # print the stale files; exit 1 when there are any
+    python -m tools.regenerate            # rewrite every stale file, print what changed
+    python -m tools.regenerate --check    # print the stale files; exit 1 when there are any
 
 :data:`REGISTRY` lists each generated file with the function that produces its text from the
 checkout; ``tests/test_generated.py`` checks every entry, so adding a generated file means adding
@@ -24,7 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What a generated file's header tells its reader to run.
-COMMAND = "python scripts/regenerate.py"
+COMMAND = "python -m tools.regenerate"
 ENVIRONMENTS = ("local", "staging", "sovereign-prod")
 PROTO = "runtime/lensemble/network/proto"
 
@@ -100,7 +100,7 @@ def _kind_cluster(root: Path) -> str:
 @functools.cache
 def _compose(root: Path) -> dict[str, str]:
     from lensemble.config import load_config
-    from lensemble.render.compose import write_compose
+    from lensemble.render.compose_files import write_compose
 
     overrides = ["federation.transport=network"]
     config = load_config(root / "config/local.yaml", overrides)
@@ -172,15 +172,15 @@ REGISTRY: tuple[Generated, ...] = (
     Generated("charts/lensemble/files/alerts.yaml", _alert_rules),
     Generated("charts/lensemble/files/grafana-dashboard.json", _dashboard),
     *(
-        Generated(f"deploy/kustomize/base/{env}/{name}", _base_file(env, name), ("helm",))
+        Generated(f"overlays/{env}/base/{name}", _base_file(env, name), ("helm",))
         for env in ENVIRONMENTS
         for name in ("kustomization.yaml", "manifests.yaml", "config.yaml")
     ),
-    Generated("deploy/kind/kind-cluster.yaml", _kind_cluster),
-    Generated("deploy/compose/compose.yaml", _compose_file("compose.yaml")),
-    Generated("deploy/compose/lensemble.yaml", _compose_file("lensemble.yaml")),
-    Generated("deploy/compose/prometheus.yml", _compose_file("prometheus.yml")),
-    Generated("deploy/compose/alerts.yaml", _compose_file("alerts.yaml")),
+    Generated("overlays/local/kind-cluster.yaml", _kind_cluster),
+    Generated("compose/compose.yaml", _compose_file("compose.yaml")),
+    Generated("compose/lensemble.yaml", _compose_file("lensemble.yaml")),
+    Generated("compose/prometheus.yml", _compose_file("prometheus.yml")),
+    Generated("compose/alerts.yaml", _compose_file("alerts.yaml")),
     *(
         Generated(f"{PROTO}/{name}", _stub(name))
         for name in ("lensemble_pb2.py", "lensemble_pb2.pyi", "lensemble_pb2_grpc.py")
