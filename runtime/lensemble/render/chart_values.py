@@ -21,12 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 from pydantic.alias_generators import to_camel
 
-from lensemble.config.physics import KNOWN_PHYSICS
 from lensemble.config.schema import (
-    CUDA_TAG,
     DNS1123_LABEL,
     K8S_MEMORY,
-    RESERVED_AGGREGATIONS,
     UNPINNED_TAG,
     UNPINNED_TAG_ALLOWED_IN,
     LensembleConfig,
@@ -530,7 +527,8 @@ class ChartValues(_Knobs):
 
 
 def _not_latest() -> dict[str, Any]:
-    # config.schema.unpinned_tag_refused, as JSON Schema (with the environment rule below).
+    # The knob's side of the config rule "pinned-tag" (lensemble.config.rules), which covers
+    # config.deployment.image.tag in the config's own schema.
     return {"properties": {"tag": {"not": {"const": UNPINNED_TAG}}}}
 
 
@@ -557,12 +555,7 @@ _RULES: list[dict[str, Any]] = [
             },
             "required": ["config"],
         },
-        "then": {
-            "properties": {
-                "image": _not_latest(),
-                "config": {"properties": {"deployment": {"properties": {"image": _not_latest()}}}},
-            }
-        },
+        "then": {"properties": {"image": _not_latest()}},
     },
     {
         "if": {
@@ -607,67 +600,21 @@ def _when(condition: dict[str, Any], *then: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_rules() -> list[dict[str, Any]]:
-    """What a pod refuses or mis-serves, as JSON Schema over ``config`` (``allOf``).
+    """What a pod needs beyond a valid config, as JSON Schema over ``config`` (``allOf``).
 
-    The container contract (:func:`~lensemble.render.container.pod_contract` and the TLS paths
-    a pod mounts), and the rules of :func:`lensemble.config.schema._check_rules` that compare a
-    field with constants. The rules that compare two fields are the chart's
-    ``lensemble.validate`` template.
+    The container contract: :func:`~lensemble.render.container.pod_contract` and the TLS paths a
+    pod mounts. The config's own cross-field rules are in the config's schema, which the values
+    schema embeds (:func:`lensemble.config.rules.json_schemas`), and in the chart's generated
+    ``templates/_rules.tpl``.
     """
     tls = {field: {"const": path} for field, path in tls_paths(POD_TLS_DIR).items()}
-    sovereign = _at("deployment.environment", {"const": "sovereign-prod"})
-    region = {"properties": {"region": {"type": "string"}}, "required": ["region"]}
-    rules = [
+    return [
         *(_at(path, {"const": value}) for path, value in pod_contract().items()),
         _when(
             _at("network.tls.enabled", {"const": True}),
             _at("network.tls", {"properties": tls, "required": sorted(tls)}),
         ),
-        # The network transport (every pod) refuses to run without the residency guard.
-        _at("data.residency_enforced", {"const": True}),
-        _when(
-            _at("network.auth", {"not": {"const": "insecure"}}),
-            _at("network.tls.enabled", {"const": True}),
-        ),
-        _when(
-            _at("network.auth", {"const": "mtls"}), _at("network.tls.client_auth", {"const": True})
-        ),
-        _at("federation.aggregation", {"not": {"enum": list(RESERVED_AGGREGATIONS)}}),
-        _when(
-            _at("federation.quantization", {"not": {"const": "int8"}}),
-            _at("federation.int8_chunk", {"const": 0}),
-        ),
-        _when(
-            {
-                "anyOf": [
-                    _at(f"deployment.resources.{role}.gpu", {"minimum": 1})
-                    for role in ("coordinator", "participant")
-                ]
-            },
-            _at("deployment.image.tag", {"pattern": CUDA_TAG.pattern}),
-        ),
-        _when(
-            sovereign,
-            _at("network.auth", {"const": "mtls"}),
-            _at("deployment.confidential_compute", {"const": True}),
-            _at("deployment.namespace.strategy", {"const": "per-trust-domain"}),
-            _at("federation.participants", {"items": region}),
-        ),
     ]
-    for env_id, params in KNOWN_PHYSICS.items():
-        env_params = {
-            "properties": {p.name: {"exclusiveMinimum": p.minimum} for p in params},
-            "additionalProperties": False,
-        }
-        rules.append(
-            _when(
-                _at("data.env_id", {"const": env_id}),
-                _at(
-                    "federation.participants", {"items": {"properties": {"env_params": env_params}}}
-                ),
-            )
-        )
-    return rules
 
 
 def values_schema() -> dict[str, Any]:
