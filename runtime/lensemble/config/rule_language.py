@@ -101,22 +101,32 @@ def _kind_of_annotation(annotation: Any) -> Kind | type[BaseModel]:
     return "list" if origin in (list, tuple) else "any"
 
 
-def kind_of(node: ast.expr, names: dict[str, Kind | type[BaseModel]]) -> Kind:
-    """The kind of value ``node`` stands for, given the kinds (or models) of the scope's names."""
+def _kind_of_value(node: ast.expr) -> Kind | None:
+    """The kind of a constant or an operation's result; None for names and fields."""
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool):
             return "bool"
         return "num" if isinstance(node.value, int | float) else "str"
     if isinstance(node, ast.Tuple | ast.List):
         return "list"
-    if isinstance(node, ast.Compare | ast.BoolOp) or (
-        isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)
-    ):
+    if isinstance(node, ast.Compare | ast.BoolOp | ast.UnaryOp):
         return "bool"
-    if isinstance(node, ast.BinOp) or (isinstance(node, ast.Call) and node.func.id != "matches"):  # type: ignore[attr-defined]
+    if isinstance(node, ast.BinOp):
         return "num"
     if isinstance(node, ast.Call):
-        return "bool"
+        return "bool" if getattr(node.func, "id", "") == "matches" else "num"
+    return None
+
+
+def kind_of(node: ast.expr, names: dict[str, Kind | type[BaseModel]]) -> Kind:
+    """The kind of value ``node`` stands for, given the kinds (or models) of the scope's names.
+
+    Raises:
+        NotExpressible: ``node`` names something the scope lacks, or no field of a model.
+    """
+    found = _kind_of_value(node)
+    if found is not None:
+        return found
     ref = attribute_path(node)
     if ref is None or ref[0] not in names:
         raise NotExpressible(f"{ast.unparse(node)} names nothing the rule's scope has")
