@@ -9,7 +9,7 @@ import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.config.rule_language import NotExpressible, parsed
-from lensemble.config.rule_scopes import ENCLOSING, SCOPE_NAMES
+from lensemble.config.rule_scopes import ENCLOSING, SCOPE_NAMES, Rule
 from lensemble.config.rules import RULES, schema_of
 from lensemble.config.schema import LensembleConfig
 from lensemble.errors import ConfigError
@@ -28,16 +28,16 @@ def test_every_rule_has_a_breaking_example_and_no_example_is_stale() -> None:
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
-def test_a_rule_is_written_in_the_rule_language(rule: object) -> None:
-    for text in (rule.require, rule.when):  # type: ignore[attr-defined]
+def test_a_rule_is_written_in_the_rule_language(rule: Rule) -> None:
+    for text in (rule.require, rule.when):
         if text is not None:
             parsed(text)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
-def test_the_example_breaks_its_rule_naming_the_field(rule: object) -> None:
-    example = BREAKING[rule.id]  # type: ignore[attr-defined]
-    assert field_pattern(rule.field).fullmatch(example.field), (rule.field, example.field)  # type: ignore[attr-defined]
+def test_the_example_breaks_its_rule_naming_the_field(rule: Rule) -> None:
+    example = BREAKING[rule.id]
+    assert field_pattern(rule.field).fullmatch(example.field), (rule.field, example.field)
     with pytest.raises(ConfigError) as raised:
         validate_mapping(edited_values(example.case, example.edits)["config"])
     assert [p.path for p in raised.value.problems] == [example.field, *example.also]

@@ -98,7 +98,7 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- end -}}
 {{- /* residency-over-network */ -}}
 {{- if (and (eq $c.federation.transport "network") (not (eq $c.data.residency_enforced true))) -}}
-{{- fail (printf "config.data.residency_enforced: false is not allowed with federation.transport 'network'; set data.residency_enforced: true." ) -}}
+{{- fail (printf "config.data.residency_enforced: false is not allowed with federation.transport 'network'; set data.residency_enforced: true.") -}}
 {{- end -}}
 {{- /* rpc-within-round */ -}}
 {{- if (not (lt (float64 $c.network.rpc_timeout_s) (float64 $c.federation.round_timeout_s))) -}}
@@ -134,23 +134,23 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- end -}}
 {{- /* tls-ca-file */ -}}
 {{- if (and (and (eq $c.federation.transport "network") (eq $c.network.tls.enabled true)) (kindIs "invalid" $c.network.tls.ca_file)) -}}
-{{- fail (printf "config.network.tls.ca_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set)." ) -}}
+{{- fail (printf "config.network.tls.ca_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set).") -}}
 {{- end -}}
 {{- /* tls-cert-file */ -}}
 {{- if (and (and (eq $c.federation.transport "network") (eq $c.network.tls.enabled true)) (kindIs "invalid" $c.network.tls.cert_file)) -}}
-{{- fail (printf "config.network.tls.cert_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set)." ) -}}
+{{- fail (printf "config.network.tls.cert_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set).") -}}
 {{- end -}}
 {{- /* tls-key-file */ -}}
 {{- if (and (and (eq $c.federation.transport "network") (eq $c.network.tls.enabled true)) (kindIs "invalid" $c.network.tls.key_file)) -}}
-{{- fail (printf "config.network.tls.key_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set)." ) -}}
+{{- fail (printf "config.network.tls.key_file: is required when TLS is on; point it at a PEM file (`lensemble certs init DIR --config FILE` creates a development set).") -}}
 {{- end -}}
 {{- /* mtls-client-auth */ -}}
 {{- if (and (and (eq $c.federation.transport "network") (eq $c.network.auth "mtls")) (not (eq $c.network.tls.client_auth true))) -}}
-{{- fail (printf "config.network.tls.client_auth: false is not allowed with network.auth 'mtls'; set network.tls.client_auth: true." ) -}}
+{{- fail (printf "config.network.tls.client_auth: false is not allowed with network.auth 'mtls'; set network.tls.client_auth: true.") -}}
 {{- end -}}
 {{- /* kueue-queue */ -}}
 {{- if (and (eq $c.deployment.gang_scheduling.scheduler "kueue") (not (ne $c.deployment.gang_scheduling.queue ""))) -}}
-{{- fail (printf "config.deployment.gang_scheduling.queue: kueue admits pods through a LocalQueue, but none is named; set deployment.gang_scheduling.queue (e.g. queue: lensemble)." ) -}}
+{{- fail (printf "config.deployment.gang_scheduling.queue: kueue admits pods through a LocalQueue, but none is named; set deployment.gang_scheduling.queue (e.g. queue: lensemble).") -}}
 {{- end -}}
 {{- /* gpus-need-cuda */ -}}
 {{- if (and (or (gt (float64 $c.deployment.resources.coordinator.gpu) 0.0) (gt (float64 $c.deployment.resources.participant.gpu) 0.0)) (not (regexMatch "(^|[-_.])cu[0-9]{3}([-_.]|$)" $c.deployment.image.tag))) -}}
@@ -170,7 +170,7 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- end -}}
 {{- /* sovereign-confidential-compute */ -}}
 {{- if (and (eq $c.deployment.environment "sovereign-prod") (not (eq $c.deployment.confidential_compute true))) -}}
-{{- fail (printf "config.deployment.confidential_compute: false is not allowed in sovereign-prod; set it to true." ) -}}
+{{- fail (printf "config.deployment.confidential_compute: false is not allowed in sovereign-prod; set it to true.") -}}
 {{- end -}}
 {{- /* sovereign-namespaces */ -}}
 {{- if (and (eq $c.deployment.environment "sovereign-prod") (not (eq $c.deployment.namespace.strategy "per-trust-domain"))) -}}

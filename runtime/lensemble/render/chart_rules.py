@@ -158,7 +158,7 @@ def check(rule: Rule, names: Names) -> str:
     return (
         f"{{{{- /* {rule.id} */ -}}}}\n"
         f"{{{{- if {broken} -}}}}\n"
-        f"{{{{- fail (printf {json.dumps(text)} {' '.join(args)}) -}}}}\n"
+        f"{{{{- fail (printf {' '.join([json.dumps(text), *args])}) -}}}}\n"
         "{{- end -}}\n"
     )
 
