@@ -202,11 +202,41 @@ class Cluster(pulumi.ComponentResource):
                     f"node pool {pool.name!r}: {pool.instance_type} cannot run AMD SEV-SNP; use "
                     f"an instance type of the {', '.join(SEV_SNP_FAMILIES)} families"
                 )
-        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        invoke = pulumi.InvokeOutputOptions(parent=self, provider=args.provider)
-        tags = dict(args.tags or {})
-        partition = args.partition
+        self._resource_name = name
+        self._args = args
+        self._child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self._tags = dict(args.tags or {})
+        cluster = self._control_plane()
+        node_role, node_policies = self._node_role()
+        self.node_groups: dict[str, aws.eks.NodeGroup] = {
+            pool.name: self._node_group(pool, cluster, node_role, node_policies)
+            for pool in args.pools
+        }
+        self.name = cluster.name
+        self.endpoint = cluster.endpoint
+        self.node_role_arn = node_role.arn
+        document: pulumi.Output[str] = pulumi.Output.all(
+            cluster.name, cluster.endpoint, cluster.certificate_authority.data
+        ).apply(lambda parts: kubeconfig(parts[0], parts[1], parts[2], args.region))
+        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(document)
+        self.kubernetes = k8s.Provider(
+            f"{name}-kubernetes",
+            kubeconfig=self.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.node_groups.values())),
+        )
+        self.register_outputs(
+            {
+                "name": self.name,
+                "endpoint": self.endpoint,
+                "kubeconfig": self.kubeconfig,
+                "node_role_arn": self.node_role_arn,
+            }
+        )
 
+    def _control_plane(self) -> aws.eks.Cluster:
+        """The EKS control plane: its role, Secrets key, log group, and Pod Identity agent."""
+        name, args, child, tags = self._resource_name, self._args, self._child, self._tags
         cluster_role = aws.iam.Role(
             f"{name}-control-plane",
             assume_role_policy=_assume_role_policy(
@@ -218,7 +248,7 @@ class Cluster(pulumi.ComponentResource):
         attachment = aws.iam.RolePolicyAttachment(
             f"{name}-control-plane",
             role=cluster_role.name,
-            policy_arn=partition.managed_policy("AmazonEKSClusterPolicy"),
+            policy_arn=args.partition.managed_policy("AmazonEKSClusterPolicy"),
             opts=child,
         )
         secrets_key = aws.kms.Key(
@@ -270,18 +300,22 @@ class Cluster(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+        return cluster
 
+    def _node_role(self) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
+        """The nodes' IAM role and its managed policies (worker, CNI, registry read)."""
+        name, child = self._resource_name, self._child
         node_role = aws.iam.Role(
             f"{name}-nodes",
             assume_role_policy=_assume_role_policy("ec2.amazonaws.com"),
-            tags=tags,
+            tags=self._tags,
             opts=child,
         )
-        node_policies = [
+        policies = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-nodes-{policy}",
                 role=node_role.name,
-                policy_arn=partition.managed_policy(policy),
+                policy_arn=self._args.partition.managed_policy(policy),
                 opts=child,
             )
             for policy in (
@@ -290,97 +324,89 @@ class Cluster(pulumi.ComponentResource):
                 "AmazonEC2ContainerRegistryReadOnly",
             )
         ]
+        return node_role, policies
 
-        self.node_groups: dict[str, aws.eks.NodeGroup] = {}
-        for pool in args.pools:
-            instance_type: pulumi.Input[str] = pool.instance_type
-            if pool.confidential:
-                offered = aws.ec2.get_instance_types_output(
-                    filters=[
-                        aws.ec2.GetInstanceTypesFilterArgs(
-                            name="processor-info.supported-features", values=["amd-sev-snp"]
-                        ),
-                        aws.ec2.GetInstanceTypesFilterArgs(
-                            name="instance-type", values=[pool.instance_type]
-                        ),
-                    ],
-                    opts=invoke,
-                )
-                instance_type = offered.instance_types.apply(
-                    functools.partial(
-                        offered_with_sev_snp, instance_type=pool.instance_type, region=args.region
-                    )
-                )
-            template = aws.ec2.LaunchTemplate(
-                f"{name}-{pool.name}",
-                instance_type=instance_type,
-                cpu_options=(
-                    aws.ec2.LaunchTemplateCpuOptionsArgs(amd_sev_snp="enabled")
-                    if pool.confidential
-                    else None
+    def _instance_type(self, pool: NodePool) -> pulumi.Input[str]:
+        """The pool's instance type; for a confidential pool, checked to offer SEV-SNP here."""
+        if not pool.confidential:
+            return pool.instance_type
+        offered = aws.ec2.get_instance_types_output(
+            filters=[
+                aws.ec2.GetInstanceTypesFilterArgs(
+                    name="processor-info.supported-features", values=["amd-sev-snp"]
                 ),
-                metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                    http_endpoint="enabled",
-                    http_tokens="required",
-                    http_put_response_hop_limit=1,
+                aws.ec2.GetInstanceTypesFilterArgs(
+                    name="instance-type", values=[pool.instance_type]
                 ),
-                block_device_mappings=[
-                    aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                        device_name="/dev/xvda",
-                        ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                            encrypted="true", volume_size=50, volume_type="gp3"
-                        ),
-                    )
-                ],
-                tag_specifications=[
-                    aws.ec2.LaunchTemplateTagSpecificationArgs(
-                        resource_type="instance", tags={**tags, POOL_LABEL: pool.name}
-                    )
-                ],
-                tags=tags,
-                opts=child,
-            )
-            self.node_groups[pool.name] = aws.eks.NodeGroup(
-                f"{name}-{pool.name}",
-                cluster_name=cluster.name,
-                node_role_arn=node_role.arn,
-                subnet_ids=list(args.subnet_ids),
-                ami_type="AL2023_x86_64_NVIDIA" if pool.gpu else "AL2023_x86_64_STANDARD",
-                launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
-                    id=template.id, version=template.latest_version.apply(str)
-                ),
-                scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                    desired_size=pool.size, min_size=pool.size, max_size=pool.size + 1
-                ),
-                labels=pool.labels,
-                taints=[
-                    aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=t.effect)
-                    for t in pool.taints
-                ],
-                tags={**tags, POOL_LABEL: pool.name},
-                opts=pulumi.ResourceOptions.merge(
-                    child, pulumi.ResourceOptions(depends_on=node_policies)
-                ),
-            )
-
-        self.name = cluster.name
-        self.endpoint = cluster.endpoint
-        self.node_role_arn = node_role.arn
-        document: pulumi.Output[str] = pulumi.Output.all(
-            cluster.name, cluster.endpoint, cluster.certificate_authority.data
-        ).apply(lambda parts: kubeconfig(parts[0], parts[1], parts[2], args.region))
-        self.kubeconfig: pulumi.Output[str] = pulumi.Output.secret(document)
-        self.kubernetes = k8s.Provider(
-            f"{name}-kubernetes",
-            kubeconfig=self.kubeconfig,
-            enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.node_groups.values())),
+            ],
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=self._args.provider),
         )
-        self.register_outputs(
-            {
-                "name": self.name,
-                "endpoint": self.endpoint,
-                "kubeconfig": self.kubeconfig,
-                "node_role_arn": self.node_role_arn,
-            }
+        return offered.instance_types.apply(
+            functools.partial(
+                offered_with_sev_snp, instance_type=pool.instance_type, region=self._args.region
+            )
+        )
+
+    def _launch_template(self, pool: NodePool) -> aws.ec2.LaunchTemplate:
+        """IMDSv2 with hop limit 1, an encrypted root volume, SEV-SNP for a confidential pool."""
+        return aws.ec2.LaunchTemplate(
+            f"{self._resource_name}-{pool.name}",
+            instance_type=self._instance_type(pool),
+            cpu_options=(
+                aws.ec2.LaunchTemplateCpuOptionsArgs(amd_sev_snp="enabled")
+                if pool.confidential
+                else None
+            ),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled",
+                http_tokens="required",
+                http_put_response_hop_limit=1,
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        encrypted="true", volume_size=50, volume_type="gp3"
+                    ),
+                )
+            ],
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type="instance", tags={**self._tags, POOL_LABEL: pool.name}
+                )
+            ],
+            tags=self._tags,
+            opts=self._child,
+        )
+
+    def _node_group(
+        self,
+        pool: NodePool,
+        cluster: aws.eks.Cluster,
+        node_role: aws.iam.Role,
+        node_policies: list[aws.iam.RolePolicyAttachment],
+    ) -> aws.eks.NodeGroup:
+        """One managed node group of ``pool.size`` nodes from the pool's launch template."""
+        template = self._launch_template(pool)
+        return aws.eks.NodeGroup(
+            f"{self._resource_name}-{pool.name}",
+            cluster_name=cluster.name,
+            node_role_arn=node_role.arn,
+            subnet_ids=list(self._args.subnet_ids),
+            ami_type="AL2023_x86_64_NVIDIA" if pool.gpu else "AL2023_x86_64_STANDARD",
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                desired_size=pool.size, min_size=pool.size, max_size=pool.size + 1
+            ),
+            labels=pool.labels,
+            taints=[
+                aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=t.effect)
+                for t in pool.taints
+            ],
+            tags={**self._tags, POOL_LABEL: pool.name},
+            opts=pulumi.ResourceOptions.merge(
+                self._child, pulumi.ResourceOptions(depends_on=node_policies)
+            ),
         )

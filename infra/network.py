@@ -63,105 +63,118 @@ class Network(pulumi.ComponentResource):
         super().__init__("lensemble:aws:Network", name, None, opts)
         if args.nat_egress and not args.public_subnets:
             raise ValueError("a NAT gateway needs public subnets; set public_subnets too")
-        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        invoke = pulumi.InvokeOutputOptions(parent=self, provider=args.provider)
-        tags = dict(args.tags or {})
         network = ipaddress.ip_network(args.cidr)
-        slices = list(network.subnets(new_prefix=min(network.prefixlen + 4, 28)))
+        self._slices = list(network.subnets(new_prefix=min(network.prefixlen + 4, 28)))
         needed = args.availability_zones * (2 if args.public_subnets else 1)
-        if len(slices) < needed:
+        if len(self._slices) < needed:
             raise ValueError(f"{args.cidr} is too small for {needed} subnets")
+        self._resource_name = name
+        self._args = args
+        self._child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self._invoke = pulumi.InvokeOutputOptions(parent=self, provider=args.provider)
+        self._tags = dict(args.tags or {})
 
         vpc = aws.ec2.Vpc(
             f"{name}-vpc",
             cidr_block=args.cidr,
             enable_dns_hostnames=True,
             enable_dns_support=True,
-            tags={**tags, "Name": name},
-            opts=child,
+            tags={**self._tags, "Name": name},
+            opts=self._child,
         )
-        zones = aws.get_availability_zones_output(state="available", opts=invoke)
-
+        self._zones = aws.get_availability_zones_output(state="available", opts=self._invoke)
         private_table = aws.ec2.RouteTable(
-            f"{name}-private", vpc_id=vpc.id, tags={**tags, "Name": f"{name}-private"}, opts=child
+            f"{name}-private",
+            vpc_id=vpc.id,
+            tags={**self._tags, "Name": f"{name}-private"},
+            opts=self._child,
         )
-        self.private_subnet_ids = []
-        for i in range(args.availability_zones):
-            subnet = aws.ec2.Subnet(
-                f"{name}-private-{i}",
-                vpc_id=vpc.id,
-                cidr_block=str(slices[i]),
-                availability_zone=zones.names[i],
-                map_public_ip_on_launch=False,
-                tags={
-                    **tags,
-                    "Name": f"{name}-private-{i}",
-                    "kubernetes.io/role/internal-elb": "1",
-                },
-                opts=child,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-private-{i}",
-                subnet_id=subnet.id,
-                route_table_id=private_table.id,
-                opts=child,
-            )
-            self.private_subnet_ids.append(subnet.id)
-
+        self.private_subnet_ids = self._subnets(vpc, private_table, "private", 0)
         self.public_subnet_ids = []
         self.nat_public_ip = None
         if args.public_subnets:
-            gateway = aws.ec2.InternetGateway(
-                f"{name}-igw", vpc_id=vpc.id, tags={**tags, "Name": name}, opts=child
-            )
-            public_table = aws.ec2.RouteTable(
-                f"{name}-public",
-                vpc_id=vpc.id,
-                tags={**tags, "Name": f"{name}-public"},
-                opts=child,
-            )
-            aws.ec2.Route(
-                f"{name}-public-default",
-                route_table_id=public_table.id,
-                destination_cidr_block="0.0.0.0/0",
-                gateway_id=gateway.id,
-                opts=child,
-            )
-            for i in range(args.availability_zones):
-                subnet = aws.ec2.Subnet(
-                    f"{name}-public-{i}",
-                    vpc_id=vpc.id,
-                    cidr_block=str(slices[args.availability_zones + i]),
-                    availability_zone=zones.names[i],
-                    map_public_ip_on_launch=False,
-                    tags={**tags, "Name": f"{name}-public-{i}", "kubernetes.io/role/elb": "1"},
-                    opts=child,
-                )
-                aws.ec2.RouteTableAssociation(
-                    f"{name}-public-{i}",
-                    subnet_id=subnet.id,
-                    route_table_id=public_table.id,
-                    opts=child,
-                )
-                self.public_subnet_ids.append(subnet.id)
-            if args.nat_egress:
-                address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=child)
-                nat = aws.ec2.NatGateway(
-                    f"{name}-nat",
-                    allocation_id=address.id,
-                    subnet_id=self.public_subnet_ids[0],
-                    tags={**tags, "Name": name},
-                    opts=child,
-                )
-                aws.ec2.Route(
-                    f"{name}-private-default",
-                    route_table_id=private_table.id,
-                    destination_cidr_block="0.0.0.0/0",
-                    nat_gateway_id=nat.id,
-                    opts=child,
-                )
-                self.nat_public_ip = address.public_ip
+            self._public_side(vpc, private_table)
+        self._endpoints(vpc, private_table)
+        self.vpc_id = vpc.id
+        self.cidr = args.cidr
+        self.register_outputs(
+            {
+                "vpc_id": vpc.id,
+                "private_subnet_ids": self.private_subnet_ids,
+                "public_subnet_ids": self.public_subnet_ids,
+                "nat_public_ip": self.nat_public_ip,
+            }
+        )
 
+    def _subnets(
+        self, vpc: aws.ec2.Vpc, table: aws.ec2.RouteTable, kind: str, first_slice: int
+    ) -> list[pulumi.Output[str]]:
+        """One ``kind`` (private or public) subnet per availability zone, routed by ``table``."""
+        name, tags = self._resource_name, self._tags
+        role = "kubernetes.io/role/internal-elb" if kind == "private" else "kubernetes.io/role/elb"
+        ids = []
+        for i in range(self._args.availability_zones):
+            subnet = aws.ec2.Subnet(
+                f"{name}-{kind}-{i}",
+                vpc_id=vpc.id,
+                cidr_block=str(self._slices[first_slice + i]),
+                availability_zone=self._zones.names[i],
+                map_public_ip_on_launch=False,
+                tags={**tags, "Name": f"{name}-{kind}-{i}", role: "1"},
+                opts=self._child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-{kind}-{i}",
+                subnet_id=subnet.id,
+                route_table_id=table.id,
+                opts=self._child,
+            )
+            ids.append(subnet.id)
+        return ids
+
+    def _public_side(self, vpc: aws.ec2.Vpc, private_table: aws.ec2.RouteTable) -> None:
+        """Public subnets behind an internet gateway and, with ``nat_egress``, a NAT gateway."""
+        name, tags, child = self._resource_name, self._tags, self._child
+        gateway = aws.ec2.InternetGateway(
+            f"{name}-igw", vpc_id=vpc.id, tags={**tags, "Name": name}, opts=child
+        )
+        public_table = aws.ec2.RouteTable(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            tags={**tags, "Name": f"{name}-public"},
+            opts=child,
+        )
+        aws.ec2.Route(
+            f"{name}-public-default",
+            route_table_id=public_table.id,
+            destination_cidr_block="0.0.0.0/0",
+            gateway_id=gateway.id,
+            opts=child,
+        )
+        zones = self._args.availability_zones
+        self.public_subnet_ids = self._subnets(vpc, public_table, "public", zones)
+        if not self._args.nat_egress:
+            return
+        address = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tags, opts=child)
+        nat = aws.ec2.NatGateway(
+            f"{name}-nat",
+            allocation_id=address.id,
+            subnet_id=self.public_subnet_ids[0],
+            tags={**tags, "Name": name},
+            opts=child,
+        )
+        aws.ec2.Route(
+            f"{name}-private-default",
+            route_table_id=private_table.id,
+            destination_cidr_block="0.0.0.0/0",
+            nat_gateway_id=nat.id,
+            opts=child,
+        )
+        self.nat_public_ip = address.public_ip
+
+    def _endpoints(self, vpc: aws.ec2.Vpc, private_table: aws.ec2.RouteTable) -> None:
+        """The S3 gateway endpoint and the interface endpoints, reachable over HTTPS only."""
+        name, tags, child, invoke = self._resource_name, self._tags, self._child, self._invoke
         s3 = aws.ec2.get_vpc_endpoint_service_output(
             service="s3", service_type="Gateway", opts=invoke
         )
@@ -187,7 +200,7 @@ class Network(pulumi.ComponentResource):
             ip_protocol="tcp",
             from_port=HTTPS,
             to_port=HTTPS,
-            cidr_ipv4=args.cidr,
+            cidr_ipv4=self._args.cidr,
             description="HTTPS from the VPC",
             opts=child,
         )
@@ -207,14 +220,3 @@ class Network(pulumi.ComponentResource):
                 tags={**tags, "Name": f"{name}-{label}"},
                 opts=child,
             )
-
-        self.vpc_id = vpc.id
-        self.cidr = args.cidr
-        self.register_outputs(
-            {
-                "vpc_id": vpc.id,
-                "private_subnet_ids": self.private_subnet_ids,
-                "public_subnet_ids": self.public_subnet_ids,
-                "nat_public_ip": self.nat_public_ip,
-            }
-        )

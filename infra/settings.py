@@ -135,6 +135,79 @@ def _strings(cfg: pulumi.Config, key: str) -> tuple[str, ...]:
     return tuple(cast(list[str], raw))
 
 
+def _choice(cfg: pulumi.Config, key: str, default: str, choices: tuple[str, ...]) -> str:
+    """The value of ``key``, one of ``choices``.
+
+    Raises:
+        ConfigError: It is none of them.
+    """
+    value = cfg.get(key, default)
+    if value not in choices:
+        raise _problem(
+            pulumi.get_stack(),
+            key,
+            f"{value!r} is not allowed; use one of {', '.join(choices)}.",
+        )
+    return value
+
+
+def _coordinator_source(
+    cfg: pulumi.Config, role: str, trust_domain: str | None
+) -> CoordinatorSource | None:
+    """Where a participant stack finds the coordinator; None for other roles.
+
+    Raises:
+        ConfigError: A participant stack lacks its trust domain or a coordinator source, or
+            another role names a trust domain.
+    """
+    stack = pulumi.get_stack()
+    if role != "participant":
+        if trust_domain:
+            raise _problem(
+                stack,
+                "trustDomain",
+                "only applies to role participant; remove it or set lensemble:role: participant.",
+            )
+        return None
+    if not trust_domain:
+        raise _problem(
+            stack,
+            "trustDomain",
+            "is required for a participant stack; set it to this "
+            "organisation's trust domain from the config.",
+        )
+    source = CoordinatorSource(
+        stack=cfg.get("coordinatorStack"),
+        endpoint=cfg.get("coordinatorEndpoint"),
+        ca_file=_path(cfg.get("coordinatorCaFile")),
+    )
+    if source.stack is None and (source.endpoint is None or source.ca_file is None):
+        raise _problem(
+            stack,
+            "coordinatorStack",
+            "is missing; a participant stack needs the "
+            "coordinator stack to reference, or both lensemble:coordinatorEndpoint and "
+            "lensemble:coordinatorCaFile.",
+        )
+    return source
+
+
+def _sizes(cfg: pulumi.Config) -> tuple[int, int | None]:
+    """``availabilityZones`` (2..3, default 3) and ``participantNodes`` (at least 1, or unset).
+
+    Raises:
+        ConfigError: Either is out of range.
+    """
+    stack = pulumi.get_stack()
+    zones = cfg.get_int("availabilityZones", 3)
+    if not 2 <= zones <= 3:
+        raise _problem(stack, "availabilityZones", f"{zones} is outside 2..3; choose 2 or 3.")
+    nodes = cfg.get_int("participantNodes")
+    if nodes is not None and nodes < 1:
+        raise _problem(stack, "participantNodes", f"{nodes} is below 1; give at least 1.")
+    return zones, nodes
+
+
 def read_settings() -> StackSettings:
     """Read and check the current stack's ``lensemble:*`` config.
 
@@ -154,52 +227,11 @@ def read_settings() -> StackSettings:
             "configFile",
             "is required; name the LensembleConfig file, e.g. config/staging.yaml.",
         )
-    role = cfg.get("role", "all")
-    if role not in ROLES:
-        raise _problem(stack, "role", f"{role!r} is not allowed; use one of {', '.join(ROLES)}.")
-    deploy_with = cfg.get("deployWith", "helm")
-    if deploy_with not in DEPLOY_WITH:
-        raise _problem(
-            stack, "deployWith", f"{deploy_with!r} is not allowed; use helm or kustomize."
-        )
-    kustomize_dir = cfg.get("kustomizeDir")
+    role = cast(Role, _choice(cfg, "role", "all", ROLES))
+    deploy_with = cast(DeployWith, _choice(cfg, "deployWith", "helm", DEPLOY_WITH))
     trust_domain = cfg.get("trustDomain")
-    coordinator: CoordinatorSource | None = None
-    if role == "participant":
-        if not trust_domain:
-            raise _problem(
-                stack,
-                "trustDomain",
-                "is required for a participant stack; set it to this "
-                "organisation's trust domain from the config.",
-            )
-        coordinator = CoordinatorSource(
-            stack=cfg.get("coordinatorStack"),
-            endpoint=cfg.get("coordinatorEndpoint"),
-            ca_file=_path(cfg.get("coordinatorCaFile")),
-        )
-        if coordinator.stack is None and (
-            coordinator.endpoint is None or coordinator.ca_file is None
-        ):
-            raise _problem(
-                stack,
-                "coordinatorStack",
-                "is missing; a participant stack needs the "
-                "coordinator stack to reference, or both lensemble:coordinatorEndpoint and "
-                "lensemble:coordinatorCaFile.",
-            )
-    elif trust_domain:
-        raise _problem(
-            stack,
-            "trustDomain",
-            "only applies to role participant; remove it or set lensemble:role: participant.",
-        )
-    zones = cfg.get_int("availabilityZones", 3)
-    if not 2 <= zones <= 3:
-        raise _problem(stack, "availabilityZones", f"{zones} is outside 2..3; choose 2 or 3.")
-    nodes = cfg.get_int("participantNodes")
-    if nodes is not None and nodes < 1:
-        raise _problem(stack, "participantNodes", f"{nodes} is below 1; give at least 1.")
+    coordinator = _coordinator_source(cfg, role, trust_domain)
+    zones, nodes = _sizes(cfg)
     return StackSettings(
         stack=stack,
         config_file=config_file,
@@ -208,7 +240,7 @@ def read_settings() -> StackSettings:
         coordinator=coordinator,
         ca_file=_path(cfg.get("caFile")),
         deploy_with=deploy_with,
-        kustomize_dir=kustomize_dir,
+        kustomize_dir=cfg.get("kustomizeDir"),
         vpc_cidr=cfg.get("vpcCidr", "10.40.0.0/16"),
         availability_zones=zones,
         api_allowed_cidrs=_strings(cfg, "apiAllowedCidrs"),
@@ -224,12 +256,8 @@ def read_settings() -> StackSettings:
     )
 
 
-def check_against(config: LensembleConfig, settings: StackSettings) -> None:
-    """Reject stack settings that contradict the config they deploy.
-
-    Raises:
-        ConfigError: Naming the stack key (or config field) and the fix.
-    """
+def _check_environment(config: LensembleConfig, settings: StackSettings) -> None:
+    """Local runs everything on a named kind cluster; sovereign-prod splits roles, stays private."""
     env = config.deployment.environment
     if env == "local" and settings.role != "all":
         raise _problem(
@@ -264,13 +292,10 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             "is not allowed in sovereign-prod, whose API servers stay private; remove it and "
             "run pulumi from a network that reaches the VPC.",
         )
-    if settings.trust_domain and settings.trust_domain not in config.trust_domains:
-        raise _problem(
-            settings.stack,
-            "trustDomain",
-            f"{settings.trust_domain!r} is not a trust domain of {settings.config_file.name}; "
-            f"use one of {', '.join(config.trust_domains)}.",
-        )
+
+
+def _check_deploy_with(settings: StackSettings) -> None:
+    """Kustomize deploys the whole run's overlay, which makes the namespaces itself."""
     if settings.deploy_with == "kustomize" and settings.role != "all":
         raise _problem(
             settings.stack,
@@ -286,11 +311,15 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             "Secrets go to; create them after the overlay (as python -m tools.kind up does) or "
             "deploy with helm.",
         )
+
+
+def _check_coordinator(config: LensembleConfig, settings: StackSettings) -> None:
+    """The coordinator is never open to the internet in sovereign-prod, and runs on SEV-SNP."""
     for key, cidrs in (
         ("coordinatorIngressCidrs", settings.coordinator_ingress_cidrs),
         ("coordinatorCidrs", settings.coordinator_cidrs),
     ):
-        if env == "sovereign-prod" and any(c in ANYWHERE for c in cidrs):
+        if config.deployment.environment == "sovereign-prod" and any(c in ANYWHERE for c in cidrs):
             raise _problem(
                 settings.stack,
                 key,
@@ -309,3 +338,21 @@ def check_against(config: LensembleConfig, settings: StackSettings) -> None:
             f"{settings.coordinator_instance_type!r} cannot run AMD SEV-SNP; use an instance "
             f"type of the {', '.join(SEV_SNP_FAMILIES)} families, e.g. m6a.xlarge.",
         )
+
+
+def check_against(config: LensembleConfig, settings: StackSettings) -> None:
+    """Reject stack settings that contradict the config they deploy.
+
+    Raises:
+        ConfigError: Naming the stack key (or config field) and the fix.
+    """
+    _check_environment(config, settings)
+    if settings.trust_domain and settings.trust_domain not in config.trust_domains:
+        raise _problem(
+            settings.stack,
+            "trustDomain",
+            f"{settings.trust_domain!r} is not a trust domain of {settings.config_file.name}; "
+            f"use one of {', '.join(config.trust_domains)}.",
+        )
+    _check_deploy_with(settings)
+    _check_coordinator(config, settings)

@@ -127,6 +127,55 @@ def _problem(stack: str, key: str, message: str) -> ConfigError:
     return ConfigError([ConfigProblem(f"lensemble:{key}", message, source=f"Pulumi.{stack}.yaml")])
 
 
+def _sized_instance(pods: list[RankPod], trust_domain: str, need: str) -> InstanceType:
+    """The instance type sized from the config.
+
+    The default type when it holds every pod, else the smallest of the table (GPU types when
+    any pod asks for GPUs) that does.
+
+    Raises:
+        ConfigError: No instance type of the table holds the largest pod.
+    """
+    gpu = any(pod.gpus for pod in pods)
+    default = KNOWN_INSTANCES[DEFAULT_CPU_INSTANCE]
+    if not gpu and all(default.holds(pod) for pod in pods):
+        return default
+    table = GPU_INSTANCES if gpu else CPU_INSTANCES
+    fitting = [t for t in table if all(t.holds(pod) for pod in pods)]
+    if fitting:
+        return fitting[0]
+    raise ConfigError(
+        [
+            ConfigProblem(
+                "deployment.resources.participant",
+                f"participants of trust domain '{trust_domain}' need {need}, more "
+                f"than the largest instance type ({table[-1].name}); lower "
+                "processes_per_node (more nodes instead) or the per-rank resources.",
+            )
+        ]
+    )
+
+
+def _given_instance(
+    pods: list[RankPod], trust_domain: str, need: str, instance_type: str, stack: str
+) -> InstanceType:
+    """The stack's ``participantInstanceType`` (an unknown type is taken on trust).
+
+    Raises:
+        ConfigError: A known type too small for the pods.
+    """
+    chosen = KNOWN_INSTANCES.get(instance_type, InstanceType(instance_type, 0, 0))
+    if instance_type in KNOWN_INSTANCES and not all(chosen.holds(pod) for pod in pods):
+        raise _problem(
+            stack,
+            "participantInstanceType",
+            f"{instance_type} cannot hold the pods of trust domain '{trust_domain}' "
+            f"({need}); remove the setting to size the node group from the config, or "
+            "choose a larger type.",
+        )
+    return chosen
+
+
 def node_group_size(
     config: LensembleConfig,
     trust_domain: str,
@@ -157,38 +206,12 @@ def node_group_size(
         if p.trust_domain == trust_domain
     ]
     largest_group = max(pod.nodes for pod in pods)
-    gpu = any(pod.gpus for pod in pods)
     biggest = max(pods, key=lambda pod: (pod.gpus, cpu_cores(pod.cpu), memory_gib(pod.memory)))
     need = f"{biggest.cpu} CPU, {biggest.memory} memory and {biggest.gpus} GPU(s) per pod"
     if instance_type is None:
-        default = KNOWN_INSTANCES[DEFAULT_CPU_INSTANCE]
-        table = GPU_INSTANCES if gpu else CPU_INSTANCES
-        fitting = [t for t in table if all(t.holds(pod) for pod in pods)]
-        if not gpu and all(default.holds(pod) for pod in pods):
-            chosen = default
-        elif fitting:
-            chosen = fitting[0]
-        else:
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        "deployment.resources.participant",
-                        f"participants of trust domain '{trust_domain}' need {need}, more "
-                        f"than the largest instance type ({table[-1].name}); lower "
-                        "processes_per_node (more nodes instead) or the per-rank resources.",
-                    )
-                ]
-            )
+        chosen = _sized_instance(pods, trust_domain, need)
     else:
-        chosen = KNOWN_INSTANCES.get(instance_type, InstanceType(instance_type, 0, 0))
-        if instance_type in KNOWN_INSTANCES and not all(chosen.holds(pod) for pod in pods):
-            raise _problem(
-                stack,
-                "participantInstanceType",
-                f"{instance_type} cannot hold the pods of trust domain '{trust_domain}' "
-                f"({need}); remove the setting to size the node group from the config, or "
-                "choose a larger type.",
-            )
+        chosen = _given_instance(pods, trust_domain, need, instance_type, stack)
     per_node = chosen.pods_per_node(biggest) if chosen.vcpus else 1
     needed = max(largest_group, math.ceil(sum(pod.nodes for pod in pods) / max(per_node, 1)))
     if nodes is not None and nodes < needed:
@@ -199,4 +222,5 @@ def node_group_size(
             f"pod(s) of trust domain '{trust_domain}' (a participant on {largest_group} nodes "
             f"needs that many); give at least {needed} or remove the setting.",
         )
+    gpu = any(pod.gpus for pod in pods)
     return NodeGroupSize(instance_type=instance_type or chosen.name, nodes=nodes or needed, gpu=gpu)

@@ -287,7 +287,8 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("lensemble:aws:ParticipantTrustDomain", name, None, opts)
-        partition = args.partition
+        self._resource_name = name
+        self._args = args
         regional = aws.Provider(
             f"{name}-region",
             region=args.region,
@@ -297,11 +298,57 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        child = pulumi.ResourceOptions(parent=self, provider=regional)
+        self._child = pulumi.ResourceOptions(parent=self, provider=regional)
         caller = aws.get_caller_identity_output(
             opts=pulumi.InvokeOutputOptions(parent=self, provider=regional)
         )
+        self._in_cluster()
+        role = aws.iam.Role(
+            f"{name}-participant",
+            description=(
+                f"Pod Identity of trust domain {args.trust_domain} "
+                f"(participants {', '.join(args.participant_ids)})"
+            ),
+            assume_role_policy=pulumi.Output.from_input(args.cluster_name).apply(
+                lambda cluster: pod_identity_trust_policy(
+                    args.namespace, args.service_account, cluster
+                )
+            ),
+            opts=self._child,
+        )
+        key = aws.kms.Key(
+            f"{name}-data",
+            description=f"Data of trust domain {args.trust_domain}",
+            enable_key_rotation=True,
+            multi_region=False,
+            deletion_window_in_days=30,
+            policy=pulumi.Output.all(caller.account_id, role.arn).apply(
+                lambda parts: key_policy(parts[0], parts[1], args.region, args.partition)
+            ),
+            opts=self._child,
+        )
+        bucket = self._bucket(role, key)
+        self._pod_identity(role, bucket, key)
+        self.bucket = bucket.bucket
+        self.bucket_arn = bucket.arn
+        self.kms_key_arn = key.arn
+        self.role_arn = role.arn
+        self.namespace = args.namespace
+        self.region = args.region
+        self.register_outputs(
+            {
+                "bucket": self.bucket,
+                "bucket_arn": self.bucket_arn,
+                "kms_key_arn": self.kms_key_arn,
+                "role_arn": self.role_arn,
+                "namespace": self.namespace,
+                "region": self.region,
+            }
+        )
 
+    def _in_cluster(self) -> None:
+        """The trust domain's namespace (when it creates one) and its participants' TLS Secrets."""
+        name, args = self._resource_name, self._args
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.kubernetes)
         namespace: k8s.core.v1.Namespace | None = None
         if args.create_namespace:
@@ -327,30 +374,9 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
                 ),
             )
 
-        role = aws.iam.Role(
-            f"{name}-participant",
-            description=(
-                f"Pod Identity of trust domain {args.trust_domain} "
-                f"(participants {', '.join(args.participant_ids)})"
-            ),
-            assume_role_policy=pulumi.Output.from_input(args.cluster_name).apply(
-                lambda cluster: pod_identity_trust_policy(
-                    args.namespace, args.service_account, cluster
-                )
-            ),
-            opts=child,
-        )
-        key = aws.kms.Key(
-            f"{name}-data",
-            description=f"Data of trust domain {args.trust_domain}",
-            enable_key_rotation=True,
-            multi_region=False,
-            deletion_window_in_days=30,
-            policy=pulumi.Output.all(caller.account_id, role.arn).apply(
-                lambda parts: key_policy(parts[0], parts[1], args.region, partition)
-            ),
-            opts=child,
-        )
+    def _bucket(self, role: aws.iam.Role, key: aws.kms.Key) -> aws.s3.Bucket:
+        """The data bucket: owner-enforced, never public, versioned, encrypted with ``key``."""
+        name, child, partition = self._resource_name, self._child, self._args.partition
         bucket = aws.s3.Bucket(f"{name}-data", force_destroy=False, opts=child)
         aws.s3.BucketOwnershipControls(
             f"{name}-data",
@@ -398,13 +424,18 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[public_access])
             ),
         )
+        return bucket
+
+    def _pod_identity(self, role: aws.iam.Role, bucket: aws.s3.Bucket, key: aws.kms.Key) -> None:
+        """The role's access to the bucket and key, bound to the participants' service account."""
+        name, args = self._resource_name, self._args
         aws.iam.RolePolicy(
             f"{name}-participant",
             role=role.name,
             policy=pulumi.Output.all(bucket.arn, key.arn).apply(
-                lambda parts: participant_access_policy(parts[0], parts[1], partition)
+                lambda parts: participant_access_policy(parts[0], parts[1], args.partition)
             ),
-            opts=child,
+            opts=self._child,
         )
         aws.eks.PodIdentityAssociation(
             f"{name}-participant",
@@ -413,21 +444,4 @@ class ParticipantTrustDomain(pulumi.ComponentResource):
             service_account=args.service_account,
             role_arn=role.arn,
             opts=pulumi.ResourceOptions(parent=self, provider=args.cluster_provider),
-        )
-
-        self.bucket = bucket.bucket
-        self.bucket_arn = bucket.arn
-        self.kms_key_arn = key.arn
-        self.role_arn = role.arn
-        self.namespace = args.namespace
-        self.region = args.region
-        self.register_outputs(
-            {
-                "bucket": self.bucket,
-                "bucket_arn": self.bucket_arn,
-                "kms_key_arn": self.kms_key_arn,
-                "role_arn": self.role_arn,
-                "namespace": self.namespace,
-                "region": self.region,
-            }
         )

@@ -64,6 +64,12 @@ def _values_schema(root: Path) -> str:
     return values_schema_text()
 
 
+def _chart_rules(root: Path) -> str:
+    from lensemble.render.chart_rules import rules_template
+
+    return rules_template()
+
+
 def _chart_readme(root: Path) -> str:
     from lensemble.render.chart_files import render_readme
 
@@ -168,6 +174,7 @@ REGISTRY: tuple[Generated, ...] = (
     Generated("config/lensemble.schema.json", _config_schema),
     Generated("docs/config-reference.md", _config_reference),
     Generated("charts/lensemble/values.schema.json", _values_schema),
+    Generated("charts/lensemble/templates/_rules.tpl", _chart_rules),
     Generated("charts/lensemble/README.md", _chart_readme),
     Generated("charts/lensemble/files/alerts.yaml", _alert_rules),
     Generated("charts/lensemble/files/grafana-dashboard.json", _dashboard),

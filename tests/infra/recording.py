@@ -54,6 +54,7 @@ class Registered:
     custom: bool
     inputs: dict[str, Any]
     secret_paths: set[str] = field(default_factory=set)
+    aliased_to_root: bool = False
 
     @property
     def provider_id(self) -> str:
@@ -130,6 +131,11 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                     custom=bool(request.custom),
                     inputs=inputs,
                     secret_paths=secrets,
+                    aliased_to_root=any(
+                        a.WhichOneof("alias") == "spec"
+                        and a.spec.WhichOneof("parent") == "noParent"
+                        for a in request.aliases
+                    ),
                 )
             )
         return response

@@ -136,6 +136,20 @@ def test_every_component_parents_its_children_and_registers_outputs(captured, st
             assert owner is not None and owner.type.startswith("lensemble:"), resource.name
 
 
+@pytest.mark.parametrize("stack", CLOUD_STACKS)
+def test_the_aws_stack_component_keeps_the_urns_its_children_had_at_the_root(captured, stack):
+    capture = captured(stack)
+    (component,) = capture.of_type("lensemble:aws:Stack")
+    children = [r for r in capture.resources if r.parent == component.urn]
+    assert {"lensemble:aws:Network", "lensemble:aws:Cluster", "pulumi:providers:aws"} <= {
+        c.type for c in children
+    }
+    # Registered at the stack root before the component existed: each says so in an alias,
+    # which Pulumi carries to its own children, so an existing stack updates in place.
+    assert [c.name for c in children if not c.aliased_to_root] == []
+    assert not component.aliased_to_root
+
+
 def test_arns_follow_the_configured_partition(run_stack, tmp_path):
     data = yaml.safe_load((REPO / "config/staging.yaml").read_text())
     data["deployment"]["cloud"] = {

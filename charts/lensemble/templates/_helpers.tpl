@@ -310,7 +310,14 @@ readinessProbe:
 {{- add 30 (int (ceil .Values.config.network.rpc_timeout_s)) -}}
 {{- end -}}
 
-{{/* Fail early on values the schema cannot express. */}}
+{{/*
+Fail early on values the schema cannot express. The config's cross-field rules are
+lensemble.configRules, generated into _rules.tpl from lensemble.config.rules (the registry
+LensembleConfig checks too): edit the registry and run `python -m tools.regenerate`, never
+_rules.tpl. The checks here are the chart's own, on chart knobs and install modes, which no
+config rule has: trustDomain, a trust domain named 'coordinator' (it would share the
+coordinator's object names), and gangScheduling.queue when the gangScheduling knob picks kueue.
+*/}}
 {{- define "lensemble.validate" -}}
 {{- $all := include "lensemble.allTrustDomains" . | fromJsonArray -}}
 {{- if and (eq .Values.mode "participant") (not (has .Values.trustDomain $all)) -}}
@@ -319,121 +326,8 @@ readinessProbe:
 {{- if has "coordinator" $all -}}
 {{- fail "config.federation.participants: a trust domain named 'coordinator' collides with the coordinator's objects; rename it." -}}
 {{- end -}}
-{{- if and (eq (include "lensemble.gangScheduler" .) "kueue") (not (include "lensemble.gangQueue" .)) -}}
-{{- if .Values.gangScheduling.scheduler -}}
+{{- if and .Values.gangScheduling.scheduler (eq (include "lensemble.gangScheduler" .) "kueue") (not (include "lensemble.gangQueue" .)) -}}
 {{- fail "gangScheduling.queue: kueue needs the LocalQueue name; set gangScheduling.queue." -}}
-{{- else -}}
-{{- fail "config.deployment.gang_scheduling.queue: kueue admits pods through a LocalQueue, but none is named; set config.deployment.gang_scheduling.queue." -}}
 {{- end -}}
-{{- end -}}
-{{- include "lensemble.validateConfig" . -}}
-{{- end -}}
-
-{{/*
-The rules of LensembleConfig (config/schema.py, _check_rules) that compare two fields: a pod
-refuses such a config at start (exit 2), so the chart refuses it first. The rules that compare a
-field with constants are in values.schema.json (chart_values.config_rules).
-*/}}
-{{- define "lensemble.validateConfig" -}}
-{{- $c := .Values.config -}}
-{{- $fed := $c.federation -}}
-{{- $net := $c.network -}}
-{{- $n := len $fed.participants -}}
-{{- if or (lt (int $fed.quorum) 1) (gt (int $fed.quorum) $n) -}}
-{{- fail (printf "config.federation.quorum: %v is outside 1..%d (the number of participants); set config.federation.quorum between 1 and %d." $fed.quorum $n $n) -}}
-{{- end -}}
-{{- if not (lt (float64 $net.rpc_timeout_s) (float64 $fed.round_timeout_s)) -}}
-{{- fail (printf "config.network.rpc_timeout_s: %v s must be below config.federation.round_timeout_s (%v s) so a stuck RPC cannot outlive its round; lower it." $net.rpc_timeout_s $fed.round_timeout_s) -}}
-{{- end -}}
-{{- if lt (float64 $fed.join_timeout_s) (float64 $fed.round_timeout_s) -}}
-{{- fail (printf "config.federation.join_timeout_s: %v s must be at least config.federation.round_timeout_s (%v s); raise it." $fed.join_timeout_s $fed.round_timeout_s) -}}
-{{- end -}}
-{{- $episodes := float64 $c.data.episodes -}}
-{{- $x := mulf $episodes (float64 $c.data.holdout_fraction) -}}
-{{- $held := floor $x -}}
-{{- $rest := subf $x $held -}}
-{{- /* Python's round(): halves go to the even neighbour. */ -}}
-{{- if or (gt $rest 0.5) (and (eq $rest 0.5) (eq (mod (int $held) 2) 1)) -}}
-{{- $held = addf $held 1 -}}
-{{- end -}}
-{{- if or (lt $held 1.0) (ge $held $episodes) -}}
-{{- fail (printf "config.data.holdout_fraction: %v of %v episodes leaves no train or no held-out episode; choose a fraction that keeps at least one of each." $c.data.holdout_fraction $c.data.episodes) -}}
-{{- end -}}
-{{- include "lensemble.validateRanks" (dict "root" . "train" (sub (int $episodes) (int $held))) -}}
-{{- if ge (int $c.data.window) (int $c.data.episode_steps) -}}
-{{- fail (printf "config.data.window: %v must be below config.data.episode_steps (%v); lower it." $c.data.window $c.data.episode_steps) -}}
-{{- end -}}
-{{- if ge (int $c.evaluation.k_steps) (int $c.data.episode_steps) -}}
-{{- fail (printf "config.evaluation.k_steps: %v must be below config.data.episode_steps (%v); lower it." $c.evaluation.k_steps $c.data.episode_steps) -}}
-{{- end -}}
-{{- if lt (len (uniq (list (int $net.port) (int $net.health_port) (int $net.metrics_port)))) 3 -}}
-{{- fail (printf "config.network.metrics_port: config.network.port (%v), health_port (%v) and metrics_port (%v) must differ; give each its own port." $net.port $net.health_port $net.metrics_port) -}}
-{{- end -}}
-{{- with $net.download_port -}}
-{{- if has (int .) (list (int $net.port) (int $net.health_port) (int $net.metrics_port)) -}}
-{{- fail (printf "config.network.download_port: %d is also config.network.port, health_port or metrics_port; give the model download its own port (or null to download over gRPC only)." (int .)) -}}
-{{- end -}}
-{{- end -}}
-{{- $ids := list -}}
-{{- $domains := list -}}
-{{- range $i, $p := $fed.participants -}}
-{{- if has $p.id $ids -}}
-{{- fail (printf "config.federation.participants[%d].id: '%s' is already used by another participant; give every participant a unique id." $i $p.id) -}}
-{{- end -}}
-{{- if and (eq $c.deployment.environment "sovereign-prod") (has $p.trust_domain $domains) -}}
-{{- fail (printf "config.federation.participants[%d].trust_domain: '%s' is shared with another participant; give every participant its own trust domain in sovereign-prod." $i $p.trust_domain) -}}
-{{- end -}}
-{{- $ids = append $ids $p.id -}}
-{{- $domains = append $domains $p.trust_domain -}}
-{{- end -}}
-{{- range $key, $_ := $c.deployment.trust_domains -}}
-{{- if not (has $key $domains) -}}
-{{- fail (printf "config.deployment.trust_domains.%s: '%s' is not the trust domain of any participant; use one of %s." $key $key (join ", " (uniq $domains))) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-
-{{/*
-The rank-layout rules of LensembleConfig (config/schema.py, _rank_layout_problems): on
-federation.ranks, then on each participant's layout (its ranks over federation.ranks).
-Call with (dict "root" $ "train" TRAINING-EPISODES).
-*/}}
-{{- define "lensemble.validateRanks" -}}
-{{- $c := .root.Values.config -}}
-{{- $fed := $c.federation -}}
-{{- $net := $c.network -}}
-{{- $train := int .train -}}
-{{- $gpus := int $c.deployment.resources.participant.gpu -}}
-{{- $cuda := regexMatch "(^|[-_.])cu[0-9]{3}([-_.]|$)" $c.deployment.image.tag -}}
-{{- $served := list (int $net.port) (int $net.health_port) (int $net.metrics_port) -}}
-{{- with $net.download_port -}}{{- $served = append $served (int .) -}}{{- end -}}
-{{- $checks := list (dict "where" "config.federation.ranks" "who" "every participant" "layout" $fed.ranks) -}}
-{{- range $i, $p := $fed.participants -}}
-{{- if $p.ranks -}}
-{{- $layout := dict -}}
-{{- range $k, $v := $fed.ranks -}}{{- $_ := set $layout $k $v -}}{{- end -}}
-{{- range $k, $v := $p.ranks -}}{{- if not (kindIs "invalid" $v) -}}{{- $_ := set $layout $k $v -}}{{- end -}}{{- end -}}
-{{- $checks = append $checks (dict "where" (printf "config.federation.participants[%d].ranks" $i) "who" (printf "participant '%s'" $p.id) "layout" $layout) -}}
-{{- end -}}
-{{- end -}}
-{{- range $checks -}}
-{{- $l := .layout -}}
-{{- $ppn := int $l.processes_per_node -}}
-{{- $world := mul (int $l.nodes) $ppn -}}
-{{- if gt $world (max $train 1) -}}
-{{- fail (printf "%s.processes_per_node: %d ranks for %s but only %d training episodes to shard among them; use at most %d ranks or raise data.episodes." .where $world .who $train $train) -}}
-{{- end -}}
-{{- if and (eq $l.backend "nccl") (not $cuda) -}}
-{{- fail (printf "%s.backend: 'nccl' for %s needs a CUDA image, but deployment.image.tag '%s' names none; use a '-cuNNN' tag or backend 'gloo'." .where .who $c.deployment.image.tag) -}}
-{{- end -}}
-{{- if and (eq $l.backend "nccl") (lt $gpus $ppn) -}}
-{{- fail (printf "%s.processes_per_node: %d nccl ranks per node for %s need as many GPUs, but deployment.resources.participant.gpu is %d; raise the gpu count or lower processes_per_node." .where $ppn .who $gpus) -}}
-{{- end -}}
-{{- if and (gt $world 1) (has (int $l.rendezvous_port) $served) -}}
-{{- fail (printf "%s.rendezvous_port: %d for %s is also network.port, health_port, metrics_port or download_port; choose another port (e.g. 29400)." .where (int $l.rendezvous_port) .who) -}}
-{{- end -}}
-{{- if and (eq $l.mixed_precision "bf16") (ne $l.backend "nccl") -}}
-{{- fail (printf "%s.mixed_precision: 'bf16' for %s is GPU mixed precision and needs backend 'nccl'; use 'none' on CPU (or model.dtype: bfloat16)." .where .who) -}}
-{{- end -}}
-{{- end -}}
+{{- include "lensemble.configRules" . -}}
 {{- end -}}

@@ -173,51 +173,69 @@ def apply_overrides(
     data = copy.deepcopy(data)
     touched: dict[str, str] = {}
     for raw in overrides:
-        source = f"--set {raw}"
-        path, sep, text = raw.partition("=")
-        path = path.strip()
-        if not sep or not path:
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        "",
-                        "is not of the form path.to.field=value; e.g. --set federation.rounds=5.",
-                        source=source,
-                    )
-                ]
-            )
-        try:
-            parts = _split_path(path)
-            value = yaml.safe_load(text) if text.strip() else ""
-        except (ValueError, yaml.YAMLError):
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        path,
-                        "cannot be parsed; quote the value or fix the path "
-                        "(list items are written participants[0]).",
-                        source=source,
-                    )
-                ]
-            ) from None
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = parts[i + 1]
-            if isinstance(node, dict) and isinstance(part, str):
-                node = node.setdefault(part, [] if isinstance(nxt, int) else {})
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                node = node[part]
-            else:
-                raise _unreachable(data, parts[: i + 1], node, source)
-        last = parts[-1]
-        settable = (isinstance(node, dict) and isinstance(last, str)) or (
-            isinstance(node, list) and isinstance(last, int) and last < len(node)
-        )
-        if not settable:
-            raise _unreachable(data, parts, node, source)
-        node[last] = value
-        touched[_path_of(parts)] = source
+        parts, value = _parsed_override(raw)
+        _set_at(data, parts, value, source=f"--set {raw}")
+        touched[_path_of(parts)] = f"--set {raw}"
     return data, touched
+
+
+def _parsed_override(raw: str) -> tuple[list[str | int], Any]:
+    """The path (keys and list indices) and YAML value of one ``path=value`` override.
+
+    Raises:
+        ConfigError: It is not ``path=value``, or its path or value does not parse.
+    """
+    source = f"--set {raw}"
+    path, sep, text = raw.partition("=")
+    path = path.strip()
+    if not sep or not path:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "",
+                    "is not of the form path.to.field=value; e.g. --set federation.rounds=5.",
+                    source=source,
+                )
+            ]
+        )
+    try:
+        return _split_path(path), (yaml.safe_load(text) if text.strip() else "")
+    except (ValueError, yaml.YAMLError):
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    path,
+                    "cannot be parsed; quote the value or fix the path "
+                    "(list items are written participants[0]).",
+                    source=source,
+                )
+            ]
+        ) from None
+
+
+def _has_item(node: Any, part: str | int) -> bool:
+    """Whether ``node[part]`` is an existing list item."""
+    return isinstance(node, list) and isinstance(part, int) and part < len(node)
+
+
+def _set_at(data: dict[str, Any], parts: list[str | int], value: Any, *, source: str) -> None:
+    """Set ``value`` at ``parts`` in ``data``, creating missing mappings (and lists) on the way.
+
+    Raises:
+        ConfigError: The path walks through something that is not a mapping or list.
+    """
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, dict) and isinstance(part, str):
+            node = node.setdefault(part, [] if isinstance(parts[i + 1], int) else {})
+        elif _has_item(node, part):
+            node = node[part]
+        else:
+            raise _unreachable(data, parts[: i + 1], node, source)
+    last = parts[-1]
+    if not ((isinstance(node, dict) and isinstance(last, str)) or _has_item(node, last)):
+        raise _unreachable(data, parts, node, source)
+    node[last] = value
 
 
 def _model_at(loc: Sequence[str | int]) -> type[BaseModel] | None:

@@ -38,6 +38,26 @@ class ValueDoc:
     line: int
 
 
+def _with_comment(line: str, pending: list[str] | None) -> tuple[bool, list[str] | None]:
+    """Whether ``line`` is a ``# --`` comment (or its continuation), and the comment so far."""
+    doc, more = _DOC.match(line), _MORE.match(line)
+    if doc:
+        return True, [doc["text"].strip()]
+    if more:
+        return True, None if pending is None else [*pending, more["text"].strip()]
+    return False, pending
+
+
+def _nested(stack: list[tuple[int, str]], indent: int, name: str) -> tuple[str, ...] | None:
+    """The path of key ``name`` at ``indent`` (``stack`` follows); None under ``config:``."""
+    while stack and stack[-1][0] >= indent:
+        stack.pop()
+    if stack and stack[0][1] == CONFIG_KEY:
+        return None
+    stack.append((indent, name))
+    return tuple(key for _, key in stack)
+
+
 def value_docs(text: str) -> list[ValueDoc]:
     """Every key of a values file with its ``# --`` comment, in file order.
 
@@ -49,37 +69,22 @@ def value_docs(text: str) -> list[ValueDoc]:
     pending: list[str] | None = None
     list_indent: int | None = None
     for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            pending = None
+        comment, pending = _with_comment(line, pending)
+        if comment:
             continue
-        doc, more = _DOC.match(line), _MORE.match(line)
-        if doc:
-            pending = [doc["text"].strip()]
-            continue
-        if more:
-            if pending is not None:
-                pending.append(more["text"].strip())
-            continue
-        item = _ITEM.match(line)
+        item, key = _ITEM.match(line), _KEY.match(line)
         if item:
-            list_indent, pending = len(item["indent"]), None
-            continue
-        key = _KEY.match(line)
-        if not key:
+            list_indent = len(item["indent"])
+        if not line.strip() or item or not key:
             pending = None
             continue
         indent = len(key["indent"])
         if list_indent is not None and indent > list_indent:
             continue  # a key inside a list item belongs to the item's value
         list_indent = None
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        if stack and stack[0][1] == CONFIG_KEY:
-            pending = None
-            continue
-        stack.append((indent, key["key"].strip().strip("\"'")))
-        path = tuple(name for _, name in stack)
-        out.append(ValueDoc(path, " ".join(pending or []).strip(), number))
+        path = _nested(stack, indent, key["key"].strip().strip("\"'"))
+        if path is not None:
+            out.append(ValueDoc(path, " ".join(pending or []).strip(), number))
         pending = None
     return out
 

@@ -14,19 +14,14 @@ generated from pydantic models.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, StringConstraints
 
-from lensemble.config.physics import KNOWN_PHYSICS
 from lensemble.config.schema import (
-    CUDA_TAG,
     DNS1123_LABEL,
     K8S_MEMORY,
-    RESERVED_AGGREGATIONS,
     UNPINNED_TAG,
     UNPINNED_TAG_ALLOWED_IN,
     LensembleConfig,
@@ -34,34 +29,49 @@ from lensemble.config.schema import (
 )
 from lensemble.config.schema_export import DRAFT_2020_12
 from lensemble.render.container import POD_TLS_DIR, pod_contract, tls_paths
+from lensemble.render.knobs import Knobs as _Knobs
 from lensemble.render.names import CONFIDENTIAL_LABEL, MAX_OBJECT_NAME
+from lensemble.render.network_policy_values import (
+    CIDR_PATTERN,
+    OPEN_CIDRS,
+    DNSIPBlock,
+    DNSValues,
+    IPBlock,
+    LabelSelector,
+    NamespaceSelector,
+    NetworkPolicyValues,
+    Peer,
+    checked_cidr,
+)
 
 #: Helm carries every number as a float64: integers above this lose precision.
 HELM_MAX_SAFE_INT = 2**53 - 1
 
 Mode = Literal["all", "coordinator", "participant"]
 MODES: tuple[str, ...] = ("all", "coordinator", "participant")
-
-#: Address ranges that mean "anywhere": never a NetworkPolicy peer.
-OPEN_CIDRS = ("0.0.0.0/0", "::/0")
-#: An IPv4 or IPv6 CIDR with a prefix length of at least 1, syntactically (so Helm's schema
-#: check refuses every ``/0``); the validators then parse it with ``ipaddress``.
-CIDR_PATTERN = (
-    r"^([0-9]{1,3}(\.[0-9]{1,3}){3}/([1-9]|[12][0-9]|3[0-2])"
-    r"|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*/([1-9]|[1-9][0-9]|1[01][0-9]|12[0-8]))$"
-)
+#: Re-exported: the network policy knobs live in lensemble.render.network_policy_values.
+__all__ = [
+    "CIDR_PATTERN",
+    "HELM_MAX_SAFE_INT",
+    "MODES",
+    "OPEN_CIDRS",
+    "ChartValues",
+    "DNSIPBlock",
+    "DNSValues",
+    "IPBlock",
+    "LabelSelector",
+    "NamespaceSelector",
+    "NetworkPolicyValues",
+    "Peer",
+    "checked_cidr",
+    "config_rules",
+    "values_schema",
+    "values_schema_text",
+]
 
 K8S_QUANTITY = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i?|[mnuk])?$"
 Quantity = Annotated[str, StringConstraints(pattern=K8S_QUANTITY)] | Annotated[int, Field(ge=0)]
 DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
-
-
-class _Knobs(BaseModel):
-    """Chart values use camelCase keys (Helm convention) and reject unknown keys."""
-
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
-    )
 
 
 class ImageValues(_Knobs):
@@ -140,131 +150,6 @@ class NamespacesValues(_Knobs):
 
     create: bool = Field(
         True, description="Create the namespaces with Pod Security Admission 'restricted' labels."
-    )
-
-
-def checked_cidr(cidr: str) -> str:
-    """``cidr`` when it parses as a network narrower than every address.
-
-    Raises:
-        ValueError: It is not a CIDR, or its prefix length is 0 (every address).
-    """
-    try:
-        network = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        raise ValueError(f"{cidr!r} is not a CIDR such as 203.0.113.10/32") from None
-    if network.prefixlen == 0:
-        raise ValueError(f"{cidr} is every address; name the peer's own range")
-    return cidr
-
-
-class IPBlock(_Knobs):
-    """A NetworkPolicy ipBlock; the whole internet is never a valid peer.
-
-    The values schema refuses the literal ``0.0.0.0/0`` and ``::/0``; blocks that only together
-    cover every address (``0.0.0.0/1`` + ``128.0.0.0/1``) are refused by the policy check over
-    the rendered manifests (``lensemble.render.k8s_policy``).
-    """
-
-    cidr: str = Field(
-        ...,
-        min_length=1,
-        max_length=43,
-        pattern=CIDR_PATTERN,
-        description="CIDR of the peer, e.g. 203.0.113.10/32 (never 0.0.0.0/0 or ::/0).",
-        json_schema_extra={"not": {"enum": list(OPEN_CIDRS)}},
-    )
-    except_: list[Annotated[str, StringConstraints(pattern=CIDR_PATTERN)]] = Field(
-        default_factory=list, alias="except", description="CIDRs excluded from the block."
-    )
-
-    @field_validator("cidr")
-    @classmethod
-    def _a_network_not_everyone(cls, cidr: str) -> str:
-        return checked_cidr(cidr)
-
-
-class LabelSelector(_Knobs):
-    """A Kubernetes label selector (matchLabels only)."""
-
-    match_labels: dict[str, str] = Field(default_factory=dict, description="Labels to match.")
-
-
-class NamespaceSelector(_Knobs):
-    """A namespace selector that names at least one label (``{}`` would be every namespace)."""
-
-    match_labels: dict[str, str] = Field(
-        ...,
-        min_length=1,
-        description="Labels of the namespace, e.g. {kubernetes.io/metadata.name: monitoring}.",
-    )
-
-
-class Peer(_Knobs):
-    """A NetworkPolicy peer outside this release (another cluster or namespace)."""
-
-    ip_block: IPBlock | None = Field(None, description="Peer by address range.")
-    namespace_selector: NamespaceSelector | None = Field(
-        None, description="Peer by namespace (never empty: that is every namespace)."
-    )
-    pod_selector: LabelSelector | None = Field(None, description="Peer by pod labels.")
-
-
-class DNSIPBlock(_Knobs):
-    """An address DNS answers at outside any pod NetworkPolicy can select (one ipBlock)."""
-
-    cidr: str = Field(
-        ...,
-        pattern=CIDR_PATTERN,
-        max_length=43,
-        description="CIDR of the DNS server, e.g. 169.254.20.10/32 (NodeLocal DNSCache).",
-        json_schema_extra={"not": {"enum": list(OPEN_CIDRS)}},
-    )
-
-    @field_validator("cidr")
-    @classmethod
-    def _a_network_not_everyone(cls, cidr: str) -> str:
-        return checked_cidr(cidr)
-
-
-class DNSValues(_Knobs):
-    """Where cluster DNS runs, so egress can allow exactly it (port 53, UDP and TCP).
-
-    Pods are selected by ``namespace`` and ``podLabels``. DNS that answers from the node's own
-    network (NodeLocal DNSCache at 169.254.20.10, any hostNetwork resolver) cannot be selected
-    that way: list its address in ``ipBlocks``.
-    """
-
-    namespace: str = Field("kube-system", pattern=DNS1123_LABEL, description="DNS namespace.")
-    pod_labels: dict[str, str] = Field(
-        default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the DNS pods."
-    )
-    ip_blocks: list[DNSIPBlock] = Field(
-        default_factory=list,
-        description="DNS servers by address, allowed on port 53 beside the DNS pods: "
-        "[{cidr: 169.254.20.10/32}] for NodeLocal DNSCache (docs/troubleshooting.md).",
-    )
-
-
-class NetworkPolicyValues(_Knobs):
-    """Default-deny NetworkPolicies with explicit allowances."""
-
-    enabled: bool = Field(True, description="Render the NetworkPolicies.")
-    metrics_namespace: str = Field(
-        "monitoring",
-        pattern=DNS1123_LABEL,
-        description="Namespace whose pods may scrape the metrics port.",
-    )
-    dns: DNSValues = Field(default_factory=DNSValues)
-    coordinator_peers: list[Peer] = Field(
-        default_factory=list,
-        description="Extra egress peers for participants: the coordinator's address when it "
-        "runs in another cluster (mode participant).",
-    )
-    participant_peers: list[Peer] = Field(
-        default_factory=list,
-        description="Extra ingress peers of the coordinator: participants in other clusters "
-        "(mode coordinator).",
     )
 
 
@@ -530,7 +415,8 @@ class ChartValues(_Knobs):
 
 
 def _not_latest() -> dict[str, Any]:
-    # config.schema.unpinned_tag_refused, as JSON Schema (with the environment rule below).
+    # The knob's side of the config rule "pinned-tag" (lensemble.config.rules), which covers
+    # config.deployment.image.tag in the config's own schema.
     return {"properties": {"tag": {"not": {"const": UNPINNED_TAG}}}}
 
 
@@ -557,12 +443,7 @@ _RULES: list[dict[str, Any]] = [
             },
             "required": ["config"],
         },
-        "then": {
-            "properties": {
-                "image": _not_latest(),
-                "config": {"properties": {"deployment": {"properties": {"image": _not_latest()}}}},
-            }
-        },
+        "then": {"properties": {"image": _not_latest()}},
     },
     {
         "if": {
@@ -607,67 +488,21 @@ def _when(condition: dict[str, Any], *then: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_rules() -> list[dict[str, Any]]:
-    """What a pod refuses or mis-serves, as JSON Schema over ``config`` (``allOf``).
+    """What a pod needs beyond a valid config, as JSON Schema over ``config`` (``allOf``).
 
-    The container contract (:func:`~lensemble.render.container.pod_contract` and the TLS paths
-    a pod mounts), and the rules of :func:`lensemble.config.schema._check_rules` that compare a
-    field with constants. The rules that compare two fields are the chart's
-    ``lensemble.validate`` template.
+    The container contract: :func:`~lensemble.render.container.pod_contract` and the TLS paths a
+    pod mounts. The config's own cross-field rules are in the config's schema, which the values
+    schema embeds (:func:`lensemble.config.rules.json_schemas`), and in the chart's generated
+    ``templates/_rules.tpl``.
     """
     tls = {field: {"const": path} for field, path in tls_paths(POD_TLS_DIR).items()}
-    sovereign = _at("deployment.environment", {"const": "sovereign-prod"})
-    region = {"properties": {"region": {"type": "string"}}, "required": ["region"]}
-    rules = [
+    return [
         *(_at(path, {"const": value}) for path, value in pod_contract().items()),
         _when(
             _at("network.tls.enabled", {"const": True}),
             _at("network.tls", {"properties": tls, "required": sorted(tls)}),
         ),
-        # The network transport (every pod) refuses to run without the residency guard.
-        _at("data.residency_enforced", {"const": True}),
-        _when(
-            _at("network.auth", {"not": {"const": "insecure"}}),
-            _at("network.tls.enabled", {"const": True}),
-        ),
-        _when(
-            _at("network.auth", {"const": "mtls"}), _at("network.tls.client_auth", {"const": True})
-        ),
-        _at("federation.aggregation", {"not": {"enum": list(RESERVED_AGGREGATIONS)}}),
-        _when(
-            _at("federation.quantization", {"not": {"const": "int8"}}),
-            _at("federation.int8_chunk", {"const": 0}),
-        ),
-        _when(
-            {
-                "anyOf": [
-                    _at(f"deployment.resources.{role}.gpu", {"minimum": 1})
-                    for role in ("coordinator", "participant")
-                ]
-            },
-            _at("deployment.image.tag", {"pattern": CUDA_TAG.pattern}),
-        ),
-        _when(
-            sovereign,
-            _at("network.auth", {"const": "mtls"}),
-            _at("deployment.confidential_compute", {"const": True}),
-            _at("deployment.namespace.strategy", {"const": "per-trust-domain"}),
-            _at("federation.participants", {"items": region}),
-        ),
     ]
-    for env_id, params in KNOWN_PHYSICS.items():
-        env_params = {
-            "properties": {p.name: {"exclusiveMinimum": p.minimum} for p in params},
-            "additionalProperties": False,
-        }
-        rules.append(
-            _when(
-                _at("data.env_id", {"const": env_id}),
-                _at(
-                    "federation.participants", {"items": {"properties": {"env_params": env_params}}}
-                ),
-            )
-        )
-    return rules
 
 
 def values_schema() -> dict[str, Any]:

@@ -158,9 +158,17 @@ def _helm_values_problems(message: str, source: str) -> list[ConfigProblem]:
     """One problem per ``- at '/a/b': why`` line of a Helm schema error."""
     problems = []
     matches = list(_SCHEMA_LINE.finditer(message))
-    # "'allOf' failed" and the like only say that a nested line below failed: keep those.
-    specific = [m for m in matches if not re.fullmatch(r"'\w+' failed", m["why"].strip())]
-    for match in specific or matches:
+    # "'allOf' failed" and the like only say that a nested line below failed: keep those, or
+    # else the deepest of the lines, once per value.
+    generic = r"'\w+' failed|validation failed"
+    specific = [m for m in matches if not re.fullmatch(generic, m["why"].strip())]
+    pointers = [m["pointer"] for m in matches]
+    deepest = {
+        m["pointer"]: m
+        for m in matches
+        if not any(p.startswith(m["pointer"] + "/") for p in pointers)
+    }
+    for match in specific or list(deepest.values()):
         parts = [p.replace("~1", "/").replace("~0", "~") for p in match["pointer"][1:].split("/")]
         path = ""
         for part in parts:

@@ -69,35 +69,54 @@ def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
 
 
+Context = dict[str, Any]
+
+#: What a hardened container's security context (or its pod's) must say: (test, the problem).
+_HARDENING: tuple[tuple[Callable[[Context, Context], bool], str], ...] = (
+    (
+        lambda ctx, pod: bool(ctx.get("runAsNonRoot") or pod.get("runAsNonRoot")),
+        "may run as root (set runAsNonRoot: true).",
+    ),
+    (lambda ctx, pod: 0 not in (ctx.get("runAsUser"), pod.get("runAsUser")), "runs as UID 0."),
+    (lambda ctx, _: ctx.get("readOnlyRootFilesystem") is True, "has a writable root filesystem."),
+    (lambda ctx, _: ctx.get("allowPrivilegeEscalation") is False, "allows privilege escalation."),
+    (lambda ctx, _: not ctx.get("privileged"), "is privileged."),
+    (
+        lambda ctx, _: "ALL" in ((ctx.get("capabilities") or {}).get("drop") or []),
+        "does not drop ALL capabilities.",
+    ),
+    (lambda ctx, _: not (ctx.get("capabilities") or {}).get("add"), "adds capabilities."),
+    (
+        lambda ctx, pod: (
+            (ctx.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+            in ("RuntimeDefault", "Localhost")
+        ),
+        "has no RuntimeDefault seccomp profile.",
+    ),
+)
+
+
+def _container_problems(container: dict[str, Any], pod_ctx: Context) -> Iterator[str]:
+    """What is not hardened about one container (security context, resources, host ports)."""
+    ctx = container.get("securityContext") or {}
+    for holds, problem in _HARDENING:
+        if not holds(ctx, pod_ctx):
+            yield problem
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    if not ({"cpu", "memory"} <= set(requests) and "memory" in limits):
+        yield "lacks cpu/memory requests or a memory limit."
+    if any(p.get("hostPort") for p in container.get("ports") or []):
+        yield "uses a hostPort."
+
+
 def _hardened(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
     for doc, _, spec in workloads(docs):
         pod_ctx = spec.get("securityContext") or {}
         for c in _containers(spec):
-            ctx = c.get("securityContext") or {}
             where = f"{_name(doc)} container {c.get('name')}"
-            if not (ctx.get("runAsNonRoot") or pod_ctx.get("runAsNonRoot")):
-                yield f"{where} may run as root (set runAsNonRoot: true)."
-            if 0 in (ctx.get("runAsUser"), pod_ctx.get("runAsUser")):
-                yield f"{where} runs as UID 0."
-            if ctx.get("readOnlyRootFilesystem") is not True:
-                yield f"{where} has a writable root filesystem."
-            if ctx.get("allowPrivilegeEscalation") is not False:
-                yield f"{where} allows privilege escalation."
-            if ctx.get("privileged"):
-                yield f"{where} is privileged."
-            if "ALL" not in ((ctx.get("capabilities") or {}).get("drop") or []):
-                yield f"{where} does not drop ALL capabilities."
-            if (ctx.get("capabilities") or {}).get("add"):
-                yield f"{where} adds capabilities."
-            seccomp = (ctx.get("seccompProfile") or pod_ctx.get("seccompProfile") or {}).get("type")
-            if seccomp not in ("RuntimeDefault", "Localhost"):
-                yield f"{where} has no RuntimeDefault seccomp profile."
-            resources = c.get("resources") or {}
-            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-            if not ({"cpu", "memory"} <= set(requests) and "memory" in limits):
-                yield f"{where} lacks cpu/memory requests or a memory limit."
-            if any(p.get("hostPort") for p in c.get("ports") or []):
-                yield f"{where} uses a hostPort."
+            for problem in _container_problems(c, pod_ctx):
+                yield f"{where} {problem}"
 
 
 def _no_host_access(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
@@ -158,40 +177,53 @@ def covers_every_address(cidrs: Iterable[str]) -> bool:
     ) == [ipaddress.IPv6Network("::/0")]
 
 
+def _peer_problems(name: str, direction: str, peer: dict[str, Any]) -> Iterator[str]:
+    """What opens one NetworkPolicy peer too wide: an empty namespaceSelector, a bad CIDR."""
+    selector = peer.get("namespaceSelector")
+    if selector is not None and not (
+        (selector or {}).get("matchLabels") or (selector or {}).get("matchExpressions")
+    ):
+        yield (
+            f"{name} allows {direction} with an empty namespaceSelector "
+            "(every namespace); name the namespace in matchLabels."
+        )
+    block = peer.get("ipBlock")
+    if block is not None:
+        cidr = str((block or {}).get("cidr", ""))
+        if _network(cidr) is None:
+            yield f"{name} allows {direction} with {cidr!r}, which is not a CIDR."
+
+
+def _direction_problems(
+    name: str, direction: str, rules: list[dict[str, Any]], peers_key: str
+) -> Iterator[str]:
+    """What opens a policy's ingress or egress rules to every address or namespace."""
+    cidrs: list[str] = []
+    for rule in rules:
+        peers = rule.get(peers_key)
+        if not peers:
+            yield f"{name} has an {direction} rule open to every address."
+            continue
+        for peer in peers:
+            yield from _peer_problems(name, direction, peer)
+            if peer.get("ipBlock") is not None:
+                cidrs.append(str((peer.get("ipBlock") or {}).get("cidr", "")))
+    if covers_every_address(cidrs):
+        yield (
+            f"{name} allows {direction} with ipBlocks that together cover every "
+            f"address ({', '.join(cidrs)})."
+        )
+
+
 def _no_open_rules(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
     for doc in docs:
         if doc.get("kind") != "NetworkPolicy":
             continue
         spec = doc.get("spec") or {}
         for direction, peers_key in (("egress", "to"), ("ingress", "from")):
-            cidrs: list[str] = []
-            for rule in spec.get(direction) or []:
-                peers = rule.get(peers_key)
-                if not peers:
-                    yield f"{_name(doc)} has an {direction} rule open to every address."
-                    continue
-                for peer in peers:
-                    selector = peer.get("namespaceSelector")
-                    if selector is not None and not (
-                        (selector or {}).get("matchLabels")
-                        or (selector or {}).get("matchExpressions")
-                    ):
-                        yield (
-                            f"{_name(doc)} allows {direction} with an empty namespaceSelector "
-                            "(every namespace); name the namespace in matchLabels."
-                        )
-                    block = peer.get("ipBlock")
-                    if block is None:
-                        continue
-                    cidr = str((block or {}).get("cidr", ""))
-                    if _network(cidr) is None:
-                        yield f"{_name(doc)} allows {direction} with {cidr!r}, which is not a CIDR."
-                    cidrs.append(cidr)
-            if covers_every_address(cidrs):
-                yield (
-                    f"{_name(doc)} allows {direction} with ipBlocks that together cover every "
-                    f"address ({', '.join(cidrs)})."
-                )
+            yield from _direction_problems(
+                _name(doc), direction, spec.get(direction) or [], peers_key
+            )
 
 
 def _claims(spec: dict[str, Any]) -> list[str]:
@@ -202,26 +234,36 @@ def _claims(spec: dict[str, Any]) -> list[str]:
     ]
 
 
-def _data_volumes(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
-    claim_owner: dict[tuple[str, str], str | None] = {}
+def _claim_owners(docs: Sequence[Manifest]) -> dict[tuple[str, str], str | None]:
+    """(namespace, name) of every PersistentVolumeClaim -> the trust domain it belongs to."""
+    owners: dict[tuple[str, str], str | None] = {}
     for doc in docs:
         if doc.get("kind") == "PersistentVolumeClaim":
             meta = doc.get("metadata") or {}
             labels = meta.get("labels") or {}
-            claim_owner[(meta.get("namespace", ""), meta.get("name", ""))] = labels.get(
+            owners[(meta.get("namespace", ""), meta.get("name", ""))] = labels.get(
                 TRUST_DOMAIN_LABEL
             )
+    return owners
+
+
+def _foreign_claims(doc: Manifest, role: str | None, own: str | None) -> Iterator[str]:
+    """VolumeClaimTemplates of a workload that claim another trust domain's data."""
+    for template in (doc.get("spec") or {}).get("volumeClaimTemplates") or []:
+        owner = ((template.get("metadata") or {}).get("labels") or {}).get(TRUST_DOMAIN_LABEL)
+        if role == "coordinator" and owner:
+            yield f"{_name(doc)} (coordinator) claims participant data of {owner}."
+        elif role == "participant" and owner != own:
+            yield f"{_name(doc)} of trust domain {own} claims a volume of {owner}."
+
+
+def _data_volumes(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
+    claim_owner = _claim_owners(docs)
     for doc, meta, spec in workloads(docs):
         labels = meta.get("labels") or {}
-        own = labels.get(TRUST_DOMAIN_LABEL)
-        role = labels.get(COMPONENT_LABEL)
+        own, role = labels.get(TRUST_DOMAIN_LABEL), labels.get(COMPONENT_LABEL)
         ns = (doc.get("metadata") or {}).get("namespace", "")
-        for template in (doc.get("spec") or {}).get("volumeClaimTemplates") or []:
-            owner = ((template.get("metadata") or {}).get("labels") or {}).get(TRUST_DOMAIN_LABEL)
-            if role == "coordinator" and owner:
-                yield f"{_name(doc)} (coordinator) claims participant data of {owner}."
-            elif role == "participant" and owner != own:
-                yield f"{_name(doc)} of trust domain {own} claims a volume of {owner}."
+        yield from _foreign_claims(doc, role, own)
         for claim in _claims(spec):
             owner = claim_owner.get((ns, claim))
             if role == "coordinator" and owner:

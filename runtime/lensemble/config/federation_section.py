@@ -1,0 +1,286 @@
+"""The ``federation`` section: participants, their rank layouts, optimizers and robustness."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from lensemble.config.sections import DNS1123_LABEL, RESERVED_PARTICIPANT_IDS, _Section
+
+# -------------------------------------------------------------------------------- rank layout
+#: Environment variable naming a node's rank in its participant's group (0 .. nodes - 1, default
+#: 0); node rank 0 alone talks to the coordinator and hosts the rendezvous.
+NODE_RANK_ENV = "LENSEMBLE_NODE_RANK"
+#: Environment variable naming the host of node rank 0 (the c10d rendezvous store); default
+#: ``127.0.0.1``.
+RENDEZVOUS_HOST_ENV = "LENSEMBLE_RENDEZVOUS_HOST"
+
+
+class RankLayout(_Section):
+    """How one participant's inner loop is spread over processes (ranks).
+
+    A participant with more than one rank runs its inner loop under torch's elastic launcher
+    (``torch.distributed.run``, the library behind ``torchrun``) with the model sharded by FSDP2
+    (``torch.distributed.fsdp.fully_shard``); rank 0 alone talks to the coordinator. One rank
+    (the default) is a single process, exactly as before.
+    """
+
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Nodes (hosts or pods) the participant's ranks span (count).",
+    )
+    processes_per_node: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Ranks per node (count); one per GPU with nccl.",
+    )
+    backend: Literal["gloo", "nccl"] = Field(
+        "gloo",
+        description="torch.distributed backend: gloo on CPU, nccl on NVIDIA GPUs.",
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="FSDP2 mixed precision: none (fp32 throughout) or bf16 (bf16 compute, "
+        "fp32 gradient reduction; GPUs with nccl only).",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Times the launcher restarts the participant's rank group after a rank "
+        "fails (count); the participant rejoins from the next round.",
+    )
+    rendezvous_port: int = Field(
+        29400,
+        ge=1,
+        le=65535,
+        description="TCP port of the participant's rank rendezvous (c10d store on rank 0).",
+    )
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the participant's group: ``nodes * processes_per_node`` (count)."""
+        return self.nodes * self.processes_per_node
+
+
+class RankLayoutOverride(_Section):
+    """Per-participant changes to ``federation.ranks``; unset fields keep the federation default."""
+
+    nodes: int | None = Field(None, ge=1, le=64, description="See federation.ranks.nodes.")
+    processes_per_node: int | None = Field(
+        None, ge=1, le=64, description="See federation.ranks.processes_per_node."
+    )
+    backend: Literal["gloo", "nccl"] | None = Field(
+        None, description="See federation.ranks.backend."
+    )
+    mixed_precision: Literal["none", "bf16"] | None = Field(
+        None, description="See federation.ranks.mixed_precision."
+    )
+    max_restarts: int | None = Field(
+        None, ge=0, le=100, description="See federation.ranks.max_restarts."
+    )
+    rendezvous_port: int | None = Field(
+        None, ge=1, le=65535, description="See federation.ranks.rendezvous_port."
+    )
+
+
+# -------------------------------------------------------------------------------- federation
+class ParticipantSpec(_Section):
+    """One participant: an organisation that trains on its own data in its own trust domain."""
+
+    id: str = Field(
+        ...,
+        pattern=DNS1123_LABEL,
+        max_length=30,
+        description="Participant id, a DNS-1123 label of at most 30 characters; it names "
+        "services, volumes and certificates. Role names ("
+        + ", ".join(RESERVED_PARTICIPANT_IDS)
+        + ") are reserved.",
+        json_schema_extra={"not": {"enum": list(RESERVED_PARTICIPANT_IDS)}},
+    )
+    trust_domain: str = Field(
+        "",
+        pattern=r"^$|" + DNS1123_LABEL,
+        max_length=30,
+        description="Trust domain (organisation boundary) the participant's data and compute "
+        "stay in; defaults to the participant id. A DNS-1123 label.",
+    )
+    region: str | None = Field(
+        None,
+        pattern=r"^[a-z]{2,4}(-[a-z0-9]+)+$",
+        description="Cloud region the participant's data must stay in, e.g. eu-central-1. "
+        "Required in sovereign-prod.",
+    )
+    env_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="Physics overrides for this participant's environment, e.g. "
+        "{g: 9.0, m: 1.2, l: 0.8} for Pendulum-v1 (units of the environment).",
+    )
+    ranks: RankLayoutOverride | None = Field(
+        None,
+        description="This participant's rank layout, field by field over federation.ranks "
+        "(e.g. {processes_per_node: 2}).",
+    )
+
+
+#: An AdamW moment decay rate: torch refuses anything outside [0, 1).
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class InnerOptimizerConfig(_Section):
+    """AdamW run by each participant for ``inner_steps`` steps per round (DiLoCo inner loop)."""
+
+    name: Literal["adamw"] = Field("adamw", description="Inner optimizer (AdamW).")
+    lr: float = Field(3e-4, gt=0.0, le=10.0, description="Learning rate (unitless).")
+    betas: tuple[AdamBeta, AdamBeta] = Field(
+        (0.9, 0.999), description="AdamW moment decay rates (beta1, beta2), each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0.0, description="AdamW denominator epsilon (unitless).")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay (unitless).")
+    batch_size: int = Field(64, ge=1, le=1_000_000, description="Samples per inner step (count).")
+
+
+class OuterOptimizerConfig(_Section):
+    """SGD with Nesterov momentum applied by the coordinator to the mean pseudo-gradient."""
+
+    name: Literal["sgd"] = Field("sgd", description="Outer optimizer (SGD, DiLoCo).")
+    lr: float = Field(0.7, gt=0.0, le=10.0, description="Outer learning rate (unitless).")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="Momentum coefficient (unitless).")
+    nesterov: bool = Field(True, description="Use Nesterov momentum (DiLoCo's default).")
+
+
+class RobustnessConfig(_Section):
+    """Defences of the coordinator against poisoned updates (docs/security.md).
+
+    Every update's L2 norm is bounded (clipped or rejected) before aggregation, int8 scales are
+    bounded when an update is judged, the aggregator may be a coordinate-wise robust one, and the
+    new global model is checked before it is committed. The defaults leave an honest run's
+    hash chain unchanged: the norm bound is far above honest spread and the aggregator is the
+    plain mean.
+    """
+
+    aggregator: Literal["mean", "trimmed_mean", "median"] = Field(
+        "mean",
+        description="How the screened updates are combined, always in canonical participant "
+        "order: 'mean' (DiLoCo's average), 'trimmed_mean' (per coordinate, drop the "
+        "trim_fraction largest and smallest values, average the rest) or 'median' (per "
+        "coordinate; the mean of the two middle values for an even count).",
+    )
+    trim_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        lt=0.5,
+        description="For 'trimmed_mean': the fraction of contributors dropped at each end of "
+        "every coordinate, rounded up, at most (n - 1) // 2 (unitless, [0, 0.5)).",
+    )
+    norm_bound_mode: Literal["off", "clip", "reject"] = Field(
+        "clip",
+        description="What happens to an update whose L2 norm exceeds the bound: 'clip' scales "
+        "it down to the bound, 'reject' leaves it out of the round, 'off' disables the bound.",
+    )
+    norm_bound: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e30,
+        description="Absolute bound on an update's L2 norm (unitless, (0, 1e30]); null for none. "
+        "With median_factor too, the smaller bound applies.",
+    )
+    median_factor: float | None = Field(
+        10.0,
+        ge=1.0,
+        le=1e6,
+        description="Bound on an update's L2 norm as a multiple k of the median norm of the "
+        "round's contributors (unitless, [1, 1e6]); null for none.",
+    )
+    max_int8_scale: float = Field(
+        10.0,
+        gt=0.0,
+        le=1e30,
+        description="Largest int8 scale accepted; an update with a larger one is rejected "
+        "(out_of_bounds). Decoded values stay within 127 times it (unitless, (0, 1e30]).",
+    )
+    max_relative_change: float = Field(
+        10.0,
+        gt=0.0,
+        le=1e6,
+        description="Pre-commit check: the new global model must be finite and differ from the "
+        "current one by at most this multiple of max(1, the current model's L2 norm); otherwise "
+        "the attempt aborts instead of committing (unitless, (0, 1e6]).",
+    )
+
+
+class FederationConfig(_Section):
+    """Participants, rounds, optimizers, quorum, timeouts and wire format."""
+
+    participants: list[ParticipantSpec] = Field(
+        default_factory=list,
+        description="The participants. Alternatively give participant_count and let Lensemble "
+        "generate them; listed participants come first.",
+    )
+    participant_count: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Number of participants (count). Shorthand: the participants list is "
+        "truncated or extended with generated participants to this count; 0 means 'as listed' "
+        "(4 if none are listed).",
+    )
+    rounds: int = Field(20, ge=1, le=1_000_000, description="Outer rounds to run (count).")
+    inner_steps: int = Field(
+        25, ge=1, le=1_000_000, description="H: inner AdamW steps per participant per round."
+    )
+    inner_optimizer: InnerOptimizerConfig = Field(default_factory=InnerOptimizerConfig)
+    outer_optimizer: OuterOptimizerConfig = Field(default_factory=OuterOptimizerConfig)
+    quorum: int = Field(
+        0,
+        ge=0,
+        description="Minimum contributors for a round to commit (count). 0 means a strict "
+        "majority of participants.",
+    )
+    round_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Seconds the coordinator collects updates after opening a round before it "
+        "completes with whoever submitted (if at least quorum). Must exceed rpc_timeout_s.",
+    )
+    join_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="Seconds the coordinator waits for quorum participants to join before the "
+        "first round. Must be at least round_timeout_s.",
+    )
+    max_round_retries: int = Field(
+        2,
+        ge=0,
+        le=1000,
+        description="Times an aborted round (quorum not reached) is retried before the run "
+        "stops with an error (count).",
+    )
+    transport: Literal["in_process", "network"] = Field(
+        "in_process",
+        description="How coordinator and participants talk: 'in_process' (deterministic "
+        "simulation in one process) or 'network' (separate processes over gRPC).",
+    )
+    quantization: Literal["none", "fp16", "bf16", "int8"] = Field(
+        "none", description="Wire format of pseudo-gradients: none (float32), fp16, bf16, int8."
+    )
+    int8_chunk: int = Field(
+        0,
+        ge=0,
+        description="Elements per int8 scale; 0 means one scale per tensor (count).",
+    )
+    robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
+    ranks: RankLayout = Field(
+        default_factory=RankLayout,
+        description="Default rank layout of every participant's inner loop; a participant's "
+        "own ranks override it field by field.",
+    )
+    aggregation: Literal["plain", "masking", "tee"] = Field(
+        "plain",
+        description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "
+        "coordinator. 'masking' and 'tee' are reserved and not yet supported.",
+    )
