@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lensemble.network.metrics import Metrics, MetricsServer
+from lensemble.network.shared.metrics import Metrics, MetricsServer
 
 CAP = 8
 

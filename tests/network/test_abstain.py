@@ -30,17 +30,17 @@ from lensemble.federation.messages import (
 )
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.network import transport_errors as nerr
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator_transport import (
+from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
+from lensemble.network.coordinator.service import CoordinatorService
+from lensemble.network.coordinator.transport import (
     Abstention,
     GrpcCoordinatorTransport,
     Rejection,
 )
-from lensemble.network.peer_text import ABSTAIN_LIMITS
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.security import Authenticator
-from lensemble.network.service import CoordinatorService
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.peer_text import ABSTAIN_LIMITS
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.security import Authenticator
 from tests.support.federation import (
     QuadraticLearner,
     RankFailingLearner,
@@ -444,7 +444,7 @@ class _Client:
     """A ``CoordinatorClient`` whose Abstain calls answer from a script."""
 
     def __init__(self, answers: list[Any]) -> None:
-        from lensemble.network.metrics import Metrics
+        from lensemble.network.shared.metrics import Metrics
 
         self.id, self.target, self.metrics = "alpha", "127.0.0.1:1", Metrics()
         self.answers = answers
@@ -459,8 +459,8 @@ class _Client:
 
 
 def _loop(client: _Client) -> Any:
-    from lensemble.network.backoff import Backoff
-    from lensemble.network.participant_client import ParticipantLoop
+    from lensemble.network.participant.backoff import Backoff
+    from lensemble.network.participant.client import ParticipantLoop
 
     config = _config()
     learner = RankFailingLearner("alpha", config.run.root_seed)

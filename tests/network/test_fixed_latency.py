@@ -21,10 +21,10 @@ from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.network import coordinator_transport as transport_module
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.streams import Assembler, with_bytes_field
+from lensemble.network.coordinator import transport as transport_module
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.streams import Assembler, with_bytes_field
 from tests.support.network import network_mapping
 
 

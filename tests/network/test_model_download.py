@@ -23,11 +23,11 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import PayloadError
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.ledger import committed_chain
-from lensemble.network import model_download as md
-from lensemble.network.launcher import free_port
-from lensemble.network.metrics import Metrics
-from lensemble.network.security import Authenticator
-from lensemble.network.service import CoordinatorService
+from lensemble.network.coordinator import model_download as md
+from lensemble.network.coordinator.service import CoordinatorService
+from lensemble.network.launch.launcher import free_port
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.security import Authenticator
 from tests.support.federation import PARTICIPANTS, build, initial_params
 from tests.support.network import LiveCoordinator, ParticipantThread, network_mapping, write_config
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lensemble.network import model_download as md
+from lensemble.network.coordinator import model_download as md
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ main thread then asks the worker to stop and waits a bounded time.
 
 - Coordinator: resumes from the last checkpoint in ``run.output_dir`` when there is one, serves
   ``lensemble.v1.Coordinator``, and runs the unchanged federation ``Coordinator`` over
-  :class:`~lensemble.network.coordinator_transport.GrpcCoordinatorTransport`. On SIGTERM the
+  :class:`~lensemble.network.coordinator.transport.GrpcCoordinatorTransport`. On SIGTERM the
   open round is abandoned (nothing committed; the last checkpoint stands and a restart reopens
   the round).
 - Participant: joins, then takes part in rounds
-  (:class:`~lensemble.network.participant_client.ParticipantLoop`); on SIGTERM it leaves.
+  (:class:`~lensemble.network.participant.client.ParticipantLoop`); on SIGTERM it leaves.
 """
 
 from __future__ import annotations
@@ -40,27 +40,27 @@ from lensemble.federation.rounds import RoundState
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
 from lensemble.learner import Learner
-from lensemble.network import logs
-from lensemble.network.certs import check_own_certificate, check_tls_files
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.health import HealthServer
-from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
-from lensemble.network.logs import event
-from lensemble.network.metrics import Metrics, MetricsServer
-from lensemble.network.model_download import start_model_download
-from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
-from lensemble.network.payload_limits import payload_limits
-from lensemble.network.peer_text import shown
-from lensemble.network.ready_announce import StdoutGuard, ready_line
-from lensemble.network.security import (
+from lensemble.network.coordinator.model_download import start_model_download
+from lensemble.network.coordinator.service import start_coordinator_server
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
+from lensemble.network.shared import logs
+from lensemble.network.shared.certs import check_own_certificate, check_tls_files
+from lensemble.network.shared.health import HealthServer
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.logs import event
+from lensemble.network.shared.metrics import Metrics, MetricsServer
+from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.peer_text import shown
+from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
+from lensemble.network.shared.security import (
     Authenticator,
     coordinator_tokens,
     participant_token,
     server_credentials,
     warn_if_insecure,
 )
-from lensemble.network.service import start_coordinator_server
-from lensemble.network.transport_errors import ShutdownRequested
+from lensemble.network.shared.transport_errors import ShutdownRequested
 from lensemble.run_lock import coordinator_lock
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 Payloads (safetensors bytes) travel as a sequence of chunks of ``network.chunk_bytes``. The
 receiver knows the declared total from the first chunk and refuses at once when it exceeds its
-cap (:mod:`lensemble.network.payload_limits`); it then refuses as soon as the bytes received
+cap (:mod:`lensemble.network.shared.payload_limits`); it then refuses as soon as the bytes received
 exceed the declared total, so it never holds more than ``min(declared, limit)`` bytes of one
 stream.
 
@@ -222,7 +222,7 @@ class Assembler:
 
     Args:
         declared: Total bytes announced by the sender.
-        limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
+        limit: The stream's cap (see :mod:`lensemble.network.shared.payload_limits`).
         what: Names the payload in error messages, e.g. ``"the update from alpine"``.
         hashed: Hash the bytes while they arrive (:attr:`payload_hash`); False where nobody
             reads that hash (a model download is verified by its model hash after decoding).

@@ -32,8 +32,8 @@ from typing import Any
 
 import grpc
 
-from lensemble.network import transport_errors as nerr
-from lensemble.network.security import Authenticator
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.security import Authenticator
 
 #: Metadata key carrying the participant id a caller claims (every call of a participant).
 PARTICIPANT_KEY = "lensemble-participant"

@@ -9,7 +9,7 @@ the participant reads them straight into the ``bytes`` object it hands on (recyc
 everything else, and a participant that cannot use this port downloads over FetchModel.
 
 The same checks as FetchModel's, in the same order: the caller's identity
-(:class:`~lensemble.network.security.Authenticator`: the client certificate, and the bearer
+(:class:`~lensemble.network.shared.security.Authenticator`: the client certificate, and the bearer
 token with ``auth: token``), the coordinator session, then the model hash must be the open
 round's. A participant may hold one download at a time and two connections; the coordinator
 serves at most ``max_connections`` at once (connections beyond it are closed at once, before
@@ -47,11 +47,11 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError, UsageError
 from lensemble.federation.messages import Reason
 from lensemble.machinery.fresh_bytes import BytesBuilder
-from lensemble.network import transport_errors as nerr
-from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
-from lensemble.network.peer_text import shown
-from lensemble.network.security import Authenticator, load_tls
-from lensemble.network.streams import chunk_count, chunks
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.peer_text import shown
+from lensemble.network.shared.security import Authenticator, load_tls
+from lensemble.network.shared.streams import chunk_count, chunks
 
 _log = logging.getLogger("lensemble.network.model_download")
 

@@ -50,18 +50,9 @@ from lensemble.federation.faults import FaultPlan
 from lensemble.federation.messages import RANK_FAILURE, RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec
-from lensemble.network import transport_errors as nerr
-from lensemble.network.backoff import Backoff
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.logs import event
-from lensemble.network.metrics import Metrics
-from lensemble.network.model_download import DownloadUnavailable, ModelDownloader
-from lensemble.network.payload_limits import payload_limits
-from lensemble.network.peer_text import shown, shown_all
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.security import channel_credentials
-from lensemble.network.service import (
+from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
+from lensemble.network.coordinator.model_download import DownloadUnavailable, ModelDownloader
+from lensemble.network.coordinator.service import (
     SERVICE_NAME,
     UPDATE_DATA_FIELD,
     keepalive_ms,
@@ -69,8 +60,17 @@ from lensemble.network.service import (
     parse_model_frame,
     presence_window_s,
 )
-from lensemble.network.streams import Assembler, chunk_count, chunks, with_bytes_field
-from lensemble.network.transport_errors import (
+from lensemble.network.participant.backoff import Backoff
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.logs import event
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.peer_text import shown, shown_all
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.security import channel_credentials
+from lensemble.network.shared.streams import Assembler, chunk_count, chunks, with_bytes_field
+from lensemble.network.shared.transport_errors import (
     AccessDenied,
     CoordinatorUnreachable,
     ShutdownRequested,
@@ -176,7 +176,7 @@ class CoordinatorClient:
         token: Bearer token (``auth: token``), else None.
         metrics: Where to count bytes in and out.
         architecture: The global model's parameters (name -> spec): caps a model download at
-            its wire size (:mod:`lensemble.network.payload_limits`). None: the cap is
+            its wire size (:mod:`lensemble.network.shared.payload_limits`). None: the cap is
             ``network.max_message_bytes``, else the size the coordinator announces.
 
     Attributes:
@@ -251,7 +251,7 @@ class CoordinatorClient:
         self._download_pause = 0
         self._download_warned = False
         # Every call names its participant, so the coordinator authenticates it before
-        # reading any request (see lensemble.network.call_guard).
+        # reading any request (see lensemble.network.coordinator.call_guard).
         self.metadata = ((PARTICIPANT_KEY, participant_id),)
         self._presence_call: Any = None
         self._lock = threading.Lock()
@@ -302,7 +302,7 @@ class CoordinatorClient:
         """Download the round's model payload.
 
         Over the download port when the config has one and it serves
-        (:mod:`lensemble.network.model_download`), else over gRPC FetchModel.
+        (:mod:`lensemble.network.coordinator.model_download`), else over gRPC FetchModel.
 
         Raises:
             PayloadError: The coordinator announced a model above ``max_message_bytes``, sent

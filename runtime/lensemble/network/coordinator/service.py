@@ -1,8 +1,8 @@
 """The gRPC servicer of ``lensemble.v1.Coordinator`` and the server that hosts it.
 
-Handlers authenticate every call (:class:`~lensemble.network.security.Authenticator`), check the
-coordinator session, and translate between protobuf messages and the transport. A refusal ends
-the call with a gRPC status plus the trailing metadata ``lensemble-reason`` and
+Handlers authenticate every call (:class:`~lensemble.network.shared.security.Authenticator`),
+check the coordinator session, and translate between protobuf messages and the transport. A
+refusal ends the call with a gRPC status plus the trailing metadata ``lensemble-reason`` and
 ``lensemble-current-round``, so the participant can tell the causes apart without parsing text.
 """
 
@@ -23,22 +23,22 @@ from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.federation.payload import TensorSpec
-from lensemble.network import transport_errors as nerr
-from lensemble.network.call_guard import (
+from lensemble.network.coordinator.call_guard import (
     CallGuard,
     CallPolicy,
     claimed_participant,
     extend_deadline,
     pool_size,
 )
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
-from lensemble.network.health import NO_REUSEPORT, bind_port
-from lensemble.network.payload_limits import payload_limits
-from lensemble.network.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.security import Authenticator
-from lensemble.network.streams import (
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport, Rejection
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.health import NO_REUSEPORT, bind_port
+from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.security import Authenticator
+from lensemble.network.shared.streams import (
     Assembler,
     FrameError,
     TooLarge,
@@ -176,7 +176,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         transport: The coordinator transport the handlers feed.
         authenticator: Decides who a caller is.
         update_limit: Largest update payload accepted (bytes; see
-            :mod:`lensemble.network.payload_limits`).
+            :mod:`lensemble.network.shared.payload_limits`).
 
     Update streams land where the transport's :class:`~lensemble.federation.intake.Intake`
     says (the coordinator's spool files), never through the coordinator itself.

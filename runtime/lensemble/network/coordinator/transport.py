@@ -56,11 +56,11 @@ from lensemble.federation.messages import (
     Verdict,
 )
 from lensemble.federation.transport import CoordinatorTransport, Traffic
-from lensemble.network import transport_errors as nerr
-from lensemble.network.logs import event
-from lensemble.network.metrics import Metrics
-from lensemble.network.peer_text import shown, shown_all
-from lensemble.network.transport_errors import ShutdownRequested
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.logs import event
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.peer_text import shown, shown_all
+from lensemble.network.shared.transport_errors import ShutdownRequested
 
 _log = logging.getLogger("lensemble.network.coordinator")
 

@@ -29,8 +29,8 @@ import grpc
 
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError
-from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
-from lensemble.network.transport_errors import BAD_CREDENTIALS
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.transport_errors import BAD_CREDENTIALS
 
 TOKEN_ENV = "LENSEMBLE_TOKEN"  # noqa: S105 (the variable's name, not a token)
 MIN_TOKEN_CHARS = 16
