@@ -49,9 +49,9 @@ import network_transport as nt
 from lensemble.config import load_config
 from lensemble.federation.ledger import Ledger
 from lensemble.federation.payload import encode_parts
-from lensemble.network.coordinator.service import UPDATE_DATA_FIELD
 from lensemble.network.launch.launcher import LocalFederation
 from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.frames import UPDATE_DATA_FIELD
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.streams import chunks, with_bytes_field
 

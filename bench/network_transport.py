@@ -218,10 +218,11 @@ def serve(config_path: Path, payload_bytes: int) -> None:
     from lensemble.config import load_config
     from lensemble.federation.intake import Intake
     from lensemble.federation.spool import UpdateSpool
-    from lensemble.network.coordinator.model_download import start_model_download
+    from lensemble.network.coordinator.authenticator import Authenticator
+    from lensemble.network.coordinator.download_server import start_model_download
     from lensemble.network.coordinator.service import start_coordinator_server
     from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-    from lensemble.network.shared.security import Authenticator, server_credentials
+    from lensemble.network.shared.security import server_credentials
 
     config = load_config(config_path)
     transport = GrpcCoordinatorTransport(config, next_round=0)

@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 import pytest
 
-from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
 from lensemble.network.participant.client import coordinator_target
+from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.shared.transport_errors import REASON_KEY

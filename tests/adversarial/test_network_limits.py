@@ -19,10 +19,10 @@ from lensemble.errors import ConfigError, PayloadError
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import TensorSpec, bytes_hash, encode
+from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import Allowances, Deadlines, pool_size
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared.payload_limits import HEADER_ROOM, payload_limits, wire_bytes
-from lensemble.network.shared.security import Authenticator
 from lensemble.network.shared.streams import Assembler, TooLarge
 from tests.support.federation import small_federation
 

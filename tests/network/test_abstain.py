@@ -30,7 +30,7 @@ from lensemble.federation.messages import (
 )
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
+from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.service import CoordinatorService
 from lensemble.network.coordinator.transport import (
     Abstention,
@@ -38,9 +38,9 @@ from lensemble.network.coordinator.transport import (
     Rejection,
 )
 from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.peer_text import ABSTAIN_LIMITS
 from lensemble.network.shared.proto import lensemble_pb2 as pb
-from lensemble.network.shared.security import Authenticator
 from tests.support.federation import (
     QuadraticLearner,
     RankFailingLearner,

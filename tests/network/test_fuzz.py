@@ -28,9 +28,9 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
-from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator.service import message_options
 from lensemble.network.participant.client import CoordinatorClient, coordinator_target
+from lensemble.network.shared.grpc_options import message_options
+from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.payload_limits import wire_bytes
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc

@@ -27,6 +27,7 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import ConfigError, PayloadError, UsageError
 from lensemble.federation.spool import UpdateSpool
 from lensemble.machinery.fresh_bytes import LARGE
+from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.participant.backoff import Backoff
 from lensemble.network.participant.client import Failure, classify
 from lensemble.network.shared.certs import (
@@ -39,7 +40,7 @@ from lensemble.network.shared.health import READINESS_SERVICE, HealthServer, che
 from lensemble.network.shared.identity import identity_path, resolve_participant_id
 from lensemble.network.shared.metrics import Metrics, MetricsServer
 from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
-from lensemble.network.shared.security import Authenticator, coordinator_tokens, participant_token
+from lensemble.network.shared.security import coordinator_tokens, participant_token
 from lensemble.network.shared.streams import Assembler, TooLarge, chunk_count, chunks
 from lensemble.network.shared.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.network import network_mapping

@@ -80,16 +80,13 @@ class LiveCoordinator:
 
     def __init__(self, config: LensembleConfig, output_dir: Path | None = None) -> None:
         from lensemble.federation.coordinator import Coordinator
-        from lensemble.network.coordinator.model_download import start_model_download
+        from lensemble.network.coordinator.authenticator import Authenticator
+        from lensemble.network.coordinator.download_server import start_model_download
         from lensemble.network.coordinator.service import start_coordinator_server
         from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
         from lensemble.network.launch.process import CoordinatorEvents
         from lensemble.network.shared.metrics import Metrics
-        from lensemble.network.shared.security import (
-            Authenticator,
-            coordinator_tokens,
-            server_credentials,
-        )
+        from lensemble.network.shared.security import coordinator_tokens, server_credentials
         from tests.support.federation import initial_params
 
         self.config = config

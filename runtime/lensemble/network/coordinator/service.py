@@ -11,11 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from lensemble import __version__
 from lensemble.config import LensembleConfig
@@ -23,6 +21,7 @@ from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.federation.payload import TensorSpec
+from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import (
     CallGuard,
     CallPolicy,
@@ -32,109 +31,26 @@ from lensemble.network.coordinator.call_guard import (
 )
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport, Rejection
 from lensemble.network.shared import transport_errors as nerr
-from lensemble.network.shared.health import NO_REUSEPORT, bind_port
+from lensemble.network.shared.frames import (
+    MODEL_DATA_FIELD,
+    SERVICE_NAME,
+    UpdateFrame,
+    parse_update_frame,
+    passthrough,
+)
+from lensemble.network.shared.grpc_options import presence_window_s, server_options
+from lensemble.network.shared.health import bind_port
 from lensemble.network.shared.payload_limits import payload_limits
 from lensemble.network.shared.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.shared.security import Authenticator
 from lensemble.network.shared.streams import (
     Assembler,
-    FrameError,
     TooLarge,
     chunk_count,
     chunks,
-    grpc_message_limit,
-    split_bytes_field,
     with_bytes_field,
 )
-
-#: Field number of ``ModelChunk.data`` (its last field, lensemble.proto).
-MODEL_DATA_FIELD = pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number
-#: Field number of ``UpdateChunk.data`` (its last field): participants frame it, SubmitUpdate
-#: splits it.
-UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
-
-
-@dataclass(frozen=True)
-class UpdateFrame:
-    """One received ``UpdateChunk``, as :func:`parse_update_frame` read it.
-
-    Attributes:
-        header: The header (the first chunk's), or None.
-        data: The chunk's payload bytes: a view of the received frame, not a copy.
-        error: Why the frame is malformed (then ``header`` is None and ``data`` empty), else
-            None.
-    """
-
-    header: pb.UpdateHeader | None
-    data: memoryview
-    error: str | None = None
-
-
-def parse_update_frame(raw: bytes) -> UpdateFrame:
-    """SubmitUpdate's request deserializer: never raises, whatever the peer sent.
-
-    The data field is split off without a copy (:func:`streams.split_bytes_field`), and only
-    the rest is parsed by protobuf; a malformed frame becomes an :class:`UpdateFrame` with
-    ``error`` set, which the handler refuses as ``bad_payload``.
-    """
-    try:
-        other, data = split_bytes_field(raw, UPDATE_DATA_FIELD)
-        message = pb.UpdateChunk.FromString(other)
-    except FrameError as exc:
-        return UpdateFrame(None, memoryview(b""), exc.message)
-    except DecodeError:
-        return UpdateFrame(None, memoryview(b""), "a chunk frame is not a valid UpdateChunk.")
-    return UpdateFrame(message.header if message.HasField("header") else None, data)
-
-
-@dataclass(frozen=True)
-class ModelFrame:
-    """One received ``ModelChunk``, as :func:`parse_model_frame` read it.
-
-    Attributes:
-        total_bytes: The payload's declared size (bytes; set in the first chunk only, else 0).
-        data: The chunk's payload bytes: a view of the received frame, not a copy.
-        error: Why the frame is malformed (then ``data`` is empty), else None.
-    """
-
-    total_bytes: int
-    data: memoryview
-    error: str | None = None
-
-
-def parse_model_frame(raw: bytes) -> ModelFrame:
-    """FetchModel's response deserializer (the participant's): never raises.
-
-    The participant's mirror of :func:`parse_update_frame`: the data field is taken as a view
-    of the frame gRPC handed over, where ``ModelChunk.FromString`` followed by ``.data`` copied
-    each chunk twice more (protobuf copies the field when parsing, and again on every access).
-    The coordinator is no more trusted than any peer: a malformed frame becomes a
-    :class:`ModelFrame` with ``error`` set, which the download refuses.
-    """
-    try:
-        other, data = split_bytes_field(raw, MODEL_DATA_FIELD)
-        message = pb.ModelChunk.FromString(other)
-    except FrameError as exc:
-        return ModelFrame(0, memoryview(b""), exc.message)
-    except DecodeError:
-        return ModelFrame(0, memoryview(b""), "a chunk frame is not a valid ModelChunk.")
-    return ModelFrame(message.total_bytes, data)
-
-
-#: The service's full name, as gRPC routes it.
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
-
-
-def keepalive_ms(config: LensembleConfig) -> int:
-    """Keepalive ping interval and ping-answer timeout (ms) of both sides: ``keepalive_s``."""
-    return max(1000, int(config.network.keepalive_s * 1000))
-
-
-def presence_window_s(config: LensembleConfig) -> float:
-    """How long one Presence stream lasts before the participant opens the next (seconds)."""
-    return max(1.0, min(60.0, config.network.max_connection_age_s / 2))
 
 
 def call_policy(config: LensembleConfig) -> CallPolicy:
@@ -158,15 +74,6 @@ def call_policy(config: LensembleConfig) -> CallPolicy:
 
 class _Aborted(Exception):
     """Raised by ``context.abort``; never escapes a handler."""
-
-
-def message_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """Options bounding one gRPC message to a chunk plus framing (channels and servers)."""
-    limit = grpc_message_limit(config.network.chunk_bytes)
-    return [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-    ]
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -547,43 +454,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             gone.wait(min(beat_s, remaining))
 
 
-def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """The coordinator server's gRPC options: message size, stream window, keepalive, limits."""
-    net = config.network
-    ping_ms = keepalive_ms(config)
-    return [
-        NO_REUSEPORT,
-        *message_options(config),
-        # Ping every client; one that does not answer within keepalive_s is disconnected, which
-        # cancels its calls (and marks the participant absent).
-        ("grpc.keepalive_time_ms", ping_ms),
-        ("grpc.keepalive_timeout_ms", ping_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Accept the participants' own keepalive pings (the default refuses pings more often
-        # than every 5 minutes and closes the connection).
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", min(ping_ms, 5000) // 2),
-        ("grpc.http2.max_ping_strikes", 0),
-        # Each update stream may buffer one fixed window, not what grpcio's bandwidth-delay
-        # probing grows it to: N uploads at once held about 40 MB each at 10M parameters
-        # (docs/performance.md, "Memory independent of the number of participants").
-        ("grpc.http2.bdp_probe", 0),
-        ("grpc.http2.lookahead_bytes", net.upload_window_bytes),
-        # A connection with no call is closed; every connection is recycled after an age,
-        # calls in flight getting one more RPC deadline (longer than a presence window).
-        ("grpc.max_connection_idle_ms", int(net.max_connection_idle_s * 1000)),
-        ("grpc.max_connection_age_ms", int(net.max_connection_age_s * 1000)),
-        (
-            "grpc.max_connection_age_grace_ms",
-            int((presence_window_s(config) + 2 * net.rpc_timeout_s) * 1000),
-        ),
-    ]
-
-
-def _passthrough(frame: bytes) -> bytes:
-    return frame
-
-
 class _Handlers:
     """Receives the method handlers the generated ``add_CoordinatorServicer_to_server`` makes."""
 
@@ -612,7 +482,7 @@ def add_service(service: CoordinatorService, server: Any) -> None:
     handlers["FetchModel"] = grpc.unary_stream_rpc_method_handler(
         service.FetchModel,
         request_deserializer=generated.request_deserializer,
-        response_serializer=_passthrough,
+        response_serializer=passthrough,
     )
     handlers["SubmitUpdate"] = grpc.stream_unary_rpc_method_handler(
         service.SubmitUpdate,

@@ -40,7 +40,8 @@ from lensemble.federation.rounds import RoundState
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
 from lensemble.learner import Learner
-from lensemble.network.coordinator.model_download import start_model_download
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.download_server import start_model_download
 from lensemble.network.coordinator.service import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
@@ -54,7 +55,6 @@ from lensemble.network.shared.payload_limits import payload_limits
 from lensemble.network.shared.peer_text import shown
 from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
 from lensemble.network.shared.security import (
-    Authenticator,
     coordinator_tokens,
     participant_token,
     server_credentials,

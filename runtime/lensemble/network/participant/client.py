@@ -50,18 +50,18 @@ from lensemble.federation.faults import FaultPlan
 from lensemble.federation.messages import RANK_FAILURE, RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec
-from lensemble.network.coordinator.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator.model_download import DownloadUnavailable, ModelDownloader
-from lensemble.network.coordinator.service import (
-    SERVICE_NAME,
-    UPDATE_DATA_FIELD,
-    keepalive_ms,
-    message_options,
-    parse_model_frame,
-    presence_window_s,
-)
 from lensemble.network.participant.backoff import Backoff
+from lensemble.network.participant.download_client import DownloadUnavailable, ModelDownloader
 from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.frames import (
+    FETCH_METHOD,
+    SUBMIT_METHOD,
+    UPDATE_DATA_FIELD,
+    parse_model_frame,
+    passthrough,
+)
+from lensemble.network.shared.grpc_options import channel_options, presence_window_s
+from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.logs import event
 from lensemble.network.shared.metrics import Metrics
 from lensemble.network.shared.payload_limits import payload_limits
@@ -82,13 +82,6 @@ _DOWNLOAD_PAUSE = 16
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
-#: Full method names of SubmitUpdate and FetchModel, as gRPC routes them.
-SUBMIT_METHOD = f"/{SERVICE_NAME}/SubmitUpdate"
-FETCH_METHOD = f"/{SERVICE_NAME}/FetchModel"
-
-
-def _passthrough(frame: bytes) -> bytes:
-    return frame
 
 
 class Failure(StrEnum):
@@ -200,20 +193,7 @@ class CoordinatorClient:
         self.metrics = metrics or Metrics()
         self.target = coordinator_target(config)
         credentials = channel_credentials(config, participant_id, token)
-        backoff_ms = int(config.network.connect_backoff_max_s * 1000)
-        options = [
-            *message_options(config),
-            # gRPC's own reconnect backoff must not outgrow ours (its default cap is 120 s).
-            ("grpc.initial_reconnect_backoff_ms", min(1000, backoff_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(1000, backoff_ms)),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms),
-            # Keepalive pings notice a dead connection (a cut link) so the next call dials anew
-            # instead of waiting on TCP retransmissions.
-            ("grpc.keepalive_time_ms", keepalive_ms(config)),
-            ("grpc.keepalive_timeout_ms", keepalive_ms(config)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-        ]
+        options = channel_options(config)
         self.channel = (
             grpc.secure_channel(self.target, credentials, options=options)
             if credentials is not None
@@ -223,7 +203,7 @@ class CoordinatorClient:
         # SubmitUpdate sends frames built by streams.with_bytes_field (serializer: as is).
         self._submit_update = self.channel.stream_unary(
             SUBMIT_METHOD,
-            request_serializer=_passthrough,
+            request_serializer=passthrough,
             response_deserializer=pb.SubmitReply.FromString,
         )
         # FetchModel's chunks are read with the data field as a view (parse_model_frame).
@@ -302,7 +282,7 @@ class CoordinatorClient:
         """Download the round's model payload.
 
         Over the download port when the config has one and it serves
-        (:mod:`lensemble.network.coordinator.model_download`), else over gRPC FetchModel.
+        (:mod:`lensemble.network.participant.download_client`), else over gRPC FetchModel.
 
         Raises:
             PayloadError: The coordinator announced a model above ``max_message_bytes``, sent
