@@ -197,4 +197,4 @@ def test_below_quorum_the_round_keeps_waiting_and_a_normal_window_end_is_not_abs
     # alpha is within its grace; bravo and charlie are gone; 1 accepted < quorum 3: wait on.
     assert transport.receive(time.monotonic() + 0.3) is None
     assert transport.absence_reasons() == {ids[1]: "disconnected", ids[2]: "disconnected"}
-    assert not transport._nobody_to_wait_for()
+    assert not transport._liveness.nobody_to_wait_for()

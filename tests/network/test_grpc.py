@@ -173,7 +173,7 @@ def test_a_certificate_for_one_participant_cannot_act_as_another(tmp_path: Path)
         client.close()
         refused = live.metrics.refused_calls.labels(rpc="Join", reason="bad_credentials")
         assert refused._value.get() == 1
-        assert "bravo" not in live.transport._joined
+        assert "bravo" not in live.transport._liveness._joined
 
 
 def test_join_with_another_config_is_refused_naming_the_fields(tmp_path: Path) -> None:

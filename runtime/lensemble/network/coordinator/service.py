@@ -29,7 +29,8 @@ from lensemble.network.coordinator.call_guard import (
     extend_deadline,
     pool_size,
 )
-from lensemble.network.coordinator.transport import GrpcCoordinatorTransport, Rejection
+from lensemble.network.coordinator.rejection import Rejection
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared import transport_errors as nerr
 from lensemble.network.shared.frames import (
     MODEL_DATA_FIELD,
@@ -154,12 +155,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._abort(context, rejection, rpc=rpc)
 
     def _check_session(self, context: Any, session: str, rpc: str) -> None:
-        if session != self.transport.session:
-            rejection = Rejection(
-                nerr.STALE_SESSION,
-                "this coordinator restarted since you joined; join again.",
-                self.transport.collecting_round,
-            )
+        rejection = self.transport.stale_session(session)
+        if rejection is not None:
             self._abort(context, rejection, rpc=rpc)
 
     # -------------------------------------------------------------------------------- RPCs
