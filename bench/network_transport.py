@@ -220,7 +220,7 @@ def serve(config_path: Path, payload_bytes: int) -> None:
     from lensemble.federation.spool import UpdateSpool
     from lensemble.network.coordinator.authenticator import Authenticator
     from lensemble.network.coordinator.download_server import start_model_download
-    from lensemble.network.coordinator.service import start_coordinator_server
+    from lensemble.network.coordinator.server import start_coordinator_server
     from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
     from lensemble.network.shared.security import server_credentials
 

@@ -13,7 +13,7 @@ from lensemble.config import config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
 from lensemble.federation.coordinator import global_architecture
 from lensemble.network.coordinator.authenticator import Authenticator
-from lensemble.network.coordinator.service import start_coordinator_server
+from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.participant.client import CoordinatorClient, classify
 from lensemble.network.shared.identity import PARTICIPANT_KEY

@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from lensemble.config import LensembleConfig
 from lensemble.federation.coordinator import global_architecture
 from lensemble.network.coordinator.authenticator import Authenticator
-from lensemble.network.coordinator.service import start_coordinator_server
+from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
 from lensemble.network.shared.certs import init_certs

@@ -12,7 +12,7 @@ import pytest
 from lensemble.federation.coordinator import global_architecture
 from lensemble.federation.messages import RoundOpening
 from lensemble.network.coordinator.authenticator import Authenticator
-from lensemble.network.coordinator.service import start_coordinator_server
+from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.participant.client import CoordinatorClient, Failure, classify
 from lensemble.network.shared.identity import PARTICIPANT_KEY

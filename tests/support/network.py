@@ -82,7 +82,7 @@ class LiveCoordinator:
         from lensemble.federation.coordinator import Coordinator
         from lensemble.network.coordinator.authenticator import Authenticator
         from lensemble.network.coordinator.download_server import start_model_download
-        from lensemble.network.coordinator.service import start_coordinator_server
+        from lensemble.network.coordinator.server import start_coordinator_server
         from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
         from lensemble.network.launch.process import CoordinatorEvents
         from lensemble.network.shared.metrics import Metrics

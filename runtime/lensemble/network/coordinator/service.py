@@ -1,47 +1,38 @@
-"""The gRPC servicer of ``lensemble.v1.Coordinator`` and the server that hosts it.
+"""The gRPC servicer of ``lensemble.v1.Coordinator``: the handlers of its seven RPCs.
 
-Handlers authenticate every call (:class:`~lensemble.network.shared.security.Authenticator`),
-check the coordinator session, and translate between protobuf messages and the transport. A
-refusal ends the call with a gRPC status plus the trailing metadata ``lensemble-reason`` and
-``lensemble-current-round``, so the participant can tell the causes apart without parsing text.
+The call guard authenticated the caller before a handler runs
+(:mod:`lensemble.network.coordinator.call_guard`); handlers check that the request names the
+same participant, check the coordinator session, and translate between protobuf messages and
+the transport. A refusal ends the call with a gRPC status plus the trailing metadata
+``lensemble-reason`` and ``lensemble-current-round``, so the participant can tell the causes
+apart without parsing text.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
-from concurrent import futures
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import grpc
 
 from lensemble import __version__
-from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
-from lensemble.federation.payload import TensorSpec
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import (
-    CallGuard,
-    CallPolicy,
     claimed_participant,
     extend_deadline,
-    pool_size,
 )
 from lensemble.network.coordinator.rejection import Rejection
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared import transport_errors as nerr
 from lensemble.network.shared.frames import (
     MODEL_DATA_FIELD,
-    SERVICE_NAME,
     UpdateFrame,
-    parse_update_frame,
-    passthrough,
 )
-from lensemble.network.shared.grpc_options import presence_window_s, server_options
-from lensemble.network.shared.health import bind_port
-from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.grpc_options import presence_window_s
 from lensemble.network.shared.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
@@ -52,25 +43,6 @@ from lensemble.network.shared.streams import (
     chunks,
     with_bytes_field,
 )
-
-
-def call_policy(config: LensembleConfig) -> CallPolicy:
-    """Server-side deadlines of every RPC (seconds) and the per-participant allowance.
-
-    Unary calls and the start of an upload get ``rpc_timeout_s``; a watch one more than its
-    window; a presence stream one more than its window; an upload is extended once its header
-    declares the size (see :meth:`CoordinatorService.SubmitUpdate`), and a model download once
-    the model's size is known, both to ``rpc_timeout_s`` per chunk plus one.
-    """
-    net = config.network
-    return CallPolicy(
-        per_participant=net.max_calls_per_participant,
-        deadline_s={
-            "WatchRounds": net.rpc_timeout_s * 1.5,
-            "Presence": presence_window_s(config) + net.rpc_timeout_s,
-        },
-        default_deadline_s=net.rpc_timeout_s,
-    )
 
 
 class _Aborted(Exception):
@@ -219,7 +191,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Stream the open round's model payload in chunks of ``network.chunk_bytes``.
 
         Yields serialized ``ModelChunk`` messages (the handler's serializer passes them
-        through, see :func:`add_service`); the first also names the hash and total size.
+        through, see :func:`~lensemble.network.coordinator.server.add_service`); the first
+        also names the hash and total size.
         """
         self._authorize(context, request.participant_id, "FetchModel")
         self._check_session(context, request.session, "FetchModel")
@@ -249,7 +222,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[UpdateFrame], context: Any) -> pb.SubmitReply:
         """Receive one pseudo-gradient stream and return the coordinator's verdict.
 
-        The chunks arrive as :class:`UpdateFrame` (see :func:`add_service`).
+        The chunks arrive as :class:`~lensemble.network.shared.frames.UpdateFrame` (see
+        :func:`~lensemble.network.coordinator.server.add_service`).
         """
         transport = self.transport
         rpc = "SubmitUpdate"
@@ -449,93 +423,3 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 window_over.set()
                 return
             gone.wait(min(beat_s, remaining))
-
-
-class _Handlers:
-    """Receives the method handlers the generated ``add_CoordinatorServicer_to_server`` makes."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, Any] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
-        self.handlers = dict(handlers)
-
-
-def add_service(service: CoordinatorService, server: Any) -> None:
-    """Register ``service`` on ``server`` as the generated code does, FetchModel's frames as is.
-
-    ``FetchModel`` yields serialized ``ModelChunk`` frames (:func:`streams.with_bytes_field`),
-    so its response serializer passes bytes through; ``SubmitUpdate`` reads its chunks with
-    :func:`parse_update_frame` (the data as a view of the frame); every other method keeps the
-    generated protobuf handlers.
-    """
-    collected = _Handlers()
-    pb_grpc.add_CoordinatorServicer_to_server(service, collected)  # type: ignore[no-untyped-call]
-    handlers = collected.handlers
-    generated = handlers["FetchModel"]
-    handlers["FetchModel"] = grpc.unary_stream_rpc_method_handler(
-        service.FetchModel,
-        request_deserializer=generated.request_deserializer,
-        response_serializer=passthrough,
-    )
-    handlers["SubmitUpdate"] = grpc.stream_unary_rpc_method_handler(
-        service.SubmitUpdate,
-        request_deserializer=parse_update_frame,
-        response_serializer=handlers["SubmitUpdate"].response_serializer,
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-
-
-def start_coordinator_server(
-    transport: GrpcCoordinatorTransport,
-    authenticator: Authenticator,
-    credentials: Any,
-    *,
-    host: str,
-    port: int,
-    architecture: Mapping[str, TensorSpec],
-) -> tuple[Any, int]:
-    """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
-
-    Args:
-        transport: The coordinator transport.
-        authenticator: Who callers are.
-        credentials: ``grpc.ServerCredentials``, or None for plaintext (``tls.enabled: false``).
-        host: Bind address (``network.listen_host``).
-        port: TCP port; 0 picks a free one.
-        architecture: The global model's parameters (name -> spec): sets the update cap.
-
-    Returns:
-        ``(server, bound port)``; the server is started.
-
-    Raises:
-        UsageError: The address cannot be bound.
-        ConfigError: ``network.max_message_bytes`` is below the model's wire size.
-    """
-    config = transport.config
-    limits = payload_limits(config, architecture)
-    service = CoordinatorService(transport, authenticator, limits.update_bytes)
-    policy = call_policy(config)
-
-    def refuse(
-        context: Any, reason: str, message: str, status: grpc.StatusCode, method: str
-    ) -> None:
-        service.refuse(context, reason, message, status, method)
-
-    guard = CallGuard(authenticator, policy, refuse)
-    size = pool_size(len(transport.expected), policy.per_participant)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="rpc"),
-        interceptors=[guard],
-        options=server_options(config),
-        maximum_concurrent_rpcs=size,
-    )
-    add_service(service, server)
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = bind_port(server, target, credentials, "the coordinator's gRPC service")
-    server.start()
-    return server, bound

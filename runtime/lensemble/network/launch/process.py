@@ -42,7 +42,7 @@ from lensemble.federation.verify import require_valid
 from lensemble.learner import Learner
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.download_server import start_model_download
-from lensemble.network.coordinator.service import start_coordinator_server
+from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
 from lensemble.network.shared import logs
