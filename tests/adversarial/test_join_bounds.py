@@ -15,7 +15,8 @@ from lensemble.federation.coordinator import global_architecture
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-from lensemble.network.participant.client import CoordinatorClient, classify
+from lensemble.network.participant.call_errors import classify
+from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.peer_text import JOIN_LIMITS
 from lensemble.network.shared.proto import lensemble_pb2 as pb

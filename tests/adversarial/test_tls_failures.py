@@ -25,7 +25,8 @@ from lensemble.federation.coordinator import global_architecture
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
 from lensemble.network.shared.certs import init_certs
 from lensemble.network.shared.security import server_credentials
 from lensemble.network.shared.transport_errors import CertificateRejected, certificate_failure

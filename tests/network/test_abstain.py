@@ -460,7 +460,7 @@ class _Client:
 
 def _loop(client: _Client) -> Any:
     from lensemble.network.participant.backoff import Backoff
-    from lensemble.network.participant.client import ParticipantLoop
+    from lensemble.network.participant.loop import ParticipantLoop
 
     config = _config()
     learner = RankFailingLearner("alpha", config.run.root_seed)

@@ -14,7 +14,8 @@ from lensemble.federation.messages import RoundOpening
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-from lensemble.network.participant.client import CoordinatorClient, Failure, classify
+from lensemble.network.participant.call_errors import Failure, classify
+from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.shared.identity import PARTICIPANT_KEY
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.security import server_credentials

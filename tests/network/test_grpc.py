@@ -18,7 +18,8 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
 from lensemble.federation.spool import UpdateSpool
-from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
 from lensemble.network.shared import streams
 from lensemble.network.shared.transport_errors import BUSY, AccessDenied
 from tests.support.federation import PARTICIPANTS, QuadraticLearner, build, initial_params

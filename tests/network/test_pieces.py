@@ -29,7 +29,7 @@ from lensemble.federation.spool import UpdateSpool
 from lensemble.machinery.fresh_bytes import LARGE
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.participant.backoff import Backoff
-from lensemble.network.participant.client import Failure, classify
+from lensemble.network.participant.call_errors import Failure, classify
 from lensemble.network.shared.certs import (
     certificate_identities,
     check_own_certificate,

@@ -151,7 +151,8 @@ class ParticipantThread:
     ) -> None:
         from lensemble.federation.participant import Participant
         from lensemble.federation.payload import manifest
-        from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
+        from lensemble.network.participant.client import CoordinatorClient
+        from lensemble.network.participant.loop import ParticipantLoop
         from tests.support.federation import QuadraticLearner, initial_params
 
         theta0 = initial_params(config.run.root_seed)

@@ -44,7 +44,8 @@ from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.download_server import start_model_download
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-from lensemble.network.participant.client import CoordinatorClient, ParticipantLoop
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
 from lensemble.network.shared import logs
 from lensemble.network.shared.certs import check_own_certificate, check_tls_files
 from lensemble.network.shared.health import HealthServer
