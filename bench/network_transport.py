@@ -538,7 +538,8 @@ class GrpcFloor:
 def _proc(argv: list[str]) -> None:
     """A coordinator or participant process with the no-compute learner (LocalFederation)."""
     from lensemble.config import load_config
-    from lensemble.network.launch.process import PortOptions, run_coordinator, run_participant
+    from lensemble.network.launch.harness import PortOptions
+    from lensemble.network.launch.process import run_coordinator, run_participant
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=int, required=True)

@@ -61,7 +61,8 @@ class BlockingLearner:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lensemble.network.launch.process import PortOptions, run_coordinator, run_participant
+    from lensemble.network.launch.harness import PortOptions
+    from lensemble.network.launch.process import run_coordinator, run_participant
     from lensemble.network.shared.identity import resolve_participant_id
     from lensemble.network.shared.transport_errors import ShutdownRequested
 

@@ -82,9 +82,9 @@ class LiveCoordinator:
         from lensemble.federation.coordinator import Coordinator
         from lensemble.network.coordinator.authenticator import Authenticator
         from lensemble.network.coordinator.download_server import start_model_download
+        from lensemble.network.coordinator.round_events import CoordinatorEvents
         from lensemble.network.coordinator.server import start_coordinator_server
         from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
-        from lensemble.network.launch.process import CoordinatorEvents
         from lensemble.network.shared.metrics import Metrics
         from lensemble.network.shared.security import coordinator_tokens, server_credentials
         from tests.support.federation import initial_params

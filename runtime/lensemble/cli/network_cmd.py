@@ -19,7 +19,7 @@ from lensemble.render.container import CONFIG_PATH, TLS_DIR
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
-    from lensemble.network.launch.process import PortOptions
+    from lensemble.network.launch.harness import PortOptions
 
 app = typer.Typer()
 certs_app = typer.Typer(
@@ -96,7 +96,7 @@ def _quiet_grpc_core() -> None:
 
 def _ports(port: int | None, health_port: int | None, metrics_port: int | None) -> PortOptions:
     _quiet_grpc_core()
-    from lensemble.network.launch.process import PortOptions
+    from lensemble.network.launch.harness import PortOptions
 
     return PortOptions(port=port, health_port=health_port, metrics_port=metrics_port)
 

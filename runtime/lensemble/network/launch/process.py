@@ -1,10 +1,7 @@
 """The coordinator and participant processes: servers, ready line, signals, shutdown.
 
-Both roles share :class:`ProcessHarness`: stdout reserved for the ready line, logs on stderr,
-the plaintext gRPC health service, the Prometheus endpoint, and ``SIGTERM``/``SIGINT`` handling.
-The role's work runs in a worker thread while the main thread supervises it, so a signal never
-interrupts our code halfway through a lock or a file write: the handler only sets a flag, and the
-main thread then asks the worker to stop and waits a bounded time.
+Both roles run in a :class:`~lensemble.network.launch.harness.ProcessHarness` (ready line,
+logs, health, metrics, signals).
 
 - Coordinator: resumes from the last checkpoint in ``run.output_dir`` when there is one, serves
   ``lensemble.v1.Coordinator``, and runs the unchanged federation ``Coordinator`` over
@@ -12,59 +9,45 @@ main thread then asks the worker to stop and waits a bounded time.
   open round is abandoned (nothing committed; the last checkpoint stands and a restart reopens
   the round).
 - Participant: joins, then takes part in rounds
-  (:class:`~lensemble.network.participant.client.ParticipantLoop`); on SIGTERM it leaves.
+  (:class:`~lensemble.network.participant.loop.ParticipantLoop`); on SIGTERM it leaves.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Any, TypeVar
 
 import torch
 
-from lensemble.config import LensembleConfig, config_hash
+from lensemble.config import LensembleConfig
 from lensemble.errors import UsageError
 from lensemble.federation.coordinator import Coordinator, RunSummary, global_architecture
 from lensemble.federation.faults import FaultPlan
-from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
-from lensemble.federation.rounds import RoundState
+from lensemble.federation.payload import TensorSpec
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
 from lensemble.learner import Learner
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.download_server import start_model_download
+from lensemble.network.coordinator.round_events import CoordinatorEvents
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_certificates
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.loop import ParticipantLoop
-from lensemble.network.shared import logs
-from lensemble.network.shared.certs import check_own_certificate, check_tls_files
-from lensemble.network.shared.health import HealthServer
+from lensemble.network.shared.certs import check_own_certificate
 from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.shared.logs import event
-from lensemble.network.shared.metrics import Metrics, MetricsServer
 from lensemble.network.shared.payload_limits import payload_limits
-from lensemble.network.shared.peer_text import shown
-from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
 from lensemble.network.shared.security import (
     coordinator_tokens,
     participant_token,
     server_credentials,
     warn_if_insecure,
 )
-from lensemble.network.shared.transport_errors import ShutdownRequested
 from lensemble.run_lock import coordinator_lock
-
-T = TypeVar("T")
 
 #: ``theta_0`` (name -> tensor), or a function that builds it (see :func:`run_coordinator`).
 InitialParams = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]
@@ -76,204 +59,8 @@ PARTICIPANT_STOP_GRACE_S = 5.0
 #: Torch intra-op threads of the coordinator process. Its tensor work (validation, reduction,
 #: outer step, hashing) is element-wise and memory-bound, while its gRPC threads need the cores
 #: for TLS and streaming: OpenMP workers spinning between small ops cost more than they save
-#: (bench/network_transport.py table 0: a 1M round took 0.6 s with torch's default threads
-#: on 2 shared cores, 0.34 s with one).
+#: (``docs/performance.md``, *The coordinator's torch threads*).
 COORDINATOR_TORCH_THREADS = 1
-
-
-@dataclass(frozen=True)
-class PortOptions:
-    """Port overrides from the command line (None: take the config's).
-
-    Attributes:
-        port: The coordinator's gRPC port (0 picks a free one).
-        health_port: The health service port (0 picks a free one).
-        metrics_port: The metrics port (0 picks a free one).
-    """
-
-    port: int | None = None
-    health_port: int | None = None
-    metrics_port: int | None = None
-
-
-class ProcessHarness:
-    """Stdout guard, logs, health, metrics and signal handling of one process.
-
-    Args:
-        config: The run's config.
-        role: ``coordinator`` or ``participant``.
-        participant_id: The participant's id (participants only).
-        ports: Command-line port overrides.
-    """
-
-    def __init__(
-        self,
-        config: LensembleConfig,
-        role: str,
-        participant_id: str | None,
-        ports: PortOptions,
-    ) -> None:
-        self.config = config
-        self.role = role
-        self.participant_id = participant_id
-        self.stdout = StdoutGuard()
-        self.stdout.claim()
-        logs.configure(config, role, participant_id)
-        self.stop = threading.Event()
-        self._previous: dict[int, Any] = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-        net = config.network
-        self.metrics = Metrics()
-        self.health = HealthServer(
-            net.listen_host, net.health_port if ports.health_port is None else ports.health_port
-        )
-        try:
-            self.metrics_server = MetricsServer(
-                self.metrics.registry,
-                net.listen_host,
-                net.metrics_port if ports.metrics_port is None else ports.metrics_port,
-                config.observability.metrics_path,
-            )
-        except BaseException:
-            self.health.stop()
-            raise
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only a flag: the main thread reacts between two waits, never inside our locks.
-        self.stop.set()
-
-    def announce_ready(self, endpoint: str) -> None:
-        """Print the ready line (once) and mark the process ready."""
-        if self.stdout.emitted:
-            return
-        self.stdout.emit(
-            ready_line(
-                role=self.role,
-                participant_id=self.participant_id,
-                endpoint=endpoint,
-                config_hash=config_hash(self.config),
-                health_port=self.health.port,
-                metrics_port=self.metrics_server.port,
-            )
-        )
-
-    def supervise(self, work: Callable[[], T], on_stop: Callable[[], None], grace_s: float) -> T:
-        """Run ``work`` in a worker thread until it returns, raises, or a signal stops it.
-
-        Args:
-            work: The role's main loop.
-            on_stop: Called once from this (main) thread after SIGTERM/SIGINT.
-            grace_s: Longest wait (seconds) for ``work`` to end after ``on_stop``.
-
-        Returns:
-            What ``work`` returned.
-
-        Raises:
-            ShutdownRequested: A signal stopped the process.
-            Exception: Whatever ``work`` raised.
-        """
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["result"] = work()
-            except BaseException as exc:  # handed to the main thread
-                box["error"] = exc
-
-        worker = threading.Thread(target=target, name=f"{self.role}-loop", daemon=True)
-        worker.start()
-        stopping_until: float | None = None
-        while worker.is_alive():
-            worker.join(0.2)
-            if self.stop.is_set() and stopping_until is None:
-                event(_log, "stopping", f"signal received; stopping within {grace_s:.0f} s.")
-                stopping_until = time.monotonic() + grace_s
-                on_stop()
-            if stopping_until is not None and time.monotonic() > stopping_until:
-                raise ShutdownRequested(f"the {self.role} stopped (signal) while still busy;")
-        if "error" in box:
-            raise box["error"]
-        return box["result"]  # type: ignore[no-any-return]
-
-    def linger(self) -> None:
-        """After a finished run, keep serving health and metrics until SIGTERM/SIGINT.
-
-        Under a Kubernetes Deployment or StatefulSet (restartPolicy Always) a process that
-        exits after the last round is restarted in a loop; ``LENSEMBLE_LINGER`` keeps it idle
-        instead, so the pod stays live and the final model stays available.
-        """
-        event(_log, "lingering", "run finished; idling until SIGTERM (LENSEMBLE_LINGER).")
-        while not self.stop.wait(1.0):
-            pass
-
-    def close(self) -> None:
-        """Stop health and metrics servers and restore the signal handlers."""
-        self.health.stop()
-        self.metrics_server.stop()
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-class CoordinatorEvents:
-    """Coordinator observer: structured log events and metrics."""
-
-    def __init__(self, metrics: Metrics, quorum: int) -> None:
-        self.metrics = metrics
-        self.quorum = quorum
-        self._log = logging.getLogger("lensemble.network.rounds")
-
-    def on_state(self, round_index: int, attempt: int, state: RoundState) -> None:
-        """Track the round state machine (and time the attempt from its opening)."""
-        if state == RoundState.OPEN:
-            self.metrics.attempt_starting()
-        self.metrics.round_state.state(state.value)
-
-    def on_verdict(self, submission: Submission, verdict: Verdict) -> None:
-        """Count and log each judged update."""
-        self.metrics.verdict(verdict.accepted, verdict.reason.value)
-        event(
-            self._log,
-            "verdict",
-            f"round {submission.round_index}: {submission.sender} {verdict.reason.value}"
-            + ("" if verdict.accepted else f" ({shown(verdict.message)})"),
-            logging.INFO if verdict.accepted else logging.WARNING,
-            round=submission.round_index,
-            participant=submission.sender,
-            reason=verdict.reason.value,
-            bytes=len(submission.payload),
-        )
-
-    def on_round(self, record: RoundRecord) -> None:
-        """Log each closed or aborted attempt with its lineage."""
-        what = (
-            f"committed {record.model_hash[:19]}..."
-            if record.state == "closed"
-            else f"aborted ({len(record.contributors)} of {self.quorum} required contributors)"
-        )
-        event(
-            self._log,
-            "round_closed",
-            f"round {record.round} attempt {record.attempt} {what}; contributors "
-            f"{', '.join(record.contributors) or 'none'}"
-            + (f"; excluded {record.excluded}" if record.excluded else ""),
-            round=record.round,
-            attempt=record.attempt,
-            state=record.state,
-            contributors=record.contributors,
-            excluded=record.excluded,
-            model_hash=record.model_hash,
-            bytes_up=record.bytes_up,
-            bytes_down=record.bytes_down,
-            wall_s=record.wall_s,
-            non_compute_s=record.non_compute_s,
-        )
-
-
-def _check_certificates(config: LensembleConfig, identity: str) -> None:
-    """Refuse an expired own certificate or CA at start; warn when one expires soon."""
-    for warning in check_tls_files(config, identity):
-        event(_log, "certificate_expiring", warning, logging.WARNING)
 
 
 def run_coordinator(
@@ -330,7 +117,7 @@ def _serve_coordinator(
     torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
-        _check_certificates(config, COORDINATOR_IDENTITY)
+        check_certificates(config, COORDINATOR_IDENTITY)
         fed, net = config.federation, config.network
         theta0 = initial_params() if callable(initial_params) else initial_params
         del initial_params
@@ -428,42 +215,21 @@ def run_participant(
         CertificateRejected: The TLS handshake failed on a certificate (not retried).
         ResidencyViolation: The learner tried to release data (fails closed).
     """
-    ports = ports or PortOptions()
-    harness = ProcessHarness(config, "participant", participant_id, ports)
+    harness = ProcessHarness(config, "participant", participant_id, ports or PortOptions())
     client = None
     try:
-        warn_if_insecure(config)
-        _check_certificates(config, participant_id)
-        tls = config.network.tls
-        if tls.enabled and tls.client_auth and tls.cert_file:
-            check_own_certificate(
-                Path(str(identity_path(tls.cert_file, participant_id))), participant_id
-            )
-        token = participant_token(config, participant_id)
-        theta0 = initial_params() if callable(initial_params) else initial_params
+        token = _participant_credentials(config, participant_id)
+        architecture = _architecture(initial_params)
         del initial_params
-        architecture = global_architecture(theta0)
-        del theta0  # only its names and shapes are needed: a model's worth of memory goes
         # Refuses a network.max_message_bytes below the model's wire size before any work.
         payload_limits(config, architecture)
         learner = learner_factory()
-        own = (faults or FaultPlan()).of_participant(participant_id)
-        if own.faults and not callable(getattr(learner, "arm_rank_kill", None)):
-            raise UsageError(
-                f"--faults {own.faults[0].spec()} kills a rank of '{participant_id}', which runs "
-                "as one process;",
-                remediation="give it several ranks (federation.participants[i].ranks) or drop "
-                "the fault.",
-            )
+        own = _own_faults(faults, participant_id, learner)
         participant = Participant(
             config, participant_id, learner, architecture, Path(config.run.output_dir)
         )
         client = CoordinatorClient(
-            config,
-            participant_id,
-            token=token,
-            metrics=harness.metrics,
-            architecture=architecture,
+            config, participant_id, token=token, metrics=harness.metrics, architecture=architecture
         )
 
         def on_ready(ready: bool) -> None:
@@ -486,3 +252,43 @@ def run_participant(
         if client is not None:
             client.close()
         harness.close()
+
+
+def _participant_credentials(config: LensembleConfig, participant_id: str) -> str | None:
+    """Check this participant's TLS material at start; returns its bearer token, if any.
+
+    Raises:
+        ConfigError: A certificate expired or does not name ``participant_id``, or a TLS or
+            token file is missing.
+    """
+    warn_if_insecure(config)
+    check_certificates(config, participant_id)
+    tls = config.network.tls
+    if tls.enabled and tls.client_auth and tls.cert_file:
+        check_own_certificate(
+            Path(str(identity_path(tls.cert_file, participant_id))), participant_id
+        )
+    return participant_token(config, participant_id)
+
+
+def _architecture(initial_params: InitialParams) -> dict[str, TensorSpec]:
+    """The global model's parameters (name -> spec) of ``theta_0``; a built one goes at once."""
+    theta0 = initial_params() if callable(initial_params) else initial_params
+    return global_architecture(theta0)  # only names and shapes: a model's worth of memory goes
+
+
+def _own_faults(faults: FaultPlan | None, participant_id: str, learner: Learner) -> FaultPlan:
+    """The faults of ``faults`` that this participant applies to itself (``rank_kill``).
+
+    Raises:
+        UsageError: A fault kills a rank of a participant whose learner has no ranks.
+    """
+    own = (faults or FaultPlan()).of_participant(participant_id)
+    if own.faults and not callable(getattr(learner, "arm_rank_kill", None)):
+        raise UsageError(
+            f"--faults {own.faults[0].spec()} kills a rank of '{participant_id}', which runs "
+            "as one process;",
+            remediation="give it several ranks (federation.participants[i].ranks) or drop "
+            "the fault.",
+        )
+    return own
