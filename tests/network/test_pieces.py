@@ -38,7 +38,8 @@ from lensemble.network.shared.certs import (
 )
 from lensemble.network.shared.health import READINESS_SERVICE, HealthServer, check
 from lensemble.network.shared.identity import identity_path, resolve_participant_id
-from lensemble.network.shared.metrics import Metrics, MetricsServer
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.metrics_server import MetricsServer
 from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
 from lensemble.network.shared.security import coordinator_tokens, participant_token
 from lensemble.network.shared.streams import Assembler, TooLarge, chunk_count, chunks

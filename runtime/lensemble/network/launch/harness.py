@@ -23,7 +23,8 @@ from lensemble.network.shared import logs
 from lensemble.network.shared.certs import check_tls_files
 from lensemble.network.shared.health import HealthServer
 from lensemble.network.shared.logs import event
-from lensemble.network.shared.metrics import Metrics, MetricsServer
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.metrics_server import MetricsServer
 from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
 from lensemble.network.shared.transport_errors import ShutdownRequested
 
