@@ -52,8 +52,8 @@ def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", min(ping_ms, 5000) // 2),
         ("grpc.http2.max_ping_strikes", 0),
         # Each update stream may buffer one fixed window, not what grpcio's bandwidth-delay
-        # probing grows it to: N uploads at once held about 40 MB each at 10M parameters
-        # (docs/performance.md, "Memory independent of the number of participants").
+        # probing grows it to: tens of MB each with N uploads at once (docs/performance.md,
+        # "Over the network: uploads in flight").
         ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.lookahead_bytes", net.upload_window_bytes),
         # A connection with no call is closed; every connection is recycled after an age,
