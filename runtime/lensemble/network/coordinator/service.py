@@ -21,17 +21,11 @@ from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.network.coordinator.authenticator import Authenticator
-from lensemble.network.coordinator.call_guard import (
-    claimed_participant,
-    extend_deadline,
-)
+from lensemble.network.coordinator.call_guard import claimed_participant, extend_deadline
 from lensemble.network.coordinator.rejection import Rejection
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared import transport_errors as nerr
-from lensemble.network.shared.frames import (
-    MODEL_DATA_FIELD,
-    UpdateFrame,
-)
+from lensemble.network.shared.frames import MODEL_DATA_FIELD, UpdateFrame
 from lensemble.network.shared.grpc_options import presence_window_s
 from lensemble.network.shared.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
 from lensemble.network.shared.proto import lensemble_pb2 as pb

@@ -21,9 +21,7 @@ import grpc
 from lensemble import __version__
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
-from lensemble.errors import (
-    PayloadError,
-)
+from lensemble.errors import PayloadError
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution
 from lensemble.federation.payload import TensorSpec
