@@ -49,11 +49,11 @@ import network_transport as nt
 from lensemble.config import load_config
 from lensemble.federation.ledger import Ledger
 from lensemble.federation.payload import encode_parts
-from lensemble.network.launcher import LocalFederation
-from lensemble.network.participant_client import CoordinatorClient
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.service import UPDATE_DATA_FIELD
-from lensemble.network.streams import chunks, with_bytes_field
+from lensemble.network.launch.launcher import LocalFederation
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.frames import UPDATE_DATA_FIELD
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.streams import chunks, with_bytes_field
 
 HERE = Path(__file__).resolve()
 #: The replay update's value: small, finite and the same everywhere (no defense refuses it).

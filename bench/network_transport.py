@@ -39,8 +39,8 @@ Four tables, all measured in the same run on this machine:
 
 Participant processes run torch with one intra-op thread (four share this machine's cores with
 the coordinator, and do no training); the coordinator process always does
-(``lensemble.network.process.COORDINATOR_TORCH_THREADS``). Every process keeps freed buffers in
-``malloc`` as the ``lensemble`` command does (:mod:`lensemble.machinery.allocator`).
+(``lensemble.network.launch.process.COORDINATOR_TORCH_THREADS``). Every process keeps freed
+buffers in ``malloc`` as the ``lensemble`` command does (:mod:`lensemble.machinery.allocator`).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ from lensemble.federation.messages import Reason, RoundOpening, Verdict
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import TensorSpec, bytes_hash, manifest
 from lensemble.learner import LocalRound
-from lensemble.network.certs import init_certs
-from lensemble.network.launcher import LocalFederation, free_port
+from lensemble.network.launch.launcher import LocalFederation, free_port
+from lensemble.network.shared.certs import init_certs
 
 HERE = Path(__file__).resolve()
 IDS = ("p0", "p1", "p2", "p3")
@@ -218,10 +218,11 @@ def serve(config_path: Path, payload_bytes: int) -> None:
     from lensemble.config import load_config
     from lensemble.federation.intake import Intake
     from lensemble.federation.spool import UpdateSpool
-    from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-    from lensemble.network.model_download import start_model_download
-    from lensemble.network.security import Authenticator, server_credentials
-    from lensemble.network.service import start_coordinator_server
+    from lensemble.network.coordinator.authenticator import Authenticator
+    from lensemble.network.coordinator.download_server import start_model_download
+    from lensemble.network.coordinator.server import start_coordinator_server
+    from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+    from lensemble.network.shared.security import server_credentials
 
     config = load_config(config_path)
     transport = GrpcCoordinatorTransport(config, next_round=0)
@@ -290,7 +291,7 @@ def resident_buffer(size: int) -> bytearray:
 
     The floors receive into it, so that they time the copy alone, not the kernel zeroing fresh
     pages: Lensemble's receivers write into a recycled, resident payload
-    (:class:`lensemble.network.streams.Assembler`), and a floor must be at least as fast.
+    (:class:`lensemble.network.shared.streams.Assembler`), and a floor must be at least as fast.
     """
     buffer = bytearray(size)
     view = memoryview(buffer)
@@ -325,8 +326,8 @@ class GrpcPeer:
     """
 
     def __init__(self, tmp: Path, payload_bytes: int, chunk_bytes: int | None, tls: bool) -> None:
-        from lensemble.network.participant_client import CoordinatorClient
-        from lensemble.network.proto import lensemble_pb2 as pb
+        from lensemble.network.participant.client import CoordinatorClient
+        from lensemble.network.shared.proto import lensemble_pb2 as pb
 
         path, config = write_config(tmp, config_mapping(tmp, 1, chunk_bytes, tls))
         self.payload_bytes = payload_bytes
@@ -537,7 +538,8 @@ class GrpcFloor:
 def _proc(argv: list[str]) -> None:
     """A coordinator or participant process with the no-compute learner (LocalFederation)."""
     from lensemble.config import load_config
-    from lensemble.network.process import PortOptions, run_coordinator, run_participant
+    from lensemble.network.launch.harness import PortOptions
+    from lensemble.network.launch.process import run_coordinator, run_participant
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=int, required=True)

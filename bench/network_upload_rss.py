@@ -7,7 +7,7 @@ Two measurements (issue 12.5), each in fresh processes:
    coordinator refuses that size, the largest size it accepts is sent instead. Reported: the
    coordinator's resident set (``VmRSS``) and peak (``VmHWM``) before and after.
 2. ``assembler``: a child process assembles a payload of ``--mib`` MiB from 1 MiB chunks with
-   ``lensemble.network.streams.Assembler``; reported: its peak RSS growth / payload size
+   ``lensemble.network.shared.streams.Assembler``; reported: its peak RSS growth / payload size
    (2.0 = one extra full copy, 1.0 = none).
 
 Run from the repository root: ``python bench/network_upload_rss.py [--mib 256]``. The same script
@@ -39,8 +39,8 @@ def _status(pid: int) -> dict[str, int]:
 def coordinator() -> None:
     import grpc
 
-    from lensemble.network.participant_client import CoordinatorClient
-    from lensemble.network.proto import lensemble_pb2 as pb
+    from lensemble.network.participant.client import CoordinatorClient
+    from lensemble.network.shared.proto import lensemble_pb2 as pb
 
     # tests.support lives in the repository, which is not on the path of a script in bench/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -120,7 +120,7 @@ def coordinator() -> None:
 def assembler(mib: int) -> None:
     script = (
         "import resource, sys\n"
-        "from lensemble.network.streams import Assembler\n"
+        "from lensemble.network.shared.streams import Assembler\n"
         f"n = {mib} * {MiB}\n"
         f"chunk = b'x' * {MiB}\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"

@@ -125,7 +125,7 @@ def run(world: int, args: argparse.Namespace, folder: Path) -> dict[str, object]
     """Launch ``world`` ranks with torch's elastic launcher and return rank 0's report."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from lensemble.network.launcher import free_port
+    from lensemble.network.launch.launcher import free_port
 
     out = folder / f"r{world}.json"
     spec = {
@@ -162,7 +162,7 @@ def launch_overhead(folder: Path, rounds: int = 2) -> list[float]:
     from lensemble.config import load_config
     from lensemble.data.trajectories import load_or_collect
     from lensemble.model.inner_loop import initial_global_parameters
-    from lensemble.network.launcher import free_port
+    from lensemble.network.launch.launcher import free_port
     from lensemble.ranks.learner import RankGroupLearner
 
     config = load_config(

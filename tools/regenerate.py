@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: What a generated file's header tells its reader to run.
 COMMAND = "python -m tools.regenerate"
 ENVIRONMENTS = ("local", "staging", "sovereign-prod")
-PROTO = "runtime/lensemble/network/proto"
+PROTO = "runtime/lensemble/network/shared/proto"
 
 
 @dataclass(frozen=True)

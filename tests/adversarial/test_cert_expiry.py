@@ -20,7 +20,7 @@ from cryptography.x509.oid import NameOID
 
 from lensemble.config.load import validate_mapping
 from lensemble.errors import ConfigError
-from lensemble.network.certs import check_tls_files, check_validity, init_certs
+from lensemble.network.shared.certs import check_tls_files, check_validity, init_certs
 from tests.support.cli import run_cli
 
 NOW = dt.datetime.now(dt.UTC)

@@ -15,8 +15,8 @@ import pytest
 from lensemble.config.load import validate_mapping
 from lensemble.durable import DiskFull
 from lensemble.errors import UsageError
-from lensemble.network import certs
-from lensemble.network.certs import init_certs
+from lensemble.network.shared import certs
+from lensemble.network.shared.certs import init_certs
 
 CONFIG = validate_mapping({"federation": {"participants": [{"id": "alpha"}, {"id": "bravo"}]}})
 

@@ -12,13 +12,15 @@ from lensemble import __version__
 from lensemble.config import config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
 from lensemble.federation.coordinator import global_architecture
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.participant_client import CoordinatorClient, classify
-from lensemble.network.peer_text import JOIN_LIMITS
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.security import Authenticator, server_credentials
-from lensemble.network.service import start_coordinator_server
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.server import start_coordinator_server
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.participant.call_errors import classify
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.identity import PARTICIPANT_KEY
+from lensemble.network.shared.peer_text import JOIN_LIMITS
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.security import server_credentials
 from tests.support.federation import initial_params
 from tests.support.network import network_mapping, write_config
 

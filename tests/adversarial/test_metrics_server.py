@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from lensemble.network.metrics import Metrics, MetricsServer
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.metrics_server import MetricsServer
 
 CAP = 8
 

@@ -19,11 +19,11 @@ from typing import Any
 import grpc
 import pytest
 
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.participant_client import coordinator_target
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.transport_errors import REASON_KEY
+from lensemble.network.participant.client import coordinator_target
+from lensemble.network.shared.identity import PARTICIPANT_KEY
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.transport_errors import REASON_KEY
 from tests.support.network import federation, ledger, network_mapping, write_config
 
 pytestmark = pytest.mark.slow

@@ -19,11 +19,11 @@ from lensemble.errors import ConfigError, PayloadError
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.payload import TensorSpec, bytes_hash, encode
-from lensemble.network.call_guard import Allowances, Deadlines, pool_size
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.payload_limits import HEADER_ROOM, payload_limits, wire_bytes
-from lensemble.network.security import Authenticator
-from lensemble.network.streams import Assembler, TooLarge
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.call_guard import Allowances, Deadlines, pool_size
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.shared.payload_limits import HEADER_ROOM, payload_limits, wire_bytes
+from lensemble.network.shared.streams import Assembler, TooLarge
 from tests.support.federation import small_federation
 
 ARCH = {
@@ -197,4 +197,4 @@ def test_below_quorum_the_round_keeps_waiting_and_a_normal_window_end_is_not_abs
     # alpha is within its grace; bravo and charlie are gone; 1 accepted < quorum 3: wait on.
     assert transport.receive(time.monotonic() + 0.3) is None
     assert transport.absence_reasons() == {ids[1]: "disconnected", ids[2]: "disconnected"}
-    assert not transport._nobody_to_wait_for()
+    assert not transport._liveness.nobody_to_wait_for()

@@ -18,10 +18,10 @@ import pytest
 
 from lensemble.errors import EXIT_BAD_INPUT
 from lensemble.federation.payload import manifest
-from lensemble.network.participant_client import CoordinatorClient
-from lensemble.network.payload_limits import payload_limits
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.transport_errors import REASON_KEY
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.transport_errors import REASON_KEY
 from tests.support.federation import initial_params
 from tests.support.network import federation, ledger, network_mapping, write_config
 

@@ -18,9 +18,9 @@ from lensemble import __version__
 from lensemble.config import config_hash
 from lensemble.config.hashing import canonical_json, hashed_view
 from lensemble.config.load import validate_mapping
-from lensemble.network import logs
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.peer_text import (
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.shared import logs
+from lensemble.network.shared.peer_text import (
     JOIN_LIMITS,
     MAX_SHOWN_CHARS,
     one_line,

@@ -22,12 +22,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lensemble.config import LensembleConfig
 from lensemble.federation.coordinator import global_architecture
-from lensemble.network.certs import init_certs
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
-from lensemble.network.security import Authenticator, server_credentials
-from lensemble.network.service import start_coordinator_server
-from lensemble.network.transport_errors import CertificateRejected, certificate_failure
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.server import start_coordinator_server
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
+from lensemble.network.shared.certs import init_certs
+from lensemble.network.shared.security import server_credentials
+from lensemble.network.shared.transport_errors import CertificateRejected, certificate_failure
 from tests.support.federation import initial_params
 from tests.support.network import network_mapping, write_config
 

@@ -312,7 +312,7 @@ def test_kms_signing_uses_generate_for_the_coordinator_and_verify_for_auditors(
 
 def _network_coordinator_without_io(out: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """Start the network coordinator on ``out`` resuming 5 rounds; opening servers fails."""
-    from lensemble.network import process
+    from lensemble.network.launch import process
     from tests.support.federation import initial_params
 
     def no_io(*args: object, **kwargs: object) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from lensemble.config import load_config
-from lensemble.network.metrics import Metrics
+from lensemble.network.shared.metrics import Metrics
 from lensemble.render.compose_files import prometheus_config_text
 from lensemble.render.prometheus import ALERTS_NAME, alert_rules_text
 from tests.conftest import REPO

@@ -30,17 +30,15 @@ from lensemble.federation.messages import (
 )
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.network import transport_errors as nerr
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator_transport import (
-    Abstention,
-    GrpcCoordinatorTransport,
-    Rejection,
-)
-from lensemble.network.peer_text import ABSTAIN_LIMITS
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.security import Authenticator
-from lensemble.network.service import CoordinatorService
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.rejection import Rejection
+from lensemble.network.coordinator.service import CoordinatorService
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.coordinator.uploads import Abstention
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.identity import PARTICIPANT_KEY
+from lensemble.network.shared.peer_text import ABSTAIN_LIMITS
+from lensemble.network.shared.proto import lensemble_pb2 as pb
 from tests.support.federation import (
     QuadraticLearner,
     RankFailingLearner,
@@ -86,11 +84,11 @@ def _state(transport: GrpcCoordinatorTransport) -> tuple[Any, ...]:
     """Everything an abstention may change."""
     return (
         transport.absence_reasons(),
-        sorted(transport._judged),
-        dict(transport._abstained),
-        dict(transport._closed_abstained),
-        sorted(transport._missed),
-        dict(transport._accepted),
+        sorted(transport._board.judged),
+        dict(transport._board.abstained),
+        dict(transport._board.closed_abstained),
+        sorted(transport._board.missed),
+        dict(transport._board.accepted),
     )
 
 
@@ -130,11 +128,13 @@ def test_an_abstention_is_recorded_and_the_attempt_stops_waiting_for_it() -> Non
     transport.open_round(_opening(), b"model")
     for pid in IDS[1:]:
         _accept(transport, pid)
-    assert not transport._nobody_to_wait_for()  # alpha is present: the attempt waits for it
+    assert (
+        not transport._liveness.nobody_to_wait_for()
+    )  # alpha is present: the attempt waits for it
     outcome = transport.abstain("alpha", 0, 0, RANK_FAILURE)
     assert outcome == Abstention(duplicate=False, current_round=0)
     assert transport.absence_reasons() == {"alpha": "rank_failure"}
-    assert transport._nobody_to_wait_for()
+    assert transport._liveness.nobody_to_wait_for()
     started = time.monotonic()
     assert transport.receive(time.monotonic() + 60) is None  # returns at once, not at 60 s
     assert time.monotonic() - started < 30
@@ -200,7 +200,7 @@ def test_a_repeat_is_a_duplicate_in_the_attempt_and_after_it_closed() -> None:
     # The next opening starts clean: alpha is waited for again.
     transport.open_round(_opening(1), b"model")
     assert transport.absence_reasons() == {}
-    assert "alpha" not in transport._judged
+    assert "alpha" not in transport._board.judged
 
 
 # ------------------------------------------------------------------------------ refused
@@ -286,8 +286,8 @@ def test_a_queued_update_also_counts_as_sent() -> None:
     sender = threading.Thread(target=lambda: verdicts.append(transport.submit(submission, 0, 30)))
     sender.start()
     try:
-        with transport._cond:
-            assert transport._cond.wait_for(lambda: len(transport._inbox) == 1, 10)
+        with transport._board.cond:
+            assert transport._board.cond.wait_for(lambda: len(transport._hand_over._inbox) == 1, 10)
         before = _state(transport)
         _refused(
             transport.abstain("alpha", 0, 0, RANK_FAILURE),
@@ -319,7 +319,7 @@ def test_a_participant_that_abstained_cannot_submit_and_keeps_its_reason() -> No
     _refused(late, nerr.ABSTAINED, grpc.StatusCode.FAILED_PRECONDITION)
     transport.upload_refused("alpha", 0, 0, Reason.BAD_PAYLOAD.value)  # a broken upload
     assert _state(transport) == before
-    assert not transport._inbox
+    assert not transport._hand_over._inbox
     assert transport.absence_reasons() == {"alpha": "rank_failure"}
 
 
@@ -444,7 +444,7 @@ class _Client:
     """A ``CoordinatorClient`` whose Abstain calls answer from a script."""
 
     def __init__(self, answers: list[Any]) -> None:
-        from lensemble.network.metrics import Metrics
+        from lensemble.network.shared.metrics import Metrics
 
         self.id, self.target, self.metrics = "alpha", "127.0.0.1:1", Metrics()
         self.answers = answers
@@ -459,8 +459,8 @@ class _Client:
 
 
 def _loop(client: _Client) -> Any:
-    from lensemble.network.backoff import Backoff
-    from lensemble.network.participant_client import ParticipantLoop
+    from lensemble.network.participant.backoff import Backoff
+    from lensemble.network.participant.loop import ParticipantLoop
 
     config = _config()
     learner = RankFailingLearner("alpha", config.run.root_seed)

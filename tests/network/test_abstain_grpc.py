@@ -11,12 +11,14 @@ import pytest
 
 from lensemble.federation.coordinator import global_architecture
 from lensemble.federation.messages import RoundOpening
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.participant_client import CoordinatorClient, Failure, classify
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.security import Authenticator, server_credentials
-from lensemble.network.service import start_coordinator_server
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.server import start_coordinator_server
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.participant.call_errors import Failure, classify
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.identity import PARTICIPANT_KEY
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.security import server_credentials
 from tests.support.federation import initial_params
 from tests.support.network import network_mapping, write_config
 

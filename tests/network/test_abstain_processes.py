@@ -22,7 +22,7 @@ from lensemble.federation.faults import FaultPlan, parse_faults
 from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.ledger import Ledger, RoundRecord, committed_chain
 from lensemble.federation.participant import Participant
-from lensemble.network.launcher import ProcessFailed
+from lensemble.network.launch.launcher import ProcessFailed
 from lensemble.simulation.local_processes import run_local_processes
 from tests.support.federation import RankFailingLearner, build
 from tests.support.network import NETPROC, network_mapping

@@ -20,10 +20,10 @@ import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.errors import PayloadError
-from lensemble.network.participant_client import CoordinatorClient
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.service import SERVICE_NAME, parse_model_frame, parse_update_frame
-from lensemble.network.streams import MAX_FRAME_FIELDS, FrameError, split_bytes_field
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.frames import SERVICE_NAME, parse_model_frame, parse_update_frame
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.streams import MAX_FRAME_FIELDS, FrameError, split_bytes_field
 from tests.support.network import network_mapping
 
 pytestmark = pytest.mark.unit

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.network.certs import certificate_identities
-from lensemble.network.health import HealthServer
+from lensemble.network.shared.certs import certificate_identities
+from lensemble.network.shared.health import HealthServer
 from tests.support.cli import run_cli
 
 

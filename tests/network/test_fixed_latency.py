@@ -21,10 +21,12 @@ from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.network import coordinator_transport as transport_module
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.streams import Assembler, with_bytes_field
+from lensemble.network.coordinator import hand_over as hand_over_module
+from lensemble.network.coordinator import liveness as liveness_module
+from lensemble.network.coordinator import transport as transport_module
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.streams import Assembler, with_bytes_field
 from tests.support.network import network_mapping
 
 
@@ -53,7 +55,7 @@ def _transport(tmp_path: Path) -> tuple[GrpcCoordinatorTransport, _SpyCondition]
     config = validate_mapping(network_mapping(tmp_path))
     transport = GrpcCoordinatorTransport(config, next_round=0)
     spy = _SpyCondition()
-    transport._cond = spy  # type: ignore[assignment]
+    transport._board.cond = spy  # type: ignore[assignment]
     for pid in config.participant_ids:
         transport.join(pid, transport.config_hash, "{}", "test")
         transport.presence_opened(pid)
@@ -66,8 +68,9 @@ def _open(transport: GrpcCoordinatorTransport, deadline: float) -> RoundOpening:
     return opening
 
 
-def test_the_transport_has_no_polling_interval() -> None:
-    assert not hasattr(transport_module, "POLL_S")
+@pytest.mark.parametrize("module", [transport_module, hand_over_module, liveness_module])
+def test_the_transport_has_no_polling_interval(module: Any) -> None:
+    assert not hasattr(module, "POLL_S")
 
 
 def test_receive_sleeps_until_a_submission_arrives_not_for_a_polling_interval(
@@ -102,8 +105,8 @@ def test_a_broken_presence_stream_ends_the_wait_at_once(tmp_path: Path) -> None:
     deadline = transport.now() + 3600
     _open(transport, deadline)
     for pid in ("alpha", "bravo", "charlie"):
-        transport._accepted[pid] = "sha256:x"
-        transport._judged.add(pid)
+        transport._board.accepted[pid] = "sha256:x"
+        transport._board.judged.add(pid)
 
     def break_delta_once_waiting() -> None:
         while not spy.timeouts:
@@ -123,9 +126,9 @@ def test_receive_wakes_when_a_grace_period_ends(tmp_path: Path) -> None:
     now = transport.now()
     _open(transport, now + 3600)
     transport.presence_closed("delta", broken=False)  # a window ended: grace until the next
-    grace_end = transport._grace_until["delta"]
-    with transport._cond:
-        wake = transport._wake_in(3600)
+    grace_end = transport._liveness._grace_until["delta"]
+    with transport._board.cond:
+        wake = transport._liveness.wake_in(3600)
     assert wake == pytest.approx(grace_end - transport.now(), abs=1.0)
     assert wake < 3600
 

@@ -28,14 +28,14 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, encode, manifest
-from lensemble.network.call_guard import PARTICIPANT_KEY
-from lensemble.network.participant_client import CoordinatorClient, coordinator_target
-from lensemble.network.payload_limits import wire_bytes
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.security import channel_credentials
-from lensemble.network.service import message_options
-from lensemble.network.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
+from lensemble.network.participant.client import CoordinatorClient, coordinator_target
+from lensemble.network.shared.grpc_options import message_options
+from lensemble.network.shared.identity import PARTICIPANT_KEY
+from lensemble.network.shared.payload_limits import wire_bytes
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.security import channel_credentials
+from lensemble.network.shared.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.federation import QuadraticLearner, build, initial_params
 from tests.support.network import (
     LiveCoordinator,

@@ -18,9 +18,10 @@ from lensemble.federation.ledger import committed_chain
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import manifest
 from lensemble.federation.spool import UpdateSpool
-from lensemble.network import streams
-from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
-from lensemble.network.transport_errors import BUSY, AccessDenied
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
+from lensemble.network.shared import streams
+from lensemble.network.shared.transport_errors import BUSY, AccessDenied
 from tests.support.federation import PARTICIPANTS, QuadraticLearner, build, initial_params
 from tests.support.network import (
     LiveCoordinator,
@@ -173,7 +174,7 @@ def test_a_certificate_for_one_participant_cannot_act_as_another(tmp_path: Path)
         client.close()
         refused = live.metrics.refused_calls.labels(rpc="Join", reason="bad_credentials")
         assert refused._value.get() == 1
-        assert "bravo" not in live.transport._joined
+        assert "bravo" not in live.transport._liveness._joined
 
 
 def test_join_with_another_config_is_refused_naming_the_fields(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import committed_chain
-from lensemble.network.launcher import LocalFederation, ProcessFailed
+from lensemble.network.launch.launcher import LocalFederation, ProcessFailed
 from lensemble.simulation.local_processes import run_local_processes
 from tests.support.cli import run_cli
 from tests.support.federation import build
@@ -157,7 +157,7 @@ def test_children_die_with_their_launcher_and_teardown_happens_once(tmp_path: Pa
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from lensemble.network.launcher import LocalFederation\n"
+        "from lensemble.network.launch.launcher import LocalFederation\n"
         f"fed = LocalFederation(Path('c.yaml'), [], Path({str(tmp_path)!r}), program={sleeper})\n"
         "print(fed.start_coordinator().popen.pid, flush=True)\n"
         "time.sleep(120)\n"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from lensemble.config import LensembleConfig
-from lensemble.network import logs
+from lensemble.network.shared import logs
 from tests.support.federation import small_config
 
 

@@ -23,11 +23,13 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import PayloadError
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.ledger import committed_chain
-from lensemble.network import model_download as md
-from lensemble.network.launcher import free_port
-from lensemble.network.metrics import Metrics
-from lensemble.network.security import Authenticator
-from lensemble.network.service import CoordinatorService
+from lensemble.network.coordinator import download_server
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.service import CoordinatorService
+from lensemble.network.launch.launcher import free_port
+from lensemble.network.participant import download_client
+from lensemble.network.shared import download_protocol as protocol
+from lensemble.network.shared.metrics import Metrics
 from tests.support.federation import PARTICIPANTS, build, initial_params
 from tests.support.network import LiveCoordinator, ParticipantThread, network_mapping, write_config
 
@@ -137,7 +139,7 @@ class _Transport:
 
     def refused(self, reason: str) -> float:
         sample = self.metrics.registry.get_sample_value(
-            "lensemble_refused_calls_total", {"rpc": md.RPC_LABEL, "reason": reason}
+            "lensemble_refused_calls_total", {"rpc": download_server.RPC_LABEL, "reason": reason}
         )
         return sample or 0.0
 
@@ -146,10 +148,10 @@ class _Served:
     def __init__(self, config: LensembleConfig, payload: bytes, **limits: Any) -> None:
         self.config = config
         self.transport = _Transport(payload)
-        self.server = md.ModelDownloadServer(
+        self.server = download_server.ModelDownloadServer(
             self.transport,
             Authenticator(config, config.participant_ids),
-            md.server_context(config),
+            download_server.server_context(config),
             host="127.0.0.1",
             port=0,
             max_connections=limits.get("max_connections", 4),
@@ -159,8 +161,8 @@ class _Served:
         )
         self.port = self.server.start()
 
-    def downloader(self, pid: str = "alpha") -> md.ModelDownloader:
-        downloader = md.ModelDownloader(self.config, pid, None, lambda n: None)
+    def downloader(self, pid: str = "alpha") -> download_client.ModelDownloader:
+        downloader = download_client.ModelDownloader(self.config, pid, None, lambda n: None)
         downloader.port = self.port
         return downloader
 
@@ -223,7 +225,7 @@ def test_a_participant_gets_the_exact_payload_and_the_bytes_are_counted(served: 
 def test_a_refused_download_sends_no_model_byte(
     served: _Served, request_fields: dict[str, str], reason: str
 ) -> None:
-    with pytest.raises(md.DownloadUnavailable, match=reason):
+    with pytest.raises(download_client.DownloadUnavailable, match=reason):
         served.fetch(**request_fields)
     assert served.transport.refused(reason) == 1
     assert served.transport.down == 0
@@ -233,7 +235,9 @@ def test_a_certificate_for_one_participant_cannot_download_as_another(served: _S
     thief = served.downloader("bravo")
     thief.id = "alpha"  # bravo's certificate, alpha's name
     size = len(served.transport.payload)
-    with pytest.raises(md.DownloadUnavailable, match="does not identify participant 'alpha'"):
+    with pytest.raises(
+        download_client.DownloadUnavailable, match="does not identify participant 'alpha'"
+    ):
         thief.fetch(SESSION, MODEL_HASH, size, size)
     assert served.transport.refused("bad_credentials") == 1
     assert served.transport.down == 0
@@ -242,7 +246,9 @@ def test_a_certificate_for_one_participant_cannot_download_as_another(served: _S
 def test_a_client_without_a_certificate_is_refused_in_the_handshake(served: _Served) -> None:
     with pytest.raises((ssl.SSLError, OSError)):
         conn = served.tls_client(pid=None)
-        conn.sendall(md.encode_request(md.DownloadRequest("alpha", SESSION, MODEL_HASH)))
+        conn.sendall(
+            protocol.encode_request(protocol.DownloadRequest("alpha", SESSION, MODEL_HASH))
+        )
         assert conn.recv(1) == b""  # TLS 1.3 reports the refused certificate on first read
         raise ConnectionError("closed")
     _eventually(lambda: served.transport.refused("bad_credentials") == 1)
@@ -252,8 +258,8 @@ def test_a_client_without_a_certificate_is_refused_in_the_handshake(served: _Ser
 def _refusal(conn: socket.socket) -> dict[str, Any]:
     import json
 
-    head = conn.recv(len(md.MAGIC) + 1 + 2)
-    assert head[: len(md.MAGIC)] == md.MAGIC and head[len(md.MAGIC)] == 1
+    head = conn.recv(len(protocol.MAGIC) + 1 + 2)
+    assert head[: len(protocol.MAGIC)] == protocol.MAGIC and head[len(protocol.MAGIC)] == 1
     (size,) = struct.unpack(">H", head[-2:])
     body = b""
     while len(body) < size:
@@ -265,18 +271,18 @@ def _refusal(conn: socket.socket) -> dict[str, Any]:
     "sent",
     [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        md.MAGIC + struct.pack(">I", 0xFFFFFFFF),  # a 4 GiB body: refused before reading it
-        md.MAGIC + struct.pack(">I", 0),
-        md.MAGIC + struct.pack(">I", 5) + b"[1,2]",
-        md.MAGIC + struct.pack(">I", 4) + b"\xff\xfe\x00\x01",
+        protocol.MAGIC + struct.pack(">I", 0xFFFFFFFF),  # a 4 GiB body: refused before reading it
+        protocol.MAGIC + struct.pack(">I", 0),
+        protocol.MAGIC + struct.pack(">I", 5) + b"[1,2]",
+        protocol.MAGIC + struct.pack(">I", 4) + b"\xff\xfe\x00\x01",
     ],
     ids=["http", "huge-length", "empty", "not-an-object", "not-utf8"],
 )
 def test_a_malformed_request_is_refused_by_name(served: _Served, sent: bytes) -> None:
     with served.tls_client() as conn:
-        conn.sendall(sent.ljust(len(md.MAGIC) + 4, b" "))
-        assert _refusal(conn)["reason"] == md.BAD_REQUEST
-    assert served.transport.refused(md.BAD_REQUEST) == 1
+        conn.sendall(sent.ljust(len(protocol.MAGIC) + 4, b" "))
+        assert _refusal(conn)["reason"] == protocol.BAD_REQUEST
+    assert served.transport.refused(protocol.BAD_REQUEST) == 1
     assert served.transport.down == 0
 
 
@@ -284,7 +290,7 @@ def test_a_silent_connection_holds_a_slot_for_at_most_the_timeout(mtls: Lensembl
     served = _Served(mtls, os.urandom(1 << 20), max_connections=1, timeout_s=0.5)
     try:
         silent = socket.create_connection(("127.0.0.1", served.port))  # never shakes hands
-        with pytest.raises(md.DownloadUnavailable):
+        with pytest.raises(download_client.DownloadUnavailable):
             served.fetch()  # the one slot is taken: closed at once
         _eventually(lambda: served.transport.refused("busy") == 1)
         _eventually(lambda: served.transport.refused("call_deadline") == 1)
@@ -299,9 +305,11 @@ def test_one_participant_holds_one_download_at_a_time_and_stop_cuts_it(
 ) -> None:
     served = _Served(mtls, os.urandom(64 << 20))
     stalled = served.tls_client("alpha")
-    stalled.sendall(md.encode_request(md.DownloadRequest("alpha", SESSION, MODEL_HASH)))
-    assert stalled.recv(len(md.MAGIC)) == md.MAGIC  # the download started; it is never read
-    with pytest.raises(md.DownloadUnavailable, match="already downloading"):
+    stalled.sendall(protocol.encode_request(protocol.DownloadRequest("alpha", SESSION, MODEL_HASH)))
+    assert (
+        stalled.recv(len(protocol.MAGIC)) == protocol.MAGIC
+    )  # the download started; it is never read
+    with pytest.raises(download_client.DownloadUnavailable, match="already downloading"):
         served.fetch("alpha")
     assert served.fetch("bravo") == served.transport.payload  # others are not held up
     served.close()
@@ -325,7 +333,8 @@ def test_one_connection_serves_every_round_and_an_idle_one_is_replaced(
         assert served.transport.down == 4 * size
         assert (
             served.transport.metrics.registry.get_sample_value(
-                "lensemble_refused_calls_total", {"rpc": md.RPC_LABEL, "reason": "call_deadline"}
+                "lensemble_refused_calls_total",
+                {"rpc": download_server.RPC_LABEL, "reason": "call_deadline"},
             )
             is None
         )  # an idle connection closing is no refusal
@@ -338,7 +347,7 @@ def test_a_participant_holds_at_most_two_connections(served: _Served) -> None:
     size = len(served.transport.payload)
     for downloader in kept:
         downloader.fetch(SESSION, MODEL_HASH, size, size)
-    with pytest.raises(md.DownloadUnavailable, match="already holds"):
+    with pytest.raises(download_client.DownloadUnavailable, match="already holds"):
         served.fetch("alpha")
     assert served.fetch("bravo") == served.transport.payload
     kept[0].close()
@@ -351,12 +360,16 @@ def test_a_connection_that_served_one_participant_serves_no_other(tmp_path: Path
     served = _Served(config, os.urandom(1 << 16))
     try:
         with socket.create_connection(("127.0.0.1", served.port), timeout=5) as conn:
-            conn.sendall(md.encode_request(md.DownloadRequest("alpha", SESSION, MODEL_HASH)))
-            want = len(md.MAGIC) + 1 + 8 + len(served.transport.payload)
+            conn.sendall(
+                protocol.encode_request(protocol.DownloadRequest("alpha", SESSION, MODEL_HASH))
+            )
+            want = len(protocol.MAGIC) + 1 + 8 + len(served.transport.payload)
             got = b""
             while len(got) < want:
                 got += conn.recv(want - len(got))
-            conn.sendall(md.encode_request(md.DownloadRequest("bravo", SESSION, MODEL_HASH)))
+            conn.sendall(
+                protocol.encode_request(protocol.DownloadRequest("bravo", SESSION, MODEL_HASH))
+            )
             assert "one participant" in _refusal(conn)["message"]
     finally:
         served.close()
@@ -369,10 +382,10 @@ def test_token_auth_checks_the_token_on_the_download_port(tmp_path: Path) -> Non
     _, config = write_config(tmp_path, mapping)
     tokens = {pid: f"{pid}-token-{'x' * 24}" for pid in PARTICIPANTS}
     transport = _Transport(os.urandom(2 << 20))
-    server = md.ModelDownloadServer(
+    server = download_server.ModelDownloadServer(
         transport,
         Authenticator(config, config.participant_ids, tokens),
-        md.server_context(config),
+        download_server.server_context(config),
         host="127.0.0.1",
         port=0,
         max_connections=4,
@@ -384,12 +397,12 @@ def test_token_auth_checks_the_token_on_the_download_port(tmp_path: Path) -> Non
     try:
         size = len(transport.payload)
         for token, works in ((tokens["alpha"], True), (tokens["bravo"], False), (None, False)):
-            downloader = md.ModelDownloader(config, "alpha", token, lambda n: None)
+            downloader = download_client.ModelDownloader(config, "alpha", token, lambda n: None)
             downloader.port = port
             if works:
                 assert downloader.fetch(SESSION, MODEL_HASH, size, size) == transport.payload
             else:
-                with pytest.raises(md.DownloadUnavailable, match="bearer token"):
+                with pytest.raises(download_client.DownloadUnavailable, match="bearer token"):
                     downloader.fetch(SESSION, MODEL_HASH, size, size)
         assert transport.refused("bad_credentials") == 2
     finally:
@@ -405,7 +418,7 @@ def _hostile_coordinator(answer: bytes) -> tuple[int, threading.Thread]:
         with listener:
             conn, _ = listener.accept()
             with conn:
-                conn.recv(md.MAX_REQUEST_BYTES + 64)
+                conn.recv(protocol.MAX_REQUEST_BYTES + 64)
                 conn.sendall(answer)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -417,10 +430,19 @@ def _hostile_coordinator(answer: bytes) -> tuple[int, threading.Thread]:
     ("answer", "error"),
     [
         (b"HTTP/1.1 200 OK\r\n\r\n", PayloadError),
-        (md.MAGIC + b"\x07", PayloadError),
-        (md.MAGIC + b"\x00" + struct.pack(">Q", 1 << 40), PayloadError),  # not the announced size
-        (md.MAGIC + b"\x00" + struct.pack(">Q", 1000) + b"x" * 10, md.DownloadUnavailable),
-        (md.MAGIC + b"\x01" + struct.pack(">H", 9) + b"\x1b[2Jhello", md.DownloadUnavailable),
+        (protocol.MAGIC + b"\x07", PayloadError),
+        (
+            protocol.MAGIC + b"\x00" + struct.pack(">Q", 1 << 40),
+            PayloadError,
+        ),  # not the announced size
+        (
+            protocol.MAGIC + b"\x00" + struct.pack(">Q", 1000) + b"x" * 10,
+            download_client.DownloadUnavailable,
+        ),
+        (
+            protocol.MAGIC + b"\x01" + struct.pack(">H", 9) + b"\x1b[2Jhello",
+            download_client.DownloadUnavailable,
+        ),
     ],
     ids=["not-ours", "unknown-status", "other-size", "cut-short", "refused-with-escapes"],
 )
@@ -429,7 +451,7 @@ def test_a_hostile_coordinator_cannot_hand_over_a_wrong_model(
 ) -> None:
     _, config = write_config(tmp_path, _plaintext(network_mapping(tmp_path, rounds=1)))
     port, thread = _hostile_coordinator(answer)
-    downloader = md.ModelDownloader(config, "alpha", None, lambda n: None)
+    downloader = download_client.ModelDownloader(config, "alpha", None, lambda n: None)
     downloader.port = port
     with pytest.raises(error) as info:
         downloader.fetch(SESSION, MODEL_HASH, 1000, 1 << 20)

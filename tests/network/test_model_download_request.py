@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lensemble.network import model_download as md
+from lensemble.network.shared import download_protocol as protocol
 
 pytestmark = pytest.mark.unit
 
@@ -15,10 +15,10 @@ SESSION = "0123456789abcdef"
 
 
 def test_a_request_round_trips() -> None:
-    request = md.DownloadRequest("alpha", SESSION, MODEL_HASH, "t" * 40)
-    wire = md.encode_request(request)
-    assert wire.startswith(md.MAGIC)
-    assert md.parse_request(wire[len(md.MAGIC) + 4 :]) == request
+    request = protocol.DownloadRequest("alpha", SESSION, MODEL_HASH, "t" * 40)
+    wire = protocol.encode_request(request)
+    assert wire.startswith(protocol.MAGIC)
+    assert protocol.parse_request(wire[len(protocol.MAGIC) + 4 :]) == request
 
 
 @pytest.mark.parametrize(
@@ -33,18 +33,20 @@ def test_a_request_round_trips() -> None:
     ids=["missing", "unknown", "not-a-string", "too-long", "deep-nesting"],
 )
 def test_a_malformed_request_body_is_named(body: bytes, named: str) -> None:
-    said = md.parse_request(body)
+    said = protocol.parse_request(body)
     assert isinstance(said, str) and named in said
 
 
 def test_no_bytes_make_the_request_parser_raise() -> None:
     rng = random.Random(19)
-    good = md.encode_request(md.DownloadRequest("alpha", SESSION, MODEL_HASH))[len(md.MAGIC) + 4 :]
+    good = protocol.encode_request(protocol.DownloadRequest("alpha", SESSION, MODEL_HASH))[
+        len(protocol.MAGIC) + 4 :
+    ]
     for _ in range(3000):
         body = bytearray(good)
         for _ in range(rng.randint(1, 8)):
             body[rng.randrange(len(body))] = rng.randrange(256)
-        result = md.parse_request(bytes(body))
-        assert isinstance(result, (str, md.DownloadRequest))
+        result = protocol.parse_request(bytes(body))
+        assert isinstance(result, (str, protocol.DownloadRequest))
     for _ in range(500):
-        assert isinstance(md.parse_request(rng.randbytes(rng.randint(0, 200))), str)
+        assert isinstance(protocol.parse_request(rng.randbytes(rng.randint(0, 200))), str)

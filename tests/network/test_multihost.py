@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.network.certs import init_certs
+from lensemble.network.shared.certs import init_certs
 from tests.support.federation import PARTICIPANTS
 from tests.support.network import (
     NETPROC,
@@ -100,7 +100,7 @@ def hosts() -> Iterator[Hosts]:
 def test_cut_link_round_completes_elastically_then_the_participant_returns(
     tmp_path: Path, hosts: Hosts
 ) -> None:
-    from lensemble.network.launcher import LocalFederation
+    from lensemble.network.launch.launcher import LocalFederation
 
     # Rounds close as soon as every present participant is judged, so the run could end before
     # the cut participant is back: alpha holds round 3 open until charlie has returned.

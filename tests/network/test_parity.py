@@ -19,7 +19,7 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import LensembleError
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
-from lensemble.network.transport_errors import ShutdownRequested
+from lensemble.network.shared.transport_errors import ShutdownRequested
 from tests.support.faulty_network import FaultyParticipantThread
 from tests.support.federation import build
 from tests.support.network import LiveCoordinator, network_mapping, write_config

@@ -27,21 +27,23 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import ConfigError, PayloadError, UsageError
 from lensemble.federation.spool import UpdateSpool
 from lensemble.machinery.fresh_bytes import LARGE
-from lensemble.network.backoff import Backoff
-from lensemble.network.certs import (
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.participant.backoff import Backoff
+from lensemble.network.participant.call_errors import Failure, classify
+from lensemble.network.shared.certs import (
     certificate_identities,
     check_own_certificate,
     coordinator_names,
     init_certs,
 )
-from lensemble.network.health import READINESS_SERVICE, HealthServer, check
-from lensemble.network.identity import identity_path, resolve_participant_id
-from lensemble.network.metrics import Metrics, MetricsServer
-from lensemble.network.participant_client import Failure, classify
-from lensemble.network.ready_announce import StdoutGuard, ready_line
-from lensemble.network.security import Authenticator, coordinator_tokens, participant_token
-from lensemble.network.streams import Assembler, TooLarge, chunk_count, chunks
-from lensemble.network.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
+from lensemble.network.shared.health import READINESS_SERVICE, HealthServer, check
+from lensemble.network.shared.identity import identity_path, resolve_participant_id
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.metrics_server import MetricsServer
+from lensemble.network.shared.ready_announce import StdoutGuard, ready_line
+from lensemble.network.shared.security import coordinator_tokens, participant_token
+from lensemble.network.shared.streams import Assembler, TooLarge, chunk_count, chunks
+from lensemble.network.shared.transport_errors import CURRENT_ROUND_KEY, REASON_KEY
 from tests.support.network import network_mapping
 
 TOKENS = {pid: f"{pid}-secret-token-0123456789" for pid in ("alpha", "bravo", "charlie", "delta")}
@@ -336,7 +338,7 @@ def test_ready_line_is_one_json_object_with_the_contract_fields() -> None:
 def test_stdout_guard_sends_stray_output_to_stderr_and_emits_one_line(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from lensemble.network.ready_announce import StdoutGuard\n"
+        "from lensemble.network.shared.ready_announce import StdoutGuard\n"
         "guard = StdoutGuard(); guard.claim()\n"
         "print('stray python print'); sys.stdout.flush(); os.write(1, b'stray C write\\n')\n"
         'guard.emit(\'{"event": "ready"}\')\n'
@@ -397,7 +399,7 @@ def test_metrics_are_served_only_at_the_configured_path() -> None:
 
 
 def test_insecure_mode_logs_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from lensemble.network.security import warn_if_insecure
+    from lensemble.network.shared.security import warn_if_insecure
 
     config = _config(tmp_path, auth="insecure", tls={"enabled": False})
     with caplog.at_level(logging.WARNING, logger="lensemble"):
@@ -411,7 +413,7 @@ def test_the_network_coordinator_drops_a_built_theta0_once_it_has_its_own_copy(
 ) -> None:
     # theta_0 is a model's worth of memory that nothing needs after the coordinator copied it:
     # by the time the transport is built (before any round), no tensor of it may be alive.
-    from lensemble.network import process
+    from lensemble.network.launch import process
     from tests.support.federation import initial_params
 
     built: list[weakref.ref[torch.Tensor]] = []
@@ -473,7 +475,7 @@ def test_presence_logs_present_once_at_the_first_beat_after_a_broken_stream(
 ) -> None:
     # Tests (and operators) wait on this event to know the coordinator counts the participant
     # again after a cut; it must not fire for a healthy first stream or for every beat.
-    from lensemble.network.participant_client import CoordinatorClient
+    from lensemble.network.participant.client import CoordinatorClient
 
     config = _config(tmp_path, auth="insecure", tls={"enabled": False}, rpc_timeout_s=0.01)
     client = CoordinatorClient(config, "alpha")

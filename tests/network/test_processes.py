@@ -1,6 +1,6 @@
 """Coordinator and participants as real processes on loopback (mTLS): crashes and shutdown.
 
-The processes run the production process code (:mod:`lensemble.network.process`) through
+The processes run the production process code (:mod:`lensemble.network.launch.process`) through
 ``tests.support.netproc`` with the tiny quadratic learner, so rounds take milliseconds and each
 test is dominated by process start-up. ``--block-round`` parks a participant inside its training
 of one round, which lets a test crash it (or the coordinator) at an exact point, with no timing
@@ -22,7 +22,7 @@ from lensemble.config.load import validate_mapping
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
-from lensemble.network.health import READINESS_SERVICE, check
+from lensemble.network.shared.health import READINESS_SERVICE, check
 from tests.support.federation import build
 from tests.support.network import chain, federation, ledger, network_mapping, write_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_service_has_the_contracted_rpcs() -> None:
-    from lensemble.network.proto import lensemble_pb2 as pb
+    from lensemble.network.shared.proto import lensemble_pb2 as pb
 
     service = pb.DESCRIPTOR.services_by_name["Coordinator"]
     assert service.full_name == "lensemble.v1.Coordinator"

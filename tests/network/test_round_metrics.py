@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lensemble.federation.ledger import RoundRecord
-from lensemble.network.metrics import Metrics
+from lensemble.network.shared.metrics import Metrics
 
 PIDS = ["alpine", "coastal", "desert"]
 

@@ -18,8 +18,8 @@ from lensemble.federation.checkpoint import InnerStateStore
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import encode, manifest, model_hash
-from lensemble.network.participant_client import CoordinatorClient
-from lensemble.network.proto import lensemble_pb2 as pb
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.shared.proto import lensemble_pb2 as pb
 from tests.support.federation import (
     QuadraticLearner,
     initial_params,

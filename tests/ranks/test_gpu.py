@@ -10,7 +10,7 @@ import torch
 from lensemble.config import load_config
 from lensemble.data.trajectories import load_or_collect
 from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
-from lensemble.network.launcher import free_port
+from lensemble.network.launch.launcher import free_port
 from lensemble.ranks.learner import RankGroupLearner
 from tests.ranks.test_rank_group import CONFIG, SMALL
 

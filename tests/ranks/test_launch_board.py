@@ -10,7 +10,7 @@ from torch.distributed import TCPStore
 
 from lensemble.config.schema import RankLayout
 from lensemble.errors import RankFailure
-from lensemble.network.launcher import free_port
+from lensemble.network.launch.launcher import free_port
 from lensemble.ranks.launch import LaunchBoard, new_run_id
 
 

@@ -28,7 +28,7 @@ from lensemble.data.trajectories import load_or_collect
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
 from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
-from lensemble.network.launcher import free_port
+from lensemble.network.launch.launcher import free_port
 from lensemble.ranks.launch import ELASTIC_LOGGER, SPAWN_LOGGER
 from lensemble.ranks.learner import RankGroupLearner
 from lensemble.simulation.in_process import run_in_process

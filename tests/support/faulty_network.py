@@ -27,7 +27,8 @@ from lensemble.federation.faults import FaultPlan, damage
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import manifest
-from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
 from tests.support.federation import QuadraticLearner, initial_params
 
 #: How often a delayed participant looks whether its attempt has closed (seconds).

@@ -1,7 +1,7 @@
 """Coordinator and participant processes with the tiny ``QuadraticLearner``, for fast tests.
 
 Same command line as ``lensemble coordinator`` / ``lensemble participant`` and the same process
-code (:mod:`lensemble.network.process`); only the model differs (milliseconds per round instead
+code (:mod:`lensemble.network.launch.process`); only the model differs (milliseconds per round instead
 of the world model), plus one test hook: ``--block-round K --markers DIR`` makes the participant
 stop inside its training of round K (it writes ``DIR/<id>-r<K>.blocked`` and waits for
 ``DIR/<id>-r<K>.release``), so a test can crash it, or its coordinator, at an exact point. A restarted
@@ -61,9 +61,10 @@ class BlockingLearner:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lensemble.network.identity import resolve_participant_id
-    from lensemble.network.process import PortOptions, run_coordinator, run_participant
-    from lensemble.network.transport_errors import ShutdownRequested
+    from lensemble.network.launch.harness import PortOptions
+    from lensemble.network.launch.process import run_coordinator, run_participant
+    from lensemble.network.shared.identity import resolve_participant_id
+    from lensemble.network.shared.transport_errors import ShutdownRequested
 
     parser = argparse.ArgumentParser(prog="netproc")
     parser.add_argument("role", choices=["coordinator", "participant"])

@@ -12,8 +12,8 @@ import yaml
 from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import Ledger, RoundRecord, committed_chain
-from lensemble.network.certs import init_certs
-from lensemble.network.launcher import LocalFederation, free_port
+from lensemble.network.launch.launcher import LocalFederation, free_port
+from lensemble.network.shared.certs import init_certs
 from tests.support.federation import small_federation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,12 +80,13 @@ class LiveCoordinator:
 
     def __init__(self, config: LensembleConfig, output_dir: Path | None = None) -> None:
         from lensemble.federation.coordinator import Coordinator
-        from lensemble.network.coordinator_transport import GrpcCoordinatorTransport
-        from lensemble.network.metrics import Metrics
-        from lensemble.network.model_download import start_model_download
-        from lensemble.network.process import CoordinatorEvents
-        from lensemble.network.security import Authenticator, coordinator_tokens, server_credentials
-        from lensemble.network.service import start_coordinator_server
+        from lensemble.network.coordinator.authenticator import Authenticator
+        from lensemble.network.coordinator.download_server import start_model_download
+        from lensemble.network.coordinator.round_events import CoordinatorEvents
+        from lensemble.network.coordinator.server import start_coordinator_server
+        from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+        from lensemble.network.shared.metrics import Metrics
+        from lensemble.network.shared.security import coordinator_tokens, server_credentials
         from tests.support.federation import initial_params
 
         self.config = config
@@ -150,7 +151,8 @@ class ParticipantThread:
     ) -> None:
         from lensemble.federation.participant import Participant
         from lensemble.federation.payload import manifest
-        from lensemble.network.participant_client import CoordinatorClient, ParticipantLoop
+        from lensemble.network.participant.client import CoordinatorClient
+        from lensemble.network.participant.loop import ParticipantLoop
         from tests.support.federation import QuadraticLearner, initial_params
 
         theta0 = initial_params(config.run.root_seed)

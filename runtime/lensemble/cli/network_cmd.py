@@ -19,7 +19,7 @@ from lensemble.render.container import CONFIG_PATH, TLS_DIR
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
-    from lensemble.network.process import PortOptions
+    from lensemble.network.launch.harness import PortOptions
 
 app = typer.Typer()
 certs_app = typer.Typer(
@@ -96,7 +96,7 @@ def _quiet_grpc_core() -> None:
 
 def _ports(port: int | None, health_port: int | None, metrics_port: int | None) -> PortOptions:
     _quiet_grpc_core()
-    from lensemble.network.process import PortOptions
+    from lensemble.network.launch.harness import PortOptions
 
     return PortOptions(port=port, health_port=health_port, metrics_port=metrics_port)
 
@@ -108,8 +108,8 @@ def _stopped() -> typer.Exit:
 
 def _run_coordinator(cfg: LensembleConfig, ports: PortOptions, *, linger: bool = False) -> None:
     from lensemble.model.inner_loop import initial_global_parameters
-    from lensemble.network.process import run_coordinator
-    from lensemble.network.transport_errors import ShutdownRequested
+    from lensemble.network.launch.process import run_coordinator
+    from lensemble.network.shared.transport_errors import ShutdownRequested
 
     try:
         # A builder, not the tensors: the coordinator keeps only its own copy of theta_0.
@@ -127,14 +127,14 @@ def _run_participant(
     faults: str = "",
 ) -> None:
     from lensemble.federation.faults import participant_faults
-    from lensemble.network.identity import resolve_participant_id
+    from lensemble.network.shared.identity import resolve_participant_id
 
     pid = resolve_participant_id(cfg, participant_id, os.environ)
     plan = participant_faults(faults, cfg.participant_ids, pid)
     from lensemble.learner import Learner
     from lensemble.model.inner_loop import initial_global_parameters
-    from lensemble.network.process import run_participant
-    from lensemble.network.transport_errors import ShutdownRequested
+    from lensemble.network.launch.process import run_participant
+    from lensemble.network.shared.transport_errors import ShutdownRequested
     from lensemble.ranks.learner import build_learner
     from lensemble.ranks.placement import node_rank
 
@@ -257,7 +257,7 @@ def health(
     timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="Deadline (seconds)."),
 ) -> None:
     """Exit 0 when the process at HOST:PORT reports SERVING, 1 otherwise (container HEALTHCHECK)."""
-    from lensemble.network.health import LIVENESS_SERVICE, READINESS_SERVICE, check
+    from lensemble.network.shared.health import LIVENESS_SERVICE, READINESS_SERVICE, check
 
     service = READINESS_SERVICE if ready else LIVENESS_SERVICE
     status = check(host, port, service, timeout)
@@ -302,7 +302,7 @@ def certs_init(
     'coordinator' and every participant id. An existing CA in OUTDIR is reused unless it has
     expired or expires within network.tls.expiry_warning_days: then a new CA replaces it.
     """
-    from lensemble.network.certs import init_certs
+    from lensemble.network.shared.certs import init_certs
 
     cfg = _config(config, set_)
     issued = init_certs(outdir, cfg, hosts or [])

@@ -239,7 +239,7 @@ def _run_network(
 
     from lensemble.federation.payload import manifest
     from lensemble.model.inner_loop import initial_global_parameters
-    from lensemble.network.payload_limits import payload_limits
+    from lensemble.network.shared.payload_limits import payload_limits
     from lensemble.simulation.local_processes import run_local_processes
 
     # A message cap below the model's wire size is refused here (exit 2), before any process.

@@ -12,7 +12,7 @@ finish` hands it out, and only once every byte has been written, so no uninitial
 ever seen. Small payloads, and any interpreter without that C API, use a ``bytearray``.
 
 A builder made with ``recycle=True`` (the encoder of outgoing payloads, and the assembler of
-incoming streams, ``lensemble.network.streams.Assembler``) also keeps the last object it
+incoming streams, ``lensemble.network.shared.streams.Assembler``) also keeps the last object it
 finished, and the next such builder of the same size writes over it instead of faulting in new
 pages, but only when nothing else holds it any more: its reference count shows the slot is its
 only holder. Every view of a ``bytes`` object (``memoryview``, numpy, ``torch.frombuffer``)

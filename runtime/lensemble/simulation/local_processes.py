@@ -31,15 +31,15 @@ from lensemble.federation.faults import FaultPlan
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
-from lensemble.network.certs import init_certs
-from lensemble.network.identity import COORDINATOR_IDENTITY
-from lensemble.network.launcher import (
+from lensemble.network.launch.launcher import (
     LENSEMBLE_PROGRAM,
     LocalFederation,
     ManagedProcess,
     ProcessFailed,
     free_port,
 )
+from lensemble.network.shared.certs import init_certs
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY
 from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
 from lensemble.simulation.output import fresh_output, write_metrics

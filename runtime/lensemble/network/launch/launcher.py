@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.errors import LensembleError, RoundError
-from lensemble.network.identity import COORDINATOR_IDENTITY
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY
 
 #: The ``lensemble`` CLI as a program prefix (no dependence on PATH).
 LENSEMBLE_PROGRAM = (sys.executable, "-c", "from lensemble.cli import main; main()")

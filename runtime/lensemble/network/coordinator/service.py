@@ -1,172 +1,46 @@
-"""The gRPC servicer of ``lensemble.v1.Coordinator`` and the server that hosts it.
+"""The gRPC servicer of ``lensemble.v1.Coordinator``: the handlers of its seven RPCs.
 
-Handlers authenticate every call (:class:`~lensemble.network.security.Authenticator`), check the
-coordinator session, and translate between protobuf messages and the transport. A refusal ends
-the call with a gRPC status plus the trailing metadata ``lensemble-reason`` and
-``lensemble-current-round``, so the participant can tell the causes apart without parsing text.
+The call guard authenticated the caller before a handler runs
+(:mod:`lensemble.network.coordinator.call_guard`); handlers check that the request names the
+same participant, check the coordinator session, and translate between protobuf messages and
+the transport. A refusal ends the call with a gRPC status plus the trailing metadata
+``lensemble-reason`` and ``lensemble-current-round``, so the participant can tell the causes
+apart without parsing text.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
-from concurrent import futures
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from lensemble import __version__
-from lensemble.config import LensembleConfig
 from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
-from lensemble.federation.payload import TensorSpec
-from lensemble.network import transport_errors as nerr
-from lensemble.network.call_guard import (
-    CallGuard,
-    CallPolicy,
-    claimed_participant,
-    extend_deadline,
-    pool_size,
-)
-from lensemble.network.coordinator_transport import GrpcCoordinatorTransport, Rejection
-from lensemble.network.health import NO_REUSEPORT, bind_port
-from lensemble.network.payload_limits import payload_limits
-from lensemble.network.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
-from lensemble.network.proto import lensemble_pb2 as pb
-from lensemble.network.proto import lensemble_pb2_grpc as pb_grpc
-from lensemble.network.security import Authenticator
-from lensemble.network.streams import (
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.call_guard import claimed_participant, extend_deadline
+from lensemble.network.coordinator.rejection import Rejection
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.frames import MODEL_DATA_FIELD, UpdateFrame
+from lensemble.network.shared.grpc_options import presence_window_s
+from lensemble.network.shared.peer_text import ABSTAIN_LIMITS, JOIN_LIMITS, oversized_field
+from lensemble.network.shared.proto import lensemble_pb2 as pb
+from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.streams import (
     Assembler,
-    FrameError,
     TooLarge,
     chunk_count,
     chunks,
-    grpc_message_limit,
-    split_bytes_field,
     with_bytes_field,
 )
-
-#: Field number of ``ModelChunk.data`` (its last field, lensemble.proto).
-MODEL_DATA_FIELD = pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number
-#: Field number of ``UpdateChunk.data`` (its last field): participants frame it, SubmitUpdate
-#: splits it.
-UPDATE_DATA_FIELD = pb.UpdateChunk.DESCRIPTOR.fields_by_name["data"].number
-
-
-@dataclass(frozen=True)
-class UpdateFrame:
-    """One received ``UpdateChunk``, as :func:`parse_update_frame` read it.
-
-    Attributes:
-        header: The header (the first chunk's), or None.
-        data: The chunk's payload bytes: a view of the received frame, not a copy.
-        error: Why the frame is malformed (then ``header`` is None and ``data`` empty), else
-            None.
-    """
-
-    header: pb.UpdateHeader | None
-    data: memoryview
-    error: str | None = None
-
-
-def parse_update_frame(raw: bytes) -> UpdateFrame:
-    """SubmitUpdate's request deserializer: never raises, whatever the peer sent.
-
-    The data field is split off without a copy (:func:`streams.split_bytes_field`), and only
-    the rest is parsed by protobuf; a malformed frame becomes an :class:`UpdateFrame` with
-    ``error`` set, which the handler refuses as ``bad_payload``.
-    """
-    try:
-        other, data = split_bytes_field(raw, UPDATE_DATA_FIELD)
-        message = pb.UpdateChunk.FromString(other)
-    except FrameError as exc:
-        return UpdateFrame(None, memoryview(b""), exc.message)
-    except DecodeError:
-        return UpdateFrame(None, memoryview(b""), "a chunk frame is not a valid UpdateChunk.")
-    return UpdateFrame(message.header if message.HasField("header") else None, data)
-
-
-@dataclass(frozen=True)
-class ModelFrame:
-    """One received ``ModelChunk``, as :func:`parse_model_frame` read it.
-
-    Attributes:
-        total_bytes: The payload's declared size (bytes; set in the first chunk only, else 0).
-        data: The chunk's payload bytes: a view of the received frame, not a copy.
-        error: Why the frame is malformed (then ``data`` is empty), else None.
-    """
-
-    total_bytes: int
-    data: memoryview
-    error: str | None = None
-
-
-def parse_model_frame(raw: bytes) -> ModelFrame:
-    """FetchModel's response deserializer (the participant's): never raises.
-
-    The participant's mirror of :func:`parse_update_frame`: the data field is taken as a view
-    of the frame gRPC handed over, where ``ModelChunk.FromString`` followed by ``.data`` copied
-    each chunk twice more (protobuf copies the field when parsing, and again on every access).
-    The coordinator is no more trusted than any peer: a malformed frame becomes a
-    :class:`ModelFrame` with ``error`` set, which the download refuses.
-    """
-    try:
-        other, data = split_bytes_field(raw, MODEL_DATA_FIELD)
-        message = pb.ModelChunk.FromString(other)
-    except FrameError as exc:
-        return ModelFrame(0, memoryview(b""), exc.message)
-    except DecodeError:
-        return ModelFrame(0, memoryview(b""), "a chunk frame is not a valid ModelChunk.")
-    return ModelFrame(message.total_bytes, data)
-
-
-#: The service's full name, as gRPC routes it.
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Coordinator"].full_name
-
-
-def keepalive_ms(config: LensembleConfig) -> int:
-    """Keepalive ping interval and ping-answer timeout (ms) of both sides: ``keepalive_s``."""
-    return max(1000, int(config.network.keepalive_s * 1000))
-
-
-def presence_window_s(config: LensembleConfig) -> float:
-    """How long one Presence stream lasts before the participant opens the next (seconds)."""
-    return max(1.0, min(60.0, config.network.max_connection_age_s / 2))
-
-
-def call_policy(config: LensembleConfig) -> CallPolicy:
-    """Server-side deadlines of every RPC (seconds) and the per-participant allowance.
-
-    Unary calls and the start of an upload get ``rpc_timeout_s``; a watch one more than its
-    window; a presence stream one more than its window; an upload is extended once its header
-    declares the size (see :meth:`CoordinatorService.SubmitUpdate`), and a model download once
-    the model's size is known, both to ``rpc_timeout_s`` per chunk plus one.
-    """
-    net = config.network
-    return CallPolicy(
-        per_participant=net.max_calls_per_participant,
-        deadline_s={
-            "WatchRounds": net.rpc_timeout_s * 1.5,
-            "Presence": presence_window_s(config) + net.rpc_timeout_s,
-        },
-        default_deadline_s=net.rpc_timeout_s,
-    )
 
 
 class _Aborted(Exception):
     """Raised by ``context.abort``; never escapes a handler."""
-
-
-def message_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """Options bounding one gRPC message to a chunk plus framing (channels and servers)."""
-    limit = grpc_message_limit(config.network.chunk_bytes)
-    return [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", limit),
-    ]
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -176,7 +50,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         transport: The coordinator transport the handlers feed.
         authenticator: Decides who a caller is.
         update_limit: Largest update payload accepted (bytes; see
-            :mod:`lensemble.network.payload_limits`).
+            :mod:`lensemble.network.shared.payload_limits`).
 
     Update streams land where the transport's :class:`~lensemble.federation.intake.Intake`
     says (the coordinator's spool files), never through the coordinator itself.
@@ -247,12 +121,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._abort(context, rejection, rpc=rpc)
 
     def _check_session(self, context: Any, session: str, rpc: str) -> None:
-        if session != self.transport.session:
-            rejection = Rejection(
-                nerr.STALE_SESSION,
-                "this coordinator restarted since you joined; join again.",
-                self.transport.collecting_round,
-            )
+        rejection = self.transport.stale_session(session)
+        if rejection is not None:
             self._abort(context, rejection, rpc=rpc)
 
     # -------------------------------------------------------------------------------- RPCs
@@ -315,7 +185,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         """Stream the open round's model payload in chunks of ``network.chunk_bytes``.
 
         Yields serialized ``ModelChunk`` messages (the handler's serializer passes them
-        through, see :func:`add_service`); the first also names the hash and total size.
+        through, see :func:`~lensemble.network.coordinator.server.add_service`); the first
+        also names the hash and total size.
         """
         self._authorize(context, request.participant_id, "FetchModel")
         self._check_session(context, request.session, "FetchModel")
@@ -345,7 +216,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[UpdateFrame], context: Any) -> pb.SubmitReply:
         """Receive one pseudo-gradient stream and return the coordinator's verdict.
 
-        The chunks arrive as :class:`UpdateFrame` (see :func:`add_service`).
+        The chunks arrive as :class:`~lensemble.network.shared.frames.UpdateFrame` (see
+        :func:`~lensemble.network.coordinator.server.add_service`).
         """
         transport = self.transport
         rpc = "SubmitUpdate"
@@ -545,130 +417,3 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 window_over.set()
                 return
             gone.wait(min(beat_s, remaining))
-
-
-def server_options(config: LensembleConfig) -> list[tuple[str, Any]]:
-    """The coordinator server's gRPC options: message size, stream window, keepalive, limits."""
-    net = config.network
-    ping_ms = keepalive_ms(config)
-    return [
-        NO_REUSEPORT,
-        *message_options(config),
-        # Ping every client; one that does not answer within keepalive_s is disconnected, which
-        # cancels its calls (and marks the participant absent).
-        ("grpc.keepalive_time_ms", ping_ms),
-        ("grpc.keepalive_timeout_ms", ping_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        # Accept the participants' own keepalive pings (the default refuses pings more often
-        # than every 5 minutes and closes the connection).
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", min(ping_ms, 5000) // 2),
-        ("grpc.http2.max_ping_strikes", 0),
-        # Each update stream may buffer one fixed window, not what grpcio's bandwidth-delay
-        # probing grows it to: N uploads at once held about 40 MB each at 10M parameters
-        # (docs/performance.md, "Memory independent of the number of participants").
-        ("grpc.http2.bdp_probe", 0),
-        ("grpc.http2.lookahead_bytes", net.upload_window_bytes),
-        # A connection with no call is closed; every connection is recycled after an age,
-        # calls in flight getting one more RPC deadline (longer than a presence window).
-        ("grpc.max_connection_idle_ms", int(net.max_connection_idle_s * 1000)),
-        ("grpc.max_connection_age_ms", int(net.max_connection_age_s * 1000)),
-        (
-            "grpc.max_connection_age_grace_ms",
-            int((presence_window_s(config) + 2 * net.rpc_timeout_s) * 1000),
-        ),
-    ]
-
-
-def _passthrough(frame: bytes) -> bytes:
-    return frame
-
-
-class _Handlers:
-    """Receives the method handlers the generated ``add_CoordinatorServicer_to_server`` makes."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, Any] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
-        self.handlers = dict(handlers)
-
-
-def add_service(service: CoordinatorService, server: Any) -> None:
-    """Register ``service`` on ``server`` as the generated code does, FetchModel's frames as is.
-
-    ``FetchModel`` yields serialized ``ModelChunk`` frames (:func:`streams.with_bytes_field`),
-    so its response serializer passes bytes through; ``SubmitUpdate`` reads its chunks with
-    :func:`parse_update_frame` (the data as a view of the frame); every other method keeps the
-    generated protobuf handlers.
-    """
-    collected = _Handlers()
-    pb_grpc.add_CoordinatorServicer_to_server(service, collected)  # type: ignore[no-untyped-call]
-    handlers = collected.handlers
-    generated = handlers["FetchModel"]
-    handlers["FetchModel"] = grpc.unary_stream_rpc_method_handler(
-        service.FetchModel,
-        request_deserializer=generated.request_deserializer,
-        response_serializer=_passthrough,
-    )
-    handlers["SubmitUpdate"] = grpc.stream_unary_rpc_method_handler(
-        service.SubmitUpdate,
-        request_deserializer=parse_update_frame,
-        response_serializer=handlers["SubmitUpdate"].response_serializer,
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
-
-
-def start_coordinator_server(
-    transport: GrpcCoordinatorTransport,
-    authenticator: Authenticator,
-    credentials: Any,
-    *,
-    host: str,
-    port: int,
-    architecture: Mapping[str, TensorSpec],
-) -> tuple[Any, int]:
-    """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
-
-    Args:
-        transport: The coordinator transport.
-        authenticator: Who callers are.
-        credentials: ``grpc.ServerCredentials``, or None for plaintext (``tls.enabled: false``).
-        host: Bind address (``network.listen_host``).
-        port: TCP port; 0 picks a free one.
-        architecture: The global model's parameters (name -> spec): sets the update cap.
-
-    Returns:
-        ``(server, bound port)``; the server is started.
-
-    Raises:
-        UsageError: The address cannot be bound.
-        ConfigError: ``network.max_message_bytes`` is below the model's wire size.
-    """
-    config = transport.config
-    limits = payload_limits(config, architecture)
-    service = CoordinatorService(transport, authenticator, limits.update_bytes)
-    policy = call_policy(config)
-
-    def refuse(
-        context: Any, reason: str, message: str, status: grpc.StatusCode, method: str
-    ) -> None:
-        service.refuse(context, reason, message, status, method)
-
-    guard = CallGuard(authenticator, policy, refuse)
-    size = pool_size(len(transport.expected), policy.per_participant)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="rpc"),
-        interceptors=[guard],
-        options=server_options(config),
-        maximum_concurrent_rpcs=size,
-    )
-    add_service(service, server)
-    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = bind_port(server, target, credentials, "the coordinator's gRPC service")
-    server.start()
-    return server, bound

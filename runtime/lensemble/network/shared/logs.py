@@ -8,7 +8,7 @@ not (a container, a pipe, a file); ``json`` and ``text`` force one. JSON lines a
 (``round_opened``, ``verdict``, ``round_closed``, ...) ``event`` and its fields (``round``,
 ``attempt``, ``participant``, ...), so launchers and tests follow a run by reading JSON lines.
 
-Stdout carries exactly one line, the ready line (:mod:`lensemble.network.ready_announce`);
+Stdout carries exactly one line, the ready line (:mod:`lensemble.network.shared.ready_announce`);
 everything else goes to stderr.
 """
 
@@ -22,7 +22,7 @@ from typing import IO, Any
 from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
 from lensemble.config import LensembleConfig
-from lensemble.network.peer_text import one_line
+from lensemble.network.shared.peer_text import one_line
 
 ROOT_LOGGER = "lensemble"
 

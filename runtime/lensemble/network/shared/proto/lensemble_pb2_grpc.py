@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from lensemble.network.proto import lensemble_pb2 as lensemble_dot_network_dot_proto_dot_lensemble__pb2
+from lensemble.network.shared.proto import lensemble_pb2 as lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in lensemble/network/proto/lensemble_pb2_grpc.py depends on'
+        + ' but the generated code in lensemble/network/shared/proto/lensemble_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,38 +37,38 @@ class CoordinatorStub:
         """
         self.Join = channel.unary_unary(
                 '/lensemble.v1.Coordinator/Join',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinReply.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinReply.FromString,
                 _registered_method=True)
         self.WatchRounds = channel.unary_stream(
                 '/lensemble.v1.Coordinator/WatchRounds',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.RoundAnnouncement.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.RoundAnnouncement.FromString,
                 _registered_method=True)
         self.FetchModel = channel.unary_stream(
                 '/lensemble.v1.Coordinator/FetchModel',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.FetchModelRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.ModelChunk.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.FetchModelRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.ModelChunk.FromString,
                 _registered_method=True)
         self.SubmitUpdate = channel.stream_unary(
                 '/lensemble.v1.Coordinator/SubmitUpdate',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.UpdateChunk.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.SubmitReply.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.UpdateChunk.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.SubmitReply.FromString,
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/lensemble.v1.Coordinator/Leave',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
                 _registered_method=True)
         self.Presence = channel.unary_stream(
                 '/lensemble.v1.Coordinator/Presence',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
                 _registered_method=True)
         self.Abstain = channel.unary_unary(
                 '/lensemble.v1.Coordinator/Abstain',
-                request_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
-                response_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
                 _registered_method=True)
 
 
@@ -139,38 +139,38 @@ def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinReply.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinReply.SerializeToString,
             ),
             'WatchRounds': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchRounds,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.RoundAnnouncement.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.RoundAnnouncement.SerializeToString,
             ),
             'FetchModel': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchModel,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.FetchModelRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.ModelChunk.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.FetchModelRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.ModelChunk.SerializeToString,
             ),
             'SubmitUpdate': grpc.stream_unary_rpc_method_handler(
                     servicer.SubmitUpdate,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.UpdateChunk.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.SubmitReply.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.UpdateChunk.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.SubmitReply.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveReply.SerializeToString,
             ),
             'Presence': grpc.unary_stream_rpc_method_handler(
                     servicer.Presence,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceBeat.SerializeToString,
             ),
             'Abstain': grpc.unary_unary_rpc_method_handler(
                     servicer.Abstain,
-                    request_deserializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.FromString,
-                    response_serializer=lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.SerializeToString,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -199,8 +199,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/Join',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.JoinReply.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -226,8 +226,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/WatchRounds',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.RoundAnnouncement.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.WatchRoundsRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.RoundAnnouncement.FromString,
             options,
             channel_credentials,
             insecure,
@@ -253,8 +253,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/FetchModel',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.FetchModelRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.ModelChunk.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.FetchModelRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.ModelChunk.FromString,
             options,
             channel_credentials,
             insecure,
@@ -280,8 +280,8 @@ class Coordinator:
             request_iterator,
             target,
             '/lensemble.v1.Coordinator/SubmitUpdate',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.UpdateChunk.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.SubmitReply.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.UpdateChunk.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.SubmitReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -307,8 +307,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/Leave',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -334,8 +334,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/Presence',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.PresenceBeat.FromString,
             options,
             channel_credentials,
             insecure,
@@ -361,8 +361,8 @@ class Coordinator:
             request,
             target,
             '/lensemble.v1.Coordinator/Abstain',
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
-            lensemble_dot_network_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
             options,
             channel_credentials,
             insecure,

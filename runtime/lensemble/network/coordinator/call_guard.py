@@ -32,11 +32,10 @@ from typing import Any
 
 import grpc
 
-from lensemble.network import transport_errors as nerr
-from lensemble.network.security import Authenticator
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.shared import transport_errors as nerr
+from lensemble.network.shared.identity import PARTICIPANT_KEY
 
-#: Metadata key carrying the participant id a caller claims (every call of a participant).
-PARTICIPANT_KEY = "lensemble-participant"
 #: Handler threads beyond the participants' allowances, for calls refused at once.
 SPARE_THREADS = 8
 #: RPCs a participant may have at most one of at a time.

@@ -2,14 +2,14 @@
 
 Payloads (safetensors bytes) travel as a sequence of chunks of ``network.chunk_bytes``. The
 receiver knows the declared total from the first chunk and refuses at once when it exceeds its
-cap (:mod:`lensemble.network.payload_limits`); it then refuses as soon as the bytes received
-exceed the declared total, so it never holds more than ``min(declared, limit)`` bytes of one
-stream.
+cap (:mod:`lensemble.network.shared.payload_limits`); it then refuses as soon as the bytes
+received exceed the declared total, so it never holds more than ``min(declared, limit)`` bytes
+of one stream.
 
 Outgoing chunk messages are framed here (:func:`with_bytes_field`) rather than by protobuf's
-serializer, which copies a large ``bytes`` field at well under memory speed (about 0.7 GB/s
-against 3 GB/s for one join on this machine): the frames are byte-identical to
-``SerializeToString`` of the same message. An incoming update chunk is split here
+serializer, which copies a large ``bytes`` field at well under memory speed
+(``docs/performance.md``, *Chunk frames built without protobuf's copies*): the frames are
+byte-identical to ``SerializeToString`` of the same message. An incoming update chunk is split here
 (:func:`split_bytes_field`): its data field is taken as a view of the received frame, and only
 the rest (the header, a few hundred bytes) is parsed by protobuf, which would copy the data
 once more.
@@ -203,16 +203,17 @@ class Assembler:
     """Collects one stream's chunks into the payload, refusing oversize streams early.
 
     The payload is written into one ``bytes`` object of the declared size, allocated up front
-    without being zero-filled (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`; filling
-    40 MB with zeros first took a quarter of the coordinator's time for a SubmitUpdate stream)
-    and handed out without a copy, and hashed chunk by chunk as it arrives: a stream of ``n``
-    bytes costs ``n`` bytes of memory (plus the chunk in flight), never two copies.
+    without being zero-filled (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`; the
+    zero fill was a large share of a SubmitUpdate stream's time, ``docs/performance.md``,
+    *Huge pages*) and handed out without a copy, and hashed chunk by chunk as it arrives: a
+    stream of ``n`` bytes costs ``n`` bytes of memory (plus the chunk in flight), never two
+    copies.
 
     The object is the process's recycled one when nothing holds it any more (``recycle=True``,
-    the one slot the encoder of outgoing payloads also uses): a fresh 40 MB object had the
-    kernel fault in and zero every page of it as the chunks were copied in, a third of the
-    receiving thread's time in a SubmitUpdate stream (``docs/performance.md``, *The network
-    path*). A stream that fails leaves the slot empty; it never hands out a half-written object.
+    the one slot the encoder of outgoing payloads also uses): a fresh object had the kernel
+    fault in and zero every page of it as the chunks were copied in (``docs/performance.md``,
+    *Received payloads written over the last one*). A stream that fails leaves the slot empty;
+    it never hands out a half-written object.
 
     With ``land`` (the coordinator's update streams), a stream of at least
     :data:`~lensemble.machinery.fresh_bytes.LARGE` bytes is written into a spool file instead
@@ -222,7 +223,7 @@ class Assembler:
 
     Args:
         declared: Total bytes announced by the sender.
-        limit: The stream's cap (see :mod:`lensemble.network.payload_limits`).
+        limit: The stream's cap (see :mod:`lensemble.network.shared.payload_limits`).
         what: Names the payload in error messages, e.g. ``"the update from alpine"``.
         hashed: Hash the bytes while they arrive (:attr:`payload_hash`); False where nobody
             reads that hash (a model download is verified by its model hash after decoding).

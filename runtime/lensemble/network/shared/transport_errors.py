@@ -19,7 +19,7 @@ BAD_CREDENTIALS = "bad_credentials"
 STALE_SESSION = "stale_session"
 SHUTTING_DOWN = "shutting_down"
 BUSY = "busy"
-#: A request field longer than its bound (``lensemble.network.peer_text.JOIN_LIMITS``).
+#: A request field longer than its bound (``lensemble.network.shared.peer_text.JOIN_LIMITS``).
 OVERSIZED = "oversized_field"
 #: The participant already holds ``network.max_calls_per_participant`` calls (or an upload).
 TOO_MANY_CALLS = "too_many_calls"

@@ -40,7 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from lensemble.config import LensembleConfig
 from lensemble.durable import atomic_write
 from lensemble.errors import ConfigError, UsageError
-from lensemble.network.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
 
 VALID_DAYS = 365
 #: Default of ``network.tls.expiry_warning_days`` for callers without a config (days).

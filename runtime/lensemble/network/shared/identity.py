@@ -1,5 +1,7 @@
 """Who this process is: the participant id from a flag, the environment or a pod name.
 
+A participant names itself on every call it makes (:data:`PARTICIPANT_KEY`).
+
 First match wins (``docs/architecture.md``, "One image, every role"):
 
 1. ``--id``;
@@ -19,6 +21,10 @@ from lensemble.errors import UsageError
 
 COORDINATOR_IDENTITY = "coordinator"
 PARTICIPANT_ID_ENV = "LENSEMBLE_PARTICIPANT_ID"
+#: Metadata key carrying the participant id a caller claims (every call of a participant): the
+#: coordinator authenticates that claim before it reads any request
+#: (:mod:`lensemble.network.coordinator.call_guard`).
+PARTICIPANT_KEY = "lensemble-participant"
 _POD_NAME = re.compile(r"^(?P<name>.+)-(?P<ordinal>\d+)$")
 
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one process, served over HTTP at ``observability.metrics_path``.
+"""Prometheus metrics of one process (served by :mod:`~lensemble.network.shared.metrics_server`).
 
 Every process (coordinator or participant) has its own registry with the same metric names;
 a metric a role does not use stays at zero. Label sets are bounded: ``participant`` takes only
@@ -45,16 +45,11 @@ says what each is for and which alert reads it):
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from socketserver import TCPServer
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from collections.abc import Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram
 
-from lensemble.errors import UsageError
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.rounds import RoundState
 
@@ -76,7 +71,17 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._define_round_metrics(self.registry)
+        self._define_traffic_metrics(self.registry)
+        self._define_time_metrics(self.registry)
+        self._define_learning_metrics(self.registry)
+        self._define_judging_metrics(self.registry)
+        self._quorum = 0
+        self._opening_at: float | None = None
+        self._cpu_mark: tuple[float, float] | None = None
+
+    def _define_round_metrics(self, r: CollectorRegistry) -> None:
+        """Where the run is: the round, its attempt and state, who is joined."""
         self.round_index = Gauge(
             "lensemble_round_index", "Round being collected or trained.", registry=r
         )
@@ -90,17 +95,40 @@ class Metrics:
         self.round_contributors = Gauge(
             "lensemble_round_contributors", "Contributors of the last closed attempt.", registry=r
         )
+        self.rounds = Counter(
+            "lensemble_rounds", "Round attempts by final state.", ["state"], registry=r
+        )
+        self.model_version = Gauge(
+            "lensemble_model_version",
+            "Rounds committed so far (the global model's version, the ledger's count).",
+            registry=r,
+        )
         self.participants_joined = Gauge(
             "lensemble_participants_joined", "Participants joined to the coordinator.", registry=r
         )
         self.joined = Gauge(
             "lensemble_joined", "1 while this participant is joined to the coordinator.", registry=r
         )
-        self.rounds = Counter(
-            "lensemble_rounds", "Round attempts by final state.", ["state"], registry=r
+        self.quorum = Gauge("lensemble_quorum", "federation.quorum (participants).", registry=r)
+        self.quorum_margin = Gauge(
+            "lensemble_quorum_margin",
+            "Participants joined minus the quorum; below 0 no round can commit.",
+            registry=r,
         )
+
+    def _define_traffic_metrics(self, r: CollectorRegistry) -> None:
+        """Payload bytes moved."""
         self.bytes_in = Counter("lensemble_bytes_in", "Payload bytes received.", registry=r)
         self.bytes_out = Counter("lensemble_bytes_out", "Payload bytes sent.", registry=r)
+        self.round_payload_bytes = Gauge(
+            "lensemble_round_payload_bytes",
+            "Payload bytes of the last round attempt, by direction (up: updates, down: models).",
+            ["direction", "quantization"],
+            registry=r,
+        )
+
+    def _define_time_metrics(self, r: CollectorRegistry) -> None:
+        """Where a round's time goes: its wall time, compute, (de)serialization, the round loop."""
         self.round_duration = Histogram(
             "lensemble_round_duration_seconds",
             "Wall time of each round attempt (seconds).",
@@ -113,42 +141,15 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
+        self.round_non_compute_ratio = Gauge(
+            "lensemble_round_non_compute_ratio",
+            "Non-compute share of the last attempt's wall time (0..1).",
+            registry=r,
+        )
         self.compute = Histogram(
             "lensemble_compute_seconds",
             "Inner-step time per round (seconds).",
             buckets=_DURATION_BUCKETS,
-            registry=r,
-        )
-        self.accepted = Counter("lensemble_accepted_submissions", "Updates accepted.", registry=r)
-        self.rejected = Counter(
-            "lensemble_rejected_submissions", "Updates rejected, by reason.", ["reason"], registry=r
-        )
-        self.refused_calls = Counter(
-            "lensemble_refused_calls",
-            "Calls other than SubmitUpdate refused, by RPC and reason.",
-            ["rpc", "reason"],
-            registry=r,
-        )
-        self.quorum = Gauge("lensemble_quorum", "federation.quorum (participants).", registry=r)
-        self.quorum_margin = Gauge(
-            "lensemble_quorum_margin",
-            "Participants joined minus the quorum; below 0 no round can commit.",
-            registry=r,
-        )
-        self.model_version = Gauge(
-            "lensemble_model_version",
-            "Rounds committed so far (the global model's version, the ledger's count).",
-            registry=r,
-        )
-        self.round_payload_bytes = Gauge(
-            "lensemble_round_payload_bytes",
-            "Payload bytes of the last round attempt, by direction (up: updates, down: models).",
-            ["direction", "quantization"],
-            registry=r,
-        )
-        self.round_non_compute_ratio = Gauge(
-            "lensemble_round_non_compute_ratio",
-            "Non-compute share of the last attempt's wall time (0..1).",
             registry=r,
         )
         self.serialize = Histogram(
@@ -163,21 +164,6 @@ class Metrics:
             "Time decoding and checking payloads per round: updates (coordinator), the global "
             "model (participant).",
             buckets=_SHORT_BUCKETS,
-            registry=r,
-        )
-        self.inner_steps_per_second = Gauge(
-            "lensemble_inner_steps_per_second",
-            "Inner steps per second of this participant's last round.",
-            registry=r,
-        )
-        self.inner_loss = Gauge(
-            "lensemble_inner_loss",
-            "Mean inner loss of this participant's last round (unitless).",
-            registry=r,
-        )
-        self.round_mean_inner_loss = Gauge(
-            "lensemble_round_mean_inner_loss",
-            "The ledger's mean inner loss of the last committed round (unitless).",
             registry=r,
         )
         self.loop_cpu = Counter(
@@ -196,16 +182,35 @@ class Metrics:
             buckets=_MARGIN_BUCKETS,
             registry=r,
         )
-        self.last_seen = Gauge(
-            "lensemble_participant_last_seen_timestamp_seconds",
-            "Unix time of the last join, update or leave of each participant.",
-            ["participant"],
+
+    def _define_learning_metrics(self, r: CollectorRegistry) -> None:
+        """What training reports: throughput and inner loss."""
+        self.inner_steps_per_second = Gauge(
+            "lensemble_inner_steps_per_second",
+            "Inner steps per second of this participant's last round.",
             registry=r,
         )
-        self.missed_rounds = Gauge(
-            "lensemble_participant_missed_rounds",
-            "Consecutive round attempts each participant did not contribute to.",
-            ["participant"],
+        self.inner_loss = Gauge(
+            "lensemble_inner_loss",
+            "Mean inner loss of this participant's last round (unitless).",
+            registry=r,
+        )
+        self.round_mean_inner_loss = Gauge(
+            "lensemble_round_mean_inner_loss",
+            "The ledger's mean inner loss of the last committed round (unitless).",
+            registry=r,
+        )
+
+    def _define_judging_metrics(self, r: CollectorRegistry) -> None:
+        """Updates accepted, rejected, clipped; calls refused; each participant's record."""
+        self.accepted = Counter("lensemble_accepted_submissions", "Updates accepted.", registry=r)
+        self.rejected = Counter(
+            "lensemble_rejected_submissions", "Updates rejected, by reason.", ["reason"], registry=r
+        )
+        self.refused_calls = Counter(
+            "lensemble_refused_calls",
+            "Calls other than SubmitUpdate refused, by RPC and reason.",
+            ["rpc", "reason"],
             registry=r,
         )
         self.updates_rejected = Counter(
@@ -220,9 +225,18 @@ class Metrics:
             ["participant", "reason"],
             registry=r,
         )
-        self._quorum = 0
-        self._opening_at: float | None = None
-        self._cpu_mark: tuple[float, float] | None = None
+        self.last_seen = Gauge(
+            "lensemble_participant_last_seen_timestamp_seconds",
+            "Unix time of the last join, update or leave of each participant.",
+            ["participant"],
+            registry=r,
+        )
+        self.missed_rounds = Gauge(
+            "lensemble_participant_missed_rounds",
+            "Consecutive round attempts each participant did not contribute to.",
+            ["participant"],
+            registry=r,
+        )
 
     def verdict(self, accepted: bool, reason: str) -> None:
         """Count one judged update."""
@@ -355,121 +369,3 @@ class Metrics:
         if compute_s > 0:
             self.inner_steps_per_second.set(inner_steps / compute_s)
         self.inner_loss.set(mean_loss)
-
-
-#: Seconds a metrics client may take to send each part of its request before it is dropped.
-READ_TIMEOUT_S = 5.0
-#: Most metrics connections served at once; more are closed at once (a scraper retries).
-MAX_CONNECTIONS = 16
-
-
-class _QuietHandler(WSGIRequestHandler):
-    # A read timeout on every connection: a client that stops sending loses its slot.
-    timeout = READ_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not worth a log line."""
-
-
-class _BoundedServer(WSGIServer):
-    """A WSGI server with one daemon thread per connection, at most ``max_connections``.
-
-    The standard ``ThreadingMixIn`` starts a thread for every connection and never bounds
-    them: 500 half-sent requests were 500 threads. Here a connection beyond the cap is closed
-    without a thread, and each connection's reads time out (``handler.timeout``).
-    """
-
-    # A burst of scrapers (or of attackers) waits in the kernel, not in threads.
-    request_queue_size = 128
-
-    def __init__(self, *args: Any, max_connections: int = MAX_CONNECTIONS, **kw: Any) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(*args, **kw)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the bind address with socket.getfqdn: a reverse DNS
-        # query that can stall start-up where no resolver is reachable. Nothing needs the name.
-        TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-        self.setup_environ()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve the connection in a daemon thread when a slot is free, else close it."""
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        thread = threading.Thread(
-            target=self._serve, args=(request, client_address), name="metrics-conn", daemon=True
-        )
-        thread.start()
-
-    def _serve(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception as exc:  # a client that disconnected or stalled: not worth a warning
-            _log.debug("metrics connection from %s ended: %s", client_address, exc)
-        finally:
-            self.shutdown_request(request)
-            self._slots.release()
-
-
-def _only_path(path: str, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
-    def routed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO", "") != path:
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [f"metrics are at {path}\n".encode()]
-        return app(environ, start_response)
-
-    return routed
-
-
-class MetricsServer:
-    """HTTP server exposing one registry at one path, in a daemon thread.
-
-    At most ``max_connections`` clients are served at once, each in its own thread; a client
-    that sends nothing for ``read_timeout_s`` is disconnected.
-
-    Args:
-        registry: What to expose.
-        host: Bind address.
-        port: TCP port; 0 picks a free one (see :attr:`port`).
-        path: URL path (``observability.metrics_path``).
-        read_timeout_s: Longest wait for each read from a client (seconds).
-        max_connections: Most connections served at once; more are closed at once.
-
-    Raises:
-        UsageError: The port cannot be bound.
-    """
-
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        host: str,
-        port: int,
-        path: str,
-        *,
-        read_timeout_s: float = READ_TIMEOUT_S,
-        max_connections: int = MAX_CONNECTIONS,
-    ) -> None:
-        app = _only_path(path, make_wsgi_app(registry))
-        handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout_s})
-        try:
-            self._server = _BoundedServer((host, port), handler, max_connections=max_connections)
-            self._server.set_app(app)
-        except OSError as exc:
-            raise UsageError(
-                f"cannot serve metrics on {host}:{port} ({exc.strerror});",
-                remediation="choose another network.metrics_port, or --metrics-port 0 for a free "
-                "one.",
-            ) from None
-        self.port: int = self._server.server_port
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics-http", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()

@@ -1,0 +1,73 @@
+"""The coordinator's observer: every round state, verdict and closed attempt as events and metrics.
+
+Passed to the federation :class:`~lensemble.federation.coordinator.Coordinator` as its
+``observer``: it counts each verdict, tracks the round state machine in
+``lensemble_round_state`` and logs ``verdict`` and ``round_closed`` events (logger
+``lensemble.network.rounds``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.messages import Submission, Verdict
+from lensemble.federation.rounds import RoundState
+from lensemble.network.shared.logs import event
+from lensemble.network.shared.metrics import Metrics
+from lensemble.network.shared.peer_text import shown
+
+
+class CoordinatorEvents:
+    """Coordinator observer: structured log events and metrics."""
+
+    def __init__(self, metrics: Metrics, quorum: int) -> None:
+        self.metrics = metrics
+        self.quorum = quorum
+        self._log = logging.getLogger("lensemble.network.rounds")
+
+    def on_state(self, round_index: int, attempt: int, state: RoundState) -> None:
+        """Track the round state machine (and time the attempt from its opening)."""
+        if state == RoundState.OPEN:
+            self.metrics.attempt_starting()
+        self.metrics.round_state.state(state.value)
+
+    def on_verdict(self, submission: Submission, verdict: Verdict) -> None:
+        """Count and log each judged update."""
+        self.metrics.verdict(verdict.accepted, verdict.reason.value)
+        event(
+            self._log,
+            "verdict",
+            f"round {submission.round_index}: {submission.sender} {verdict.reason.value}"
+            + ("" if verdict.accepted else f" ({shown(verdict.message)})"),
+            logging.INFO if verdict.accepted else logging.WARNING,
+            round=submission.round_index,
+            participant=submission.sender,
+            reason=verdict.reason.value,
+            bytes=len(submission.payload),
+        )
+
+    def on_round(self, record: RoundRecord) -> None:
+        """Log each closed or aborted attempt with its lineage."""
+        what = (
+            f"committed {record.model_hash[:19]}..."
+            if record.state == "closed"
+            else f"aborted ({len(record.contributors)} of {self.quorum} required contributors)"
+        )
+        event(
+            self._log,
+            "round_closed",
+            f"round {record.round} attempt {record.attempt} {what}; contributors "
+            f"{', '.join(record.contributors) or 'none'}"
+            + (f"; excluded {record.excluded}" if record.excluded else ""),
+            round=record.round,
+            attempt=record.attempt,
+            state=record.state,
+            contributors=record.contributors,
+            excluded=record.excluded,
+            model_hash=record.model_hash,
+            bytes_up=record.bytes_up,
+            bytes_down=record.bytes_down,
+            wall_s=record.wall_s,
+            non_compute_s=record.non_compute_s,
+        )

@@ -1,0 +1,294 @@
+"""The coordinator and participant processes: servers, ready line, signals, shutdown.
+
+Both roles run in a :class:`~lensemble.network.launch.harness.ProcessHarness` (ready line,
+logs, health, metrics, signals).
+
+- Coordinator: resumes from the last checkpoint in ``run.output_dir`` when there is one, serves
+  ``lensemble.v1.Coordinator``, and runs the unchanged federation ``Coordinator`` over
+  :class:`~lensemble.network.coordinator.transport.GrpcCoordinatorTransport`. On SIGTERM the
+  open round is abandoned (nothing committed; the last checkpoint stands and a restart reopens
+  the round).
+- Participant: joins, then takes part in rounds
+  (:class:`~lensemble.network.participant.loop.ParticipantLoop`); on SIGTERM it leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from lensemble.config import LensembleConfig
+from lensemble.errors import UsageError
+from lensemble.federation.coordinator import Coordinator, RunSummary, global_architecture
+from lensemble.federation.faults import FaultPlan
+from lensemble.federation.participant import Participant
+from lensemble.federation.payload import TensorSpec
+from lensemble.federation.signing import signer_from_env
+from lensemble.federation.verify import require_valid
+from lensemble.learner import Learner
+from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.download_server import start_model_download
+from lensemble.network.coordinator.round_events import CoordinatorEvents
+from lensemble.network.coordinator.server import start_coordinator_server
+from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
+from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_certificates
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.loop import ParticipantLoop
+from lensemble.network.shared.certs import check_own_certificate
+from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.logs import event
+from lensemble.network.shared.payload_limits import payload_limits
+from lensemble.network.shared.security import (
+    coordinator_tokens,
+    participant_token,
+    server_credentials,
+    warn_if_insecure,
+)
+from lensemble.run_lock import coordinator_lock
+
+#: ``theta_0`` (name -> tensor), or a function that builds it (see :func:`run_coordinator`).
+InitialParams = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]
+
+_log = logging.getLogger("lensemble.network.process")
+
+#: Longest wait for a participant's worker to notice a stop before the process exits (seconds).
+PARTICIPANT_STOP_GRACE_S = 5.0
+#: Torch intra-op threads of the coordinator process. Its tensor work (validation, reduction,
+#: outer step, hashing) is element-wise and memory-bound, while its gRPC threads need the cores
+#: for TLS and streaming: OpenMP workers spinning between small ops cost more than they save
+#: (``docs/performance.md``, *The coordinator's torch threads*).
+COORDINATOR_TORCH_THREADS = 1
+
+
+def run_coordinator(
+    config: LensembleConfig,
+    initial_params: InitialParams,
+    ports: PortOptions | None = None,
+    *,
+    linger: bool = False,
+) -> RunSummary:
+    """The coordinator process: serve, run every round, let participants leave.
+
+    Args:
+        config: The run's config.
+        initial_params: ``theta_0`` (used only when ``run.output_dir`` has no checkpoint), or
+            a function that builds it. Pass the function: the coordinator copies ``theta_0``
+            into its own buffer, and a mapping the caller passes stays alive for the whole
+            run (one more model's worth of memory: 400 MB at 100M float32 parameters).
+        ports: Port overrides.
+        linger: After the last round, keep serving (health, final model) until a signal.
+
+    Returns:
+        The run's summary once every round is committed.
+
+    Raises:
+        FolderLocked: Another coordinator writes ``run.output_dir`` (exit 2, at once).
+        IntegrityError: The run record to resume from is broken (exit 3, before any I/O).
+        UsageError: The run record is signed and no key is configured (exit 2, before any I/O).
+        ShutdownRequested: SIGTERM/SIGINT (the last checkpoint stands).
+        QuorumNotReached: Too few participants joined, or a round stayed below quorum.
+        ConfigError: TLS files or tokens are missing, a certificate expired, or the checkpoint
+            has another config.
+    """
+    ports = ports or PortOptions()
+    # One writer per run folder, and the run record verified before any network I/O.
+    lock = coordinator_lock(Path(config.run.output_dir)).acquire()
+    try:
+        require_valid(
+            Path(config.run.output_dir), config.observability.ledger_path, signer_from_env()
+        )
+        return _serve_coordinator(config, initial_params, ports, linger=linger)
+    finally:
+        lock.release()
+
+
+def _serve_coordinator(
+    config: LensembleConfig,
+    initial_params: InitialParams,
+    ports: PortOptions,
+    *,
+    linger: bool,
+) -> RunSummary:
+    harness = ProcessHarness(config, "coordinator", None, ports)
+    server = download = None
+    torch.set_num_threads(COORDINATOR_TORCH_THREADS)
+    try:
+        warn_if_insecure(config)
+        check_certificates(config, COORDINATOR_IDENTITY)
+        fed, net = config.federation, config.network
+        theta0 = initial_params() if callable(initial_params) else initial_params
+        del initial_params
+        # Refuses a network.max_message_bytes below the model's wire size before any write.
+        payload_limits(config, global_architecture(theta0))
+        coordinator = Coordinator(
+            config,
+            theta0,
+            output_dir=Path(config.run.output_dir),
+            resume=True,
+            observer=CoordinatorEvents(harness.metrics, fed.quorum),
+        )
+        del theta0  # the coordinator holds its own copy; a built theta_0 goes now
+        if coordinator.version > 0:
+            event(
+                _log,
+                "resumed",
+                f"resumed from the checkpoint of model version {coordinator.version} "
+                f"({coordinator.model_hash[:19]}...), outer momentum included.",
+                version=coordinator.version,
+                model_hash=coordinator.model_hash,
+            )
+        transport = GrpcCoordinatorTransport(
+            config, next_round=coordinator.version, metrics=harness.metrics
+        )
+        authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
+        server, port = start_coordinator_server(
+            transport,
+            authenticator,
+            server_credentials(config),
+            host=net.listen_host,
+            port=net.port if ports.port is None else ports.port,
+            architecture=coordinator.architecture,
+        )
+        download = start_model_download(transport, authenticator, config, port=net.download_port)
+        harness.health.set_ready(True)
+        harness.announce_ready(f"{net.listen_host}:{port}")
+        summary = harness.supervise(
+            lambda: coordinator.run(transport), transport.request_stop, net.rpc_timeout_s
+        )
+        # Let watchers see the final announcement and leave (bounded).
+        transport.wait_all_left(net.rpc_timeout_s)
+        event(
+            _log,
+            "finished",
+            f"run finished at model version {summary.version}: {summary.model_hash}",
+            version=summary.version,
+            model_hash=summary.model_hash,
+        )
+        if linger:
+            harness.linger()
+        return summary
+    finally:
+        harness.health.set_ready(False)
+        if download is not None:
+            download.stop()
+        if server is not None:
+            server.stop(grace=1.0).wait(2.0)
+        harness.close()
+
+
+def run_participant(
+    config: LensembleConfig,
+    participant_id: str,
+    learner_factory: Callable[[], Learner],
+    initial_params: InitialParams,
+    ports: PortOptions | None = None,
+    *,
+    linger: bool = False,
+    faults: FaultPlan | None = None,
+) -> list[tuple[int, int]]:
+    """The participant process: join, take part in every round, leave.
+
+    Args:
+        config: The run's config.
+        participant_id: This participant (already resolved, see ``identity``).
+        learner_factory: Builds the learner (loads or collects this participant's private data).
+        initial_params: ``theta_0``, or a function that builds it: gives the architecture
+            every model must have, and nothing else (a built one is dropped at once).
+        ports: Health and metrics port overrides.
+        linger: After the run is over, keep serving health until a signal.
+        faults: Faults to inject into this participant (``rank_kill`` entries naming it;
+            others are ignored), as ``lensemble simulate --faults`` does in process.
+
+    Returns:
+        ``(round, attempt)`` of every accepted contribution.
+
+    Raises:
+        ShutdownRequested: SIGTERM/SIGINT.
+        UsageError: ``faults`` kills a rank of a participant whose learner has no ranks.
+        ConfigError: Config mismatch with the coordinator, TLS/token files missing, or a
+            certificate expired.
+        AccessDenied: The coordinator refused this participant's credentials.
+        CoordinatorUnreachable: No coordinator within ``federation.join_timeout_s``.
+        CertificateRejected: The TLS handshake failed on a certificate (not retried).
+        ResidencyViolation: The learner tried to release data (fails closed).
+    """
+    harness = ProcessHarness(config, "participant", participant_id, ports or PortOptions())
+    client = None
+    try:
+        token = _participant_credentials(config, participant_id)
+        architecture = _architecture(initial_params)
+        del initial_params
+        # Refuses a network.max_message_bytes below the model's wire size before any work.
+        payload_limits(config, architecture)
+        learner = learner_factory()
+        own = _own_faults(faults, participant_id, learner)
+        participant = Participant(
+            config, participant_id, learner, architecture, Path(config.run.output_dir)
+        )
+        client = CoordinatorClient(
+            config, participant_id, token=token, metrics=harness.metrics, architecture=architecture
+        )
+
+        def on_ready(ready: bool) -> None:
+            harness.health.set_ready(ready)
+            if ready:
+                harness.announce_ready(client.target)
+
+        loop = ParticipantLoop(
+            config, participant, client, stop=harness.stop, on_ready=on_ready, faults=own
+        )
+
+        def leave() -> None:
+            client.leave("shutting down (signal)")
+
+        harness.supervise(loop.run, leave, PARTICIPANT_STOP_GRACE_S)
+        if linger:
+            harness.linger()
+        return loop.rounds_contributed
+    finally:
+        if client is not None:
+            client.close()
+        harness.close()
+
+
+def _participant_credentials(config: LensembleConfig, participant_id: str) -> str | None:
+    """Check this participant's TLS material at start; returns its bearer token, if any.
+
+    Raises:
+        ConfigError: A certificate expired or does not name ``participant_id``, or a TLS or
+            token file is missing.
+    """
+    warn_if_insecure(config)
+    check_certificates(config, participant_id)
+    tls = config.network.tls
+    if tls.enabled and tls.client_auth and tls.cert_file:
+        check_own_certificate(
+            Path(str(identity_path(tls.cert_file, participant_id))), participant_id
+        )
+    return participant_token(config, participant_id)
+
+
+def _architecture(initial_params: InitialParams) -> dict[str, TensorSpec]:
+    """The global model's parameters (name -> spec) of ``theta_0``; a built one goes at once."""
+    theta0 = initial_params() if callable(initial_params) else initial_params
+    return global_architecture(theta0)  # only names and shapes: a model's worth of memory goes
+
+
+def _own_faults(faults: FaultPlan | None, participant_id: str, learner: Learner) -> FaultPlan:
+    """The faults of ``faults`` that this participant applies to itself (``rank_kill``).
+
+    Raises:
+        UsageError: A fault kills a rank of a participant whose learner has no ranks.
+    """
+    own = (faults or FaultPlan()).of_participant(participant_id)
+    if own.faults and not callable(getattr(learner, "arm_rank_kill", None)):
+        raise UsageError(
+            f"--faults {own.faults[0].spec()} kills a rank of '{participant_id}', which runs "
+            "as one process;",
+            remediation="give it several ranks (federation.participants[i].ranks) or drop "
+            "the fault.",
+        )
+    return own
