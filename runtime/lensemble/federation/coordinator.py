@@ -32,7 +32,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -681,8 +681,21 @@ class Coordinator:
         machine.advance(state)
         self._notify(machine)
 
-    def run(self, transport: CoordinatorTransport) -> RunSummary:
-        """Run rounds until ``federation.rounds`` are committed.
+    def run(
+        self,
+        transport: CoordinatorTransport,
+        *,
+        after_commit: Callable[[RoundRecord], None] | None = None,
+    ) -> RunSummary:
+        """Run rounds until ``federation.rounds`` are committed: the one loop every run drives.
+
+        Args:
+            transport: Where each round's model goes and its updates come from.
+            after_commit: Called on this thread with each committed round's record, before the
+                next round opens, while ``params``, ``version`` and ``model_hash`` are that
+                round's model (they change only at the next outer step, after the commit
+                written behind is settled). The record's checkpoint and ledger line may still
+                be being written; an error it raises ends the run once they are durable.
 
         Raises:
             QuorumNotReached: Fewer than ``quorum`` participants joined within
@@ -702,7 +715,9 @@ class Coordinator:
             )
         try:
             while self.version < fed.rounds:
-                self.run_round(transport, write_behind=True)
+                record = self.run_round(transport, write_behind=True)
+                if after_commit is not None:
+                    after_commit(record)
             self._settle(last=True)
         except BaseException:
             self._settle_after_failure()
