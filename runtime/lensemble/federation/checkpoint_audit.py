@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,10 @@ class AuditedCheckpoint:
         parent_hash: The parent model's hash.
         record: Canonical JSON of the round record it commits (``""`` for v0).
         state_hash: Its state hash (recomputed and equal).
+        config_hash: The config hash it records.
+        config_view: The hashed config it records, as canonical JSON (``""`` when absent).
+        tensors: Name -> numpy array of every tensor (parameters, and the outer momentum
+            under ``momentum::<name>``) when asked to keep them, else None.
     """
 
     version: int
@@ -47,6 +51,9 @@ class AuditedCheckpoint:
     parent_hash: str
     record: str
     state_hash: str
+    config_hash: str = ""
+    config_view: str = ""
+    tensors: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 class HashMismatch(IntegrityError):
@@ -112,8 +119,16 @@ def _state_suffix(version: int, *texts: str) -> bytes:
     return suffix
 
 
-def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> AuditedCheckpoint:
+def audit_checkpoint(
+    path: Path, version: int, signer: Signer | None, *, keep_tensors: bool = False
+) -> AuditedCheckpoint:
     """Read checkpoint ``version`` and check it like ``CheckpointStore.load`` does.
+
+    Args:
+        path: The checkpoint file.
+        version: The version its name says.
+        signer: Checks its MAC when given.
+        keep_tensors: Return its tensors too (a resume continues from them).
 
     Raises:
         IntegrityError: Unreadable, momentum missing, a hash that does not recompute, or a MAC
@@ -171,7 +186,16 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
             remediation="it was written by someone without the key: restore it from a "
             "backup or start a new run folder.",
         )
-    return AuditedCheckpoint(version, expected, parent, record, recorded_state)
+    return AuditedCheckpoint(
+        version,
+        expected,
+        parent,
+        record,
+        recorded_state,
+        meta.get("config_hash", ""),
+        meta.get("config_view", ""),
+        dict(tensors) if keep_tensors else None,
+    )
 
 
 def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:

@@ -54,6 +54,7 @@ from lensemble.errors import (
     ScaleOutOfRange,
 )
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
+from lensemble.federation.checkpoint_audit import MOMENTUM_PREFIX, AuditedCheckpoint
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import Ledger, RoundRecord
@@ -79,7 +80,7 @@ from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport, Traffic
-from lensemble.federation.verify import require_valid
+from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
 
 Params = dict[str, torch.Tensor]
@@ -296,7 +297,7 @@ class Coordinator:
         initial_params: Mapping[str, torch.Tensor],
         *,
         output_dir: Path | None = None,
-        resume: bool = False,
+        resume: bool | VerifiedRecord = False,
         observer: CoordinatorObserver | None = None,
         signer: Signer | Literal["env"] | None = "env",
     ) -> None:
@@ -327,15 +328,21 @@ class Coordinator:
         # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
         self._spool.reset()
-        self.signer = (signer_from_env() if output_dir else None) if signer == "env" else signer
+        if signer == "env":
+            verified_signer = resume.signer if isinstance(resume, VerifiedRecord) else None
+            signer = verified_signer or (signer_from_env() if output_dir else None)
+        self.signer = signer
         self.checkpoints = CheckpointStore(output_dir, self.signer) if output_dir else None
         ledger_name = config.observability.ledger_path
         self.ledger = Ledger(output_dir / ledger_name, self.signer) if output_dir else None
+        # The records of attempts before this process (a resume's ledger, up to its checkpoint).
+        self.earlier: list[RoundRecord] = []
+        verified = None
         if output_dir is not None and resume:
-            require_valid(output_dir, ledger_name, self.signer)  # before any work or write
-        ckpt = self.checkpoints.load() if (self.checkpoints and resume) else None
-        if ckpt is not None:
-            self._restore(ckpt)
+            verified = _verified(resume, output_dir, ledger_name, self.signer)
+        latest = verified.take_latest() if verified is not None else None
+        if verified is not None and latest is not None:
+            self._restore(latest, verified)
         else:
             # Model and momentum each live in one buffer (flat.py: huge pages, same values).
             params = flat_copy(initial_params)
@@ -350,7 +357,13 @@ class Coordinator:
         self.version, self.params, self.momentum = version, params, momentum
         self.model_hash, self.parent_hash = hash_, parent
 
-    def _restore(self, ckpt: CoordinatorCheckpoint) -> None:
+    @property
+    def history(self) -> list[RoundRecord]:
+        """Every attempt of the run: those before a resume, then this process's."""
+        return self.earlier + self.records
+
+    def _restore(self, ckpt: AuditedCheckpoint, verified: VerifiedRecord) -> None:
+        """Continue from the verified newest checkpoint (its tensors are copied, then dropped)."""
         if ckpt.config_hash != self.config_hash:
             # Only the number of rounds may change on resume (run longer, or stop earlier).
             try:
@@ -370,23 +383,27 @@ class Coordinator:
                     "resume with the same config (only federation.rounds may change) or use a "
                     "new run.output_dir."
                 )
+        assert ckpt.tensors is not None  # require_valid keeps the newest checkpoint's
+        tensors = {name: torch.from_numpy(array) for name, array in ckpt.tensors.items()}
+        params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+        momentum = {
+            k.removeprefix(MOMENTUM_PREFIX): v
+            for k, v in tensors.items()
+            if k.startswith(MOMENTUM_PREFIX)
+        }
         self._set_state(
-            ckpt.version,
-            flat_copy(ckpt.params),
-            flat_copy(ckpt.momentum),
-            ckpt.model_hash,
-            ckpt.parent_hash,
+            ckpt.version, flat_copy(params), flat_copy(momentum), ckpt.model_hash, ckpt.parent_hash
         )
         if self.ledger is not None:
-            self._repair_ledger()
+            self._repair_ledger(verified)
 
-    def _repair_ledger(self) -> None:
+    def _repair_ledger(self, verified: VerifiedRecord) -> None:
         """Drop the lines of attempts after the checkpoint (the resume redoes that round).
 
         The lost or torn line of the checkpoint's own round was restored by ``require_valid``.
         """
         assert self.ledger is not None
-        lines = self.ledger.lines()
+        lines = verified.lines
         kept = [line for line in lines if line.record.round < self.version]
         if len(kept) != len(lines):
             dropped = len(lines) - len(kept)
@@ -394,7 +411,10 @@ class Coordinator:
                 (line.text for line in kept),
                 why=f"drops its last {dropped} line(s), attempts of round {self.version} after "
                 f"checkpoint v{self.version} (the resume redoes that round)",
+                old=verified.raw,
             )
+        self.ledger.continue_after(kept)
+        self.earlier = [line.record for line in kept]
         if self.version > 0 and not any(
             line.record.round == self.version - 1 and line.record.state == "closed" for line in kept
         ):
@@ -977,6 +997,28 @@ class Coordinator:
         self.records.append(record)
         transport.round_closed(record)
         self._announce_durable(record, transport)
+
+
+def _verified(
+    resume: bool | VerifiedRecord, output_dir: Path, ledger_name: str, signer: Signer | None
+) -> VerifiedRecord:
+    """The verified run record to resume: the one handed over, or verified now.
+
+    Raises:
+        ConfigError: The record handed over was verified for another ledger or another key.
+    """
+    if not isinstance(resume, VerifiedRecord):
+        return require_valid(output_dir, ledger_name, signer)  # before any work or write
+    ledger_path = output_dir / ledger_name
+    key = (signer.algorithm, signer.key_id) if signer else None
+    checked = (resume.signer.algorithm, resume.signer.key_id) if resume.signer else None
+    if resume.ledger_path != ledger_path or key != checked:
+        raise ConfigError(
+            f"the run record handed to the coordinator was verified for {resume.ledger_path} "
+            f"with key {checked}, not for {ledger_path} with key {key}; verify the folder the "
+            "coordinator writes, with the key it signs with."
+        )
+    return resume
 
 
 def _utc_now() -> str:

@@ -38,7 +38,7 @@ from lensemble.federation.messages import Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.rounds import RoundState
 from lensemble.federation.signing import signer_from_env
-from lensemble.federation.verify import require_valid
+from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.learner import Learner
 from lensemble.network import logs
 from lensemble.network.certs import check_own_certificate, check_tls_files
@@ -309,10 +309,10 @@ def run_coordinator(
     # One writer per run folder, and the run record verified before any network I/O.
     lock = coordinator_lock(Path(config.run.output_dir)).acquire()
     try:
-        require_valid(
+        verified = require_valid(
             Path(config.run.output_dir), config.observability.ledger_path, signer_from_env()
         )
-        return _serve_coordinator(config, initial_params, ports, linger=linger)
+        return _serve_coordinator(config, initial_params, ports, linger=linger, verified=verified)
     finally:
         lock.release()
 
@@ -323,6 +323,7 @@ def _serve_coordinator(
     ports: PortOptions,
     *,
     linger: bool,
+    verified: VerifiedRecord,
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = download = None
@@ -339,7 +340,7 @@ def _serve_coordinator(
             config,
             theta0,
             output_dir=Path(config.run.output_dir),
-            resume=True,
+            resume=verified,
             observer=CoordinatorEvents(harness.metrics, fed.quorum),
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now

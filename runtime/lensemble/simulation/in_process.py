@@ -32,6 +32,7 @@ from lensemble.simulation.summary import RoundMetrics, SimulationResult
 
 if TYPE_CHECKING:
     from lensemble.data.trajectories import ParticipantData
+    from lensemble.federation.verify import VerifiedRecord
 
 
 def run_in_process(
@@ -86,26 +87,26 @@ def _run(
     from lensemble.data.trajectories import load_or_collect
 
     start = time.perf_counter()
-    if resume:  # verify before any work: collecting data can take minutes
+    verified = None
+    if resume:  # verify once, before any work: collecting data can take minutes
         from lensemble.federation.signing import signer_from_env
         from lensemble.federation.verify import require_valid
 
-        require_valid(out, config.observability.ledger_path, signer_from_env())
+        verified = require_valid(out, config.observability.ledger_path, signer_from_env())
     else:
         fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
     datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
     check_rank_faults(config, faults)
-    coordinator, participants = _federation(config, out, datasets, resume, observer)
+    coordinator, participants = _federation(config, out, datasets, verified, observer)
     resumed_from = coordinator.version if resume and coordinator.version > 0 else None
     evaluation = Evaluation(config, datasets)
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
-        assert coordinator.ledger is not None
         recover_metrics(
             out,
-            coordinator.ledger.records(),
+            coordinator.earlier,
             coordinator.version,
             lambda record: rebuild_metrics(config, out, evaluation, record),
         )
@@ -116,8 +117,8 @@ def _run(
     scored = scoring.final()
     return SimulationResult(
         config_hash=config_hash(config),
-        # The ledger holds the whole run, including what came before a resume.
-        records=coordinator.ledger.records() if coordinator.ledger else coordinator.records,
+        # The whole run, including what came before a resume (the ledger's lines).
+        records=coordinator.history,
         metrics=scoring.metrics,
         model_hash=coordinator.model_hash,
         final=scored.federated,
@@ -134,10 +135,10 @@ def _federation(
     config: LensembleConfig,
     out: Path,
     datasets: Mapping[str, ParticipantData],
-    resume: bool,
+    verified: VerifiedRecord | None,
     observer: CoordinatorObserver | None,
 ) -> tuple[Coordinator, dict[str, Participant]]:
-    """The coordinator (resumed when asked) and every participant with its own learner."""
+    """The coordinator (resuming ``verified`` when given) and every participant."""
     from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.ranks.learner import learner_for
 
@@ -147,6 +148,7 @@ def _federation(
         pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
         for pid in config.participant_ids
     }
+    resume = verified if verified is not None else False
     coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
     return coordinator, participants
 

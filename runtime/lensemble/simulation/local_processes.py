@@ -121,13 +121,15 @@ def run_local_processes(
     start = time.perf_counter()
     out = Path(config.run.output_dir)
     # The coordinator process takes the coordinator lock; here it only guards the clean-up.
+    resumed_from = None
     with coordinator_lock(out):
         if resume:
-            require_valid(out, config.observability.ledger_path, signer_from_env())
+            ledger, signer = config.observability.ledger_path, signer_from_env()
+            verified = require_valid(out, ledger, signer, keep_tensors=False)
+            before = verified.report.checkpoints
+            resumed_from = before[-1] if before and before[-1] > 0 else None
         else:
             fresh_output(out, config.observability.ledger_path)
-    before = CheckpointStore(out).versions()
-    resumed_from = before[-1] if before and before[-1] > 0 else None
     port = free_port()
     launch = [
         *overrides,
