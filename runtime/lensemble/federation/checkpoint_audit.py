@@ -134,22 +134,7 @@ def audit_checkpoint(
         IntegrityError: Unreadable, momentum missing, a hash that does not recompute, or a MAC
             that does not verify (the messages are ``CheckpointStore.load``'s).
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as np_load
-
-    try:
-        data = path.read_bytes()
-        (header_len,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + header_len])
-        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-        if meta.get("format") != PAYLOAD_FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
-        tensors = np_load(data)
-    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
-        raise IntegrityError(
-            f"checkpoint {path} cannot be read ({exc});",
-            remediation="delete it to resume from the previous checkpoint.",
-        ) from None
+    meta, tensors = _read(path)
     params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
     momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
     require_momentum(path, set(params), {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
@@ -196,6 +181,30 @@ def audit_checkpoint(
         meta.get("config_view", ""),
         dict(tensors) if keep_tensors else None,
     )
+
+
+def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A checkpoint's metadata and tensors (numpy arrays), read without torch.
+
+    Raises:
+        IntegrityError: The file cannot be read, is not safetensors, or has another format.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as np_load
+
+    try:
+        data = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + header_len])
+        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
+        if meta.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
+        return meta, np_load(data)
+    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
+        raise IntegrityError(
+            f"checkpoint {path} cannot be read ({exc});",
+            remediation="delete it to resume from the previous checkpoint.",
+        ) from None
 
 
 def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:
