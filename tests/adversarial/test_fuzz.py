@@ -22,7 +22,7 @@ from lensemble.federation.ledger import RoundRecord, committed_chain
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import bytes_hash, manifest
-from lensemble.federation.transport import Traffic
+from lensemble.federation.transport import CoordinatorTransport, Traffic
 from tests.adversarial.mutations import mutate
 from tests.support.federation import QuadraticLearner, initial_params, small_config
 
@@ -41,7 +41,7 @@ def rss_bytes() -> int:
 
 
 @dataclass
-class FuzzTransport:
+class FuzzTransport(CoordinatorTransport):
     """Honest submissions first, then the attacker's cases (or, replaying, its accepted ones)."""
 
     participants: dict[str, Participant]

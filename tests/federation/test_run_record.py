@@ -15,8 +15,9 @@ from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.checkpoint import MOMENTUM_PREFIX, CheckpointStore, state_hash
 from lensemble.federation.ledger import Ledger, canonical, line_digest
 from lensemble.federation.payload import decode, encode, model_hash
+from lensemble.federation.record_keys import require_matching_key
 from lensemble.federation.signing import HmacSigner
-from lensemble.federation.verify import require_matching_key, verify_run
+from lensemble.federation.verify import verify_run
 from tests.support.cli import run_cli
 from tests.support.federation import build, small_config
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,10 @@ class AuditedCheckpoint:
         parent_hash: The parent model's hash.
         record: Canonical JSON of the round record it commits (``""`` for v0).
         state_hash: Its state hash (recomputed and equal).
+        config_hash: The config hash it records.
+        config_view: The hashed config it records, as canonical JSON (``""`` when absent).
+        tensors: Name -> numpy array of every tensor (parameters, and the outer momentum
+            under ``momentum::<name>``) when asked to keep them, else None.
     """
 
     version: int
@@ -47,6 +51,9 @@ class AuditedCheckpoint:
     parent_hash: str
     record: str
     state_hash: str
+    config_hash: str = ""
+    config_view: str = ""
+    tensors: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 class HashMismatch(IntegrityError):
@@ -112,29 +119,22 @@ def _state_suffix(version: int, *texts: str) -> bytes:
     return suffix
 
 
-def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> AuditedCheckpoint:
+def audit_checkpoint(
+    path: Path, version: int, signer: Signer | None, *, keep_tensors: bool = False
+) -> AuditedCheckpoint:
     """Read checkpoint ``version`` and check it like ``CheckpointStore.load`` does.
+
+    Args:
+        path: The checkpoint file.
+        version: The version its name says.
+        signer: Checks its MAC when given.
+        keep_tensors: Return its tensors too (a resume continues from them).
 
     Raises:
         IntegrityError: Unreadable, momentum missing, a hash that does not recompute, or a MAC
             that does not verify (the messages are ``CheckpointStore.load``'s).
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as np_load
-
-    try:
-        data = path.read_bytes()
-        (header_len,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + header_len])
-        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-        if meta.get("format") != PAYLOAD_FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
-        tensors = np_load(data)
-    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
-        raise IntegrityError(
-            f"checkpoint {path} cannot be read ({exc});",
-            remediation="delete it to resume from the previous checkpoint.",
-        ) from None
+    meta, tensors = _read(path)
     params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
     momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
     require_momentum(path, set(params), {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
@@ -171,7 +171,40 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
             remediation="it was written by someone without the key: restore it from a "
             "backup or start a new run folder.",
         )
-    return AuditedCheckpoint(version, expected, parent, record, recorded_state)
+    return AuditedCheckpoint(
+        version,
+        expected,
+        parent,
+        record,
+        recorded_state,
+        meta.get("config_hash", ""),
+        meta.get("config_view", ""),
+        dict(tensors) if keep_tensors else None,
+    )
+
+
+def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A checkpoint's metadata and tensors (numpy arrays), read without torch.
+
+    Raises:
+        IntegrityError: The file cannot be read, is not safetensors, or has another format.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as np_load
+
+    try:
+        data = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + header_len])
+        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
+        if meta.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
+        return meta, np_load(data)
+    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
+        raise IntegrityError(
+            f"checkpoint {path} cannot be read ({exc});",
+            remediation="delete it to resume from the previous checkpoint.",
+        ) from None
 
 
 def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:

@@ -215,20 +215,26 @@ class ParsedLedger:
         torn: The final line's text when it is unterminated and not valid JSON (a crash tore it).
         bad: ``(line number, why)`` of the first unparseable line that is not a torn tail.
         legacy: The file is a version 1 ledger.
+        raw: The bytes parsed (the file's whole contents).
     """
 
     lines: list[LedgerLine] = field(default_factory=list)
     torn: str | None = None
     bad: tuple[int, str] | None = None
     legacy: bool = False
+    raw: bytes = b""
 
 
 def parse_ledger(path: Path) -> ParsedLedger:
     """Read a ledger file without judging it (see :mod:`lensemble.federation.verify`)."""
-    out = ParsedLedger()
     if not path.exists():
-        return out
-    raw = path.read_bytes()
+        return ParsedLedger()
+    return parse_ledger_bytes(path.read_bytes())
+
+
+def parse_ledger_bytes(raw: bytes) -> ParsedLedger:
+    """Split a ledger's contents into lines without judging them (:func:`parse_ledger`)."""
+    out = ParsedLedger(raw=raw)
     texts = raw.decode("utf-8", errors="replace").split("\n")
     complete = raw.endswith(b"\n")
     if complete:
@@ -264,6 +270,10 @@ class Ledger:
         self.signer = signer
         path.parent.mkdir(parents=True, exist_ok=True)
         self._tail: tuple[int, str] | None = None
+
+    def continue_after(self, lines: list[LedgerLine]) -> None:
+        """Append after ``lines``, the file's verified contents, without reading it again."""
+        self._tail = (lines[-1].number, lines[-1].line_hash) if lines else (0, "")
 
     def _tail_state(self) -> tuple[int, str]:
         if self._tail is None:
@@ -311,7 +321,9 @@ class Ledger:
         """Every line's round record, in order (same errors as :meth:`lines`)."""
         return [line.record for line in self.lines()]
 
-    def rewrite_texts(self, texts: Iterable[str], *, why: str) -> Path | None:
+    def rewrite_texts(
+        self, texts: Iterable[str], *, why: str, old: bytes | None = None
+    ) -> Path | None:
         """Replace the ledger atomically with these line texts (resume drops or repairs a tail).
 
         Nothing is lost and nothing happens quietly: when the contents change, the old ledger
@@ -321,6 +333,8 @@ class Ledger:
         Args:
             texts: The complete new contents, line by line.
             why: What the rewrite repairs, e.g. ``"drops the final line 5, torn by a crash"``.
+            old: The file's current contents when the caller read them already (under the
+                folder's lock); read from the file when None.
 
         Returns:
             The file keeping the old contents, or None when they were already these.
@@ -329,7 +343,8 @@ class Ledger:
             DiskFull: Not enough room (checked before anything is written).
         """
         data = "".join(t + "\n" for t in texts).encode()
-        old = self.path.read_bytes() if self.path.exists() else b""
+        if old is None:
+            old = self.path.read_bytes() if self.path.exists() else b""
         if old == data:
             return None
         check_free_space(self.path.parent, len(data) + len(old))

@@ -181,7 +181,8 @@ def encode(
     here: metadata keys are sorted, so the same payload always has the same bytes (safetensors
     writes them in hash-map order, which varies between processes, and a resend must be
     byte-identical to count as a duplicate); and each tensor is copied once instead of twice,
-    which made safetensors' writer the slowest step of a round (``bench/runtime_overhead.py``).
+    which made safetensors' writer the slowest step of a round
+    (docs/performance.md#block-sizes-and-buffers-of-the-hot-path).
     Untrusted bytes are parsed by :func:`decode` under safetensors' layout rules.
 
     Args:
@@ -238,9 +239,10 @@ def _joined(parts: list[bytes | memoryview], total: int, *, recycle: bool = True
     """``b"".join(parts)`` (``total`` bytes), at memory bandwidth for large payloads.
 
     Built in place (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`): ``b"".join``
-    ran at about a seventh of ``numpy.copyto``'s speed in ``bench/runtime_overhead.py``, its
-    fresh buffer faulted in 4 KiB page by page. With ``recycle`` the previous payload of the
-    same size, once released (a round's model or update), is written over, not faulted in anew.
+    is several times slower, its fresh buffer faulted in 4 KiB page by page
+    (docs/performance.md#block-sizes-and-buffers-of-the-hot-path). With ``recycle`` the
+    previous payload of the same size, once released (a round's model or update), is written
+    over, not faulted in anew.
     """
     if total < LARGE:
         return b"".join(parts)
@@ -331,29 +333,34 @@ def _check_header(header: object) -> dict[str, str]:
     for name, entry in header.items():
         if name == "__metadata__":
             metadata = entry
-            continue
-        if not isinstance(entry, dict):
-            raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
-            raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
-        if not (
-            isinstance(shape, list)
-            and len(shape) <= MAX_TENSOR_RANK
-            and all(type(d) is int and d >= 0 for d in shape)
-        ):
-            raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(o) is int and o >= 0 for o in offsets)
-        ):
-            raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+        else:
+            _check_entry(name, entry)
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise PayloadError("payload metadata is not an object of strings.")
     return metadata
+
+
+def _check_entry(name: str, entry: object) -> None:
+    """One tensor entry: a supported dtype, a bounded integer shape, two integer offsets."""
+    if not isinstance(entry, dict):
+        raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
+        raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_TENSOR_RANK
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int and o >= 0 for o in offsets)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
 
 
 def _tensor_layout(header: Mapping[str, object], data_len: int) -> list[TensorRange]:
