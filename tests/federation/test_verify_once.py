@@ -118,7 +118,7 @@ def test_a_torn_tail_is_repaired_without_reading_the_ledger_again(
 def test_the_network_coordinator_start_reads_and_verifies_the_record_once(
     tmp_path: Path, reads: Reads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lensemble.network import process
+    from lensemble.network.launch import process
     from tests.support.federation import initial_params
     from tests.support.network import network_mapping
 

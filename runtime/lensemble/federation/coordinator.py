@@ -37,12 +37,7 @@ import torch
 
 from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError, PrecommitCheckFailed, QuorumNotReached
-from lensemble.federation.admission import (
-    Admission,
-    ClosedAttempt,
-    admit_attempt,
-    self_reported,
-)
+from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.commit import Committer, outer_step
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
@@ -58,17 +53,6 @@ from lensemble.federation.spool import UpdateSpool
 from lensemble.federation.transport import CoordinatorTransport
 from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
-
-# The admission rule's names, for the transports that apply it too.
-__all__ = [
-    "ClosedAttempt",
-    "Coordinator",
-    "CoordinatorObserver",
-    "RunSummary",
-    "admit_attempt",
-    "global_architecture",
-    "self_reported",
-]
 
 Params = dict[str, torch.Tensor]
 
