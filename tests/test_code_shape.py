@@ -9,8 +9,10 @@ Budgets (issue 35), outside generated code (``*_pb2*.py``):
   cyclomatic complexity is over :data:`COMPLEXITY`, as ``radon cc`` measures it (McCabe's
   count plus one per boolean operator and comprehension: stricter than ruff's ``C901``).
 
-A change that needs more should split the code first; raising a budget here is a decision to be
-argued in review, not a fix.
+Issue 35 set the ceilings at 7 long and 9 complex functions; the restructuring brought both
+counts to 0, and the budgets ratchet to what was reached so that they cannot creep back. A
+change that needs more should split the code first; raising a budget here is a decision to be
+argued in review (never above 7 and 9), not a fix.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from tests.conftest import REPO
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 400
 LONG_FUNCTION_LINES = 80
-MAX_LONG_FUNCTIONS = 7
+MAX_LONG_FUNCTIONS = 0
 COMPLEXITY = 15
-MAX_COMPLEX_FUNCTIONS = 9
+MAX_COMPLEX_FUNCTIONS = 0
 
 #: Where the function budgets apply (the runtime, the Pulumi program, the checkout's tools).
 MEASURED = ("runtime/lensemble", "infra", "tools")
