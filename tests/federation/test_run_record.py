@@ -614,3 +614,64 @@ def test_a_checkpoint_hash_break_gives_both_hashes_as_fields_and_its_line(tmp_pa
     assert HASH.fullmatch(brk["expected"]) and HASH.fullmatch(brk["found"])
     assert brk["expected"] != brk["found"]
     assert "recorded state hash" in brk["what"] and "ledger line 3" in brk["what"]
+
+
+# ------------------------------------------------------------------------ the config a resume uses
+def _forge_config_view(out: Path, version: int, config: object) -> None:
+    """Rewrite checkpoint ``version``'s recorded config view to ``config``'s, keeping its MAC."""
+    from lensemble.config.hashing import canonical_json, hashed_view
+
+    path = CheckpointStore(out).path(version)
+    decoded = decode(path.read_bytes())
+    meta = dict(decoded.metadata)
+    meta["config_view"] = canonical_json(hashed_view(config)).decode()  # type: ignore[arg-type]
+    path.write_bytes(encode(decoded.tensors, meta))
+
+
+def test_a_signed_run_never_resumes_under_an_edited_config_view(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    signer = HmacSigner(KEY)
+    _run(tmp_path, signer=signer)
+    no_key.setenv("LENSEMBLE_LEDGER_KEY", KEY.hex())
+    # The config an attacker wants the resume to run: it differs from the signed one in more
+    # than federation.rounds, and the checkpoint's view is edited to match it.
+    edited = small_config(rounds=5, inner_steps=5, quorum=2)
+    _forge_config_view(tmp_path, 3, edited)
+    checkpoint = str(CheckpointStore(tmp_path).path(3))
+    report = verify_run(tmp_path, signer=signer)
+    assert report.first_break is not None and report.first_break.file == checkpoint
+    assert "config" in report.first_break.what
+    key = tmp_path.parent / "key"
+    key.write_bytes(KEY)
+    result = run_cli("verify", str(tmp_path), "--key-file", str(key))
+    assert result.code == 3 and checkpoint in result.out
+    message = _resume_refused_with(tmp_path, edited)
+    assert checkpoint in message and "config" in message
+
+
+def _resume_refused_with(out: Path, config: object) -> str:
+    """Resume under ``config`` must refuse before any training or write; returns the error."""
+    before = _snapshot(out)
+    with pytest.raises(IntegrityError) as caught:
+        build(config, output_dir=out, resume=True)  # type: ignore[arg-type]
+    assert caught.value.exit_code == 3
+    assert _snapshot(out) == before
+    return caught.value.message
+
+
+def test_an_unsigned_run_never_resumes_under_an_edited_config_view(tmp_path: Path) -> None:
+    from lensemble.config.hashing import HASH_ALGORITHM
+    from lensemble.federation.checkpoint_audit import CONFIG_HASH_ALGORITHM
+
+    assert CONFIG_HASH_ALGORITHM == HASH_ALGORITHM
+    _run(tmp_path)
+    edited = small_config(rounds=5, inner_steps=5)
+    _forge_config_view(tmp_path, 3, edited)
+    checkpoint = str(CheckpointStore(tmp_path).path(3))
+    assert checkpoint in _resume_refused_with(tmp_path, edited)
+    # The honest config still resumes once the view is the one the state hash vouches for.
+    _forge_config_view(tmp_path, 3, small_config(rounds=3))
+    coordinator, transport, _ = build(small_config(rounds=5), output_dir=tmp_path, resume=True)
+    coordinator.run(transport)
+    assert verify_run(tmp_path).ok
