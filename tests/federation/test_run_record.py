@@ -675,3 +675,80 @@ def test_an_unsigned_run_never_resumes_under_an_edited_config_view(tmp_path: Pat
     coordinator, transport, _ = build(small_config(rounds=5), output_dir=tmp_path, resume=True)
     coordinator.run(transport)
     assert verify_run(tmp_path).ok
+
+
+# ------------------------------------------------------------------------ malformed values
+def _rechain(out: Path, lines: list[dict]) -> None:
+    """Write ``lines`` with every link and line hash recomputed (an unsigned forger's edit)."""
+    prev = ""
+    for body in lines:
+        body["prev"] = prev
+        body["line_hash"] = prev = line_digest(body)
+    _write_lines(out, lines)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("round", None), ("round", "2"), ("attempt", {"nested": [["junk"]]}), ("excluded", [1])],
+)
+def test_a_malformed_ledger_value_is_named_with_its_line_never_a_traceback(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    _run(tmp_path, rounds=5)  # checkpoints v3-v5 kept: only the ledger speaks for line 2
+    lines = _lines(tmp_path)
+    lines[1]["record"][field] = value
+    _rechain(tmp_path, lines)
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3, result.err
+    assert "ledger.jsonl:2" in result.out and field in result.out
+    assert "Traceback" not in result.err + result.out
+    message = _resume_refused(tmp_path, rounds=6)
+    assert "ledger.jsonl:2" in message and field in message
+
+
+def test_a_checkpoint_record_that_is_not_a_record_is_no_repair(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    record = lines[2]["record"]
+    _write_lines(tmp_path, lines[:2])  # line 3 lost in a crash: checkpoint v3 would restore it
+    forged = _rewrite_checkpoint_text(tmp_path, 3, json.dumps([record]))
+    assert forged
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3 and "Traceback" not in result.err + result.out
+    assert "model-v000003" in result.out
+    _resume_refused(tmp_path)
+
+
+def _rewrite_checkpoint_text(out: Path, version: int, record_text: str) -> str:
+    """Forge checkpoint ``version`` to hold ``record_text`` as its record; its state hash."""
+    path = CheckpointStore(out).path(version)
+    decoded = decode(path.read_bytes())
+    meta = {k: v for k, v in decoded.metadata.items() if not k.startswith("mac")}
+    meta["record"] = record_text
+    params = {k: v for k, v in decoded.tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    momentum = {
+        k.removeprefix(MOMENTUM_PREFIX): v
+        for k, v in decoded.tensors.items()
+        if k.startswith(MOMENTUM_PREFIX)
+    }
+    meta["state_hash"] = state_hash(
+        params,
+        momentum,
+        version=version,
+        model_hash_=meta["model_hash"],
+        parent_hash=meta["parent_hash"],
+        config_hash=meta["config_hash"],
+        record_json=record_text,
+    )
+    path.write_bytes(encode(decoded.tensors, meta))
+    return meta["state_hash"]
+
+
+def test_a_control_character_in_a_ledger_value_is_printed_escaped(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[1]["ledger"] = "v2\x1b[2J\ud800"  # a terminal escape and a lone surrogate
+    _write_lines(tmp_path, lines)
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3 and "Traceback" not in result.err + result.out
+    assert "ledger.jsonl:2" in result.out and "\x1b" not in result.out

@@ -204,7 +204,15 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
         if meta.get("format") != PAYLOAD_FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
         return meta, np_load(data)
-    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
+    except (
+        OSError,
+        SafetensorError,
+        ValueError,
+        KeyError,
+        AttributeError,  # a header that is JSON but not an object
+        RecursionError,  # a header nested deeper than the JSON parser goes
+        struct.error,
+    ) as exc:
         raise IntegrityError(
             f"checkpoint {path} cannot be read ({exc});",
             remediation="delete it to resume from the previous checkpoint.",
@@ -308,7 +316,7 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
                 return {}
             header = json.loads(f.read(header_len))
         return {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-    except (OSError, ValueError, AttributeError, struct.error):
+    except (OSError, ValueError, AttributeError, RecursionError, struct.error):
         return {}
 
 
