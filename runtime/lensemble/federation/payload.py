@@ -17,6 +17,7 @@ import json
 import re
 import struct
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -319,6 +320,96 @@ def _nesting_depth(header: bytes) -> int:
     return deepest
 
 
+#: Largest integer a header may spell: the reference parser reads numbers as 64-bit integers
+#: and anything beyond as a float, which no shape or offset may be.
+_INT_LIMIT = 2**64
+#: Bits one tensor may span: torch's sizes are signed 64-bit (the reference allows unsigned).
+_EXTENT_LIMIT = 2**63
+
+
+def _strict_int(text: str) -> int | float:
+    """A JSON integer as the reference reads it: ``-0`` and beyond 64 bits are floats."""
+    value = int(text)
+    if text.startswith("-0"):
+        return -0.0  # serde_json reads -0 as a float
+    if not -(2**63) <= value < _INT_LIMIT:
+        raise ValueError(f"integer {text[:24]} is out of the 64-bit range")
+    return value
+
+
+def _strict_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:24]} is out of range")
+    return value
+
+
+def _no_constant(text: str) -> object:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are unique.
+
+    The reference parser refuses a repeated field; Python's would keep the last value.
+    """
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        repeated = next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
+        raise ValueError(f"key {repeated[:64]!r} appears twice")
+    return out
+
+
+#: A ``\u`` escape of a UTF-16 surrogate: the only way a lone surrogate gets into a string
+#: of a header that is valid UTF-8.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _require_unicode(value: object) -> None:
+    r"""Raise ValueError for any string in ``value`` (keys included) that is not valid Unicode.
+
+    The reference parser refuses a lone surrogate escape (``\ud800``); Python's keeps it.
+    """
+    if isinstance(value, str):
+        value.encode("utf-8")  # UnicodeEncodeError (a ValueError) for a lone surrogate
+    elif isinstance(value, list):
+        for item in value:
+            _require_unicode(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _require_unicode(key)
+            _require_unicode(item)
+
+
+def _parse_header(raw: bytes) -> object:
+    """The header's JSON, read as strictly as the reference parser (serde_json) reads it.
+
+    UTF-8 only (Python would also read UTF-16 and UTF-32 and surrogates written as UTF-8);
+    no ``NaN``/``Infinity``, no number out of range, no repeated key, no lone surrogate.
+
+    Raises:
+        PayloadError: Any of these, or invalid JSON.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reason = f"{exc.reason} at byte {exc.start}"
+        raise PayloadError(f"payload header is not UTF-8 ({reason}).") from None
+    try:
+        header = json.loads(
+            text,
+            object_pairs_hook=_unique_object,
+            parse_int=_strict_int,
+            parse_float=_strict_float,
+            parse_constant=_no_constant,
+        )
+        if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
+            _require_unicode(header)
+        return header
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+
+
 def _check_header(header: object) -> dict[str, str]:
     """Check a parsed header's structure; return its metadata.
 
@@ -355,6 +446,11 @@ def _check_entry(name: str, entry: object) -> None:
         and all(type(d) is int and d >= 0 for d in shape)
     ):
         raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+    extent = _ITEM_BYTES[dtype] * 8
+    for d in shape:
+        extent *= max(d, 1)  # also bounds every dimension of an empty tensor
+    if extent >= _EXTENT_LIMIT:
+        raise PayloadError(f"tensor '{name[:64]}' has a shape too large to address.")
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
@@ -415,10 +511,12 @@ def decode(
     """Parse safetensors bytes without unpickling anything.
 
     Untrusted bytes are bounded before they are parsed: the header's size
-    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then its structure
+    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then read as strictly
+    as the reference safetensors parser reads it (:func:`_parse_header`), then its structure
     (supported dtypes, integer shapes and offsets, string metadata), then safetensors' layout
     rules (each tensor's byte range matches its dtype and shape, the ranges tile the data
-    section exactly).
+    section exactly). Whatever it accepts, the reference parser accepts too, with the same
+    tensors (differential-fuzzed: ``tests/federation/test_payload_differential.py``).
 
     Args:
         data: The payload bytes (any contiguous buffer).
@@ -446,15 +544,13 @@ def decode(
             f"payload header is {header_len} bytes, more than the {max_header_bytes} allowed."
         )
     raw = bytes(view[8 : 8 + header_len])
-    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
-        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
     if not raw.startswith(b"{"):
         raise PayloadError("payload header does not start with '{'.")
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
+        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
+    header = _parse_header(raw)
     metadata = _check_header(header)
+    assert isinstance(header, dict)  # _check_header refuses anything else
     body = view[8 + header_len :]
     layout = _tensor_layout(header, len(body))
     if metadata.get("format") != PAYLOAD_FORMAT:
