@@ -232,6 +232,21 @@ def _field_problem(name: str, value: Any) -> str | None:
     return None
 
 
+def _is_number(value: Any) -> bool:
+    # JSON has numbers: an integer is a float too, a boolean neither.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+#: How a scalar annotation of RoundRecord is checked on parsed JSON.
+_SCALAR_CHECKS: dict[Any, Callable[[Any], bool]] = {
+    float: _is_number,
+    int: lambda v: type(v) is int,
+    str: lambda v: type(v) is str,
+    bool: lambda v: type(v) is bool,
+    type(None): lambda v: v is None,
+}
+
+
 def _conforms(value: Any, hint: Any) -> bool:
     """Whether parsed JSON ``value`` is of type ``hint`` (the annotations RoundRecord uses)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -245,11 +260,10 @@ def _conforms(value: Any, hint: Any) -> bool:
         return isinstance(value, dict) and all(
             isinstance(key, str) and _conforms(item, args[1]) for key, item in value.items()
         )
-    if hint is float:  # JSON has numbers: an integer is a float too, a boolean neither
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint in (int, str, bool, type(None)):
-        return type(value) is hint or (hint is type(None) and value is None)
-    raise TypeError(f"RoundRecord uses {hint}, which record_from_dict cannot check")
+    check = _SCALAR_CHECKS.get(hint)
+    if check is None:
+        raise TypeError(f"RoundRecord uses {hint}, which record_from_dict cannot check")
+    return check(value)
 
 
 def _hint_text(hint: Any) -> str:

@@ -17,13 +17,13 @@ import json
 import re
 import struct
 import warnings
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from lensemble.errors import ArchitectureMismatch, PayloadError
+from lensemble.federation import strict_json
 from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 from lensemble.machinery.hash_behind import HashBehind
 
@@ -320,92 +320,21 @@ def _nesting_depth(header: bytes) -> int:
     return deepest
 
 
-#: Largest integer a header may spell: the reference parser reads numbers as 64-bit integers
-#: and anything beyond as a float, which no shape or offset may be.
-_INT_LIMIT = 2**64
 #: Bits one tensor may span: torch's sizes are signed 64-bit (the reference allows unsigned).
 _EXTENT_LIMIT = 2**63
 
 
-def _strict_int(text: str) -> int | float:
-    """A JSON integer as the reference reads it: ``-0`` and beyond 64 bits are floats."""
-    value = int(text)
-    if text.startswith("-0"):
-        return -0.0  # serde_json reads -0 as a float
-    if not -(2**63) <= value < _INT_LIMIT:
-        raise ValueError(f"integer {text[:24]} is out of the 64-bit range")
-    return value
-
-
-def _strict_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"number {text[:24]} is out of range")
-    return value
-
-
-def _no_constant(text: str) -> object:
-    raise ValueError(f"{text} is not JSON")
-
-
-def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """A JSON object whose keys are unique.
-
-    The reference parser refuses a repeated field; Python's would keep the last value.
-    """
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        repeated = next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
-        raise ValueError(f"key {repeated[:64]!r} appears twice")
-    return out
-
-
-#: A ``\u`` escape of a UTF-16 surrogate: the only way a lone surrogate gets into a string
-#: of a header that is valid UTF-8.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _require_unicode(value: object) -> None:
-    r"""Raise ValueError for any string in ``value`` (keys included) that is not valid Unicode.
-
-    The reference parser refuses a lone surrogate escape (``\ud800``); Python's keeps it.
-    """
-    if isinstance(value, str):
-        value.encode("utf-8")  # UnicodeEncodeError (a ValueError) for a lone surrogate
-    elif isinstance(value, list):
-        for item in value:
-            _require_unicode(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _require_unicode(key)
-            _require_unicode(item)
-
-
 def _parse_header(raw: bytes) -> object:
-    """The header's JSON, read as strictly as the reference parser (serde_json) reads it.
-
-    UTF-8 only (Python would also read UTF-16 and UTF-32 and surrogates written as UTF-8);
-    no ``NaN``/``Infinity``, no number out of range, no repeated key, no lone surrogate.
+    """The header's JSON, read as strictly as the reference parser reads it (:mod:`strict_json`).
 
     Raises:
-        PayloadError: Any of these, or invalid JSON.
+        PayloadError: Not UTF-8, or not JSON the reference parser would read.
     """
     try:
-        text = raw.decode("utf-8")
+        return strict_json.loads(raw)
     except UnicodeDecodeError as exc:
         reason = f"{exc.reason} at byte {exc.start}"
         raise PayloadError(f"payload header is not UTF-8 ({reason}).") from None
-    try:
-        header = json.loads(
-            text,
-            object_pairs_hook=_unique_object,
-            parse_int=_strict_int,
-            parse_float=_strict_float,
-            parse_constant=_no_constant,
-        )
-        if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
-            _require_unicode(header)
-        return header
     except (ValueError, RecursionError) as exc:
         raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
 
@@ -440,6 +369,17 @@ def _check_entry(name: str, entry: object) -> None:
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
         raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
+    _check_shape(name, dtype, shape)
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int and o >= 0 for o in offsets)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+
+
+def _check_shape(name: str, dtype: str, shape: object) -> None:
+    """A list of at most :data:`MAX_TENSOR_RANK` non-negative integers that torch can address."""
     if not (
         isinstance(shape, list)
         and len(shape) <= MAX_TENSOR_RANK
@@ -451,12 +391,6 @@ def _check_entry(name: str, entry: object) -> None:
         extent *= max(d, 1)  # also bounds every dimension of an empty tensor
     if extent >= _EXTENT_LIMIT:
         raise PayloadError(f"tensor '{name[:64]}' has a shape too large to address.")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int and o >= 0 for o in offsets)
-    ):
-        raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
 
 
 def _tensor_layout(header: Mapping[str, object], data_len: int) -> list[TensorRange]:

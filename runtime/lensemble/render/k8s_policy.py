@@ -212,18 +212,25 @@ def _open_together(docs: Sequence[Manifest], policies: list[Manifest]) -> Iterat
             and selects((p.get("spec") or {}).get("podSelector"), labels)
         ]
         for direction, peers_key in _DIRECTIONS:
-            by_policy = {
-                _name(p): rule_cidrs((p.get("spec") or {}).get(direction) or [], peers_key)
-                for p in selecting
-            }
-            contributing = sorted(name for name, cidrs in by_policy.items() if cidrs)
-            cidrs = [cidr for name in contributing for cidr in by_policy[name]]
-            if len(contributing) > 1 and covers_every_address(cidrs):
-                yield (
-                    f"{_name(doc)} is open to every address for {direction}: the ipBlocks of "
-                    f"{', '.join(contributing)}, which all select it, together cover every "
-                    f"address ({', '.join(cidrs)})."
-                )
+            problem = _union_problem(selecting, direction, peers_key)
+            if problem:
+                yield f"{_name(doc)} is open to every address for {direction}: {problem}"
+
+
+def _union_problem(selecting: list[Manifest], direction: str, peers_key: str) -> str | None:
+    """Why the ipBlocks of two or more of ``selecting`` together cover every address, if so."""
+    by_policy = {
+        _name(p): rule_cidrs((p.get("spec") or {}).get(direction) or [], peers_key)
+        for p in selecting
+    }
+    contributing = sorted(name for name, cidrs in by_policy.items() if cidrs)
+    cidrs = [cidr for name in contributing for cidr in by_policy[name]]
+    if len(contributing) < 2 or not covers_every_address(cidrs):
+        return None
+    return (
+        f"the ipBlocks of {', '.join(contributing)}, which all select it, together cover every "
+        f"address ({', '.join(cidrs)})."
+    )
 
 
 def _claims(spec: dict[str, Any]) -> list[str]:
