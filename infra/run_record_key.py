@@ -160,30 +160,23 @@ class RunRecordKey(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-        auditors = caller.account_id.apply(
-            lambda account: list(args.auditor_principals) or [args.partition.account_root(account)]
-        )
-        auditor = aws.iam.Role(
+        auditor = _assumable_role(
             f"{name}-auditor",
-            description=f"Auditors of run {args.run_name}: verify its run record",
-            assume_role_policy=auditors.apply(_assumable_by),
-            tags=args.tags,
-            opts=child,
+            f"Auditors of run {args.run_name}: verify its run record",
+            args.auditor_principals,
+            args,
+            caller.account_id,
+            child,
         )
-        break_glass_principals = caller.account_id.apply(
-            lambda account: (
-                list(args.break_glass_principals) or [args.partition.account_root(account)]
-            )
-        )
-        break_glass = aws.iam.Role(
+        break_glass = _assumable_role(
             f"{name}-break-glass",
-            description=f"Break glass of run {args.run_name}: the only role that may change "
-            "the run-record key's policy",
-            assume_role_policy=break_glass_principals.apply(
-                lambda principals: _assumable_by(principals, mfa=True)
-            ),
-            tags=args.tags,
-            opts=child,
+            f"Break glass of run {args.run_name}: the only role that may change the run-record "
+            "key's policy",
+            args.break_glass_principals,
+            args,
+            caller.account_id,
+            child,
+            mfa=True,
         )
         key = aws.kms.Key(
             f"{name}-mac",
@@ -224,6 +217,29 @@ class RunRecordKey(pulumi.ComponentResource):
                 "break_glass_role_arn": self.break_glass_role_arn,
             }
         )
+
+
+def _assumable_role(
+    name: str,
+    description: str,
+    principals: tuple[str, ...],
+    args: RunRecordKeyArgs,
+    account_id: pulumi.Output[str],
+    opts: pulumi.ResourceOptions,
+    *,
+    mfa: bool = False,
+) -> aws.iam.Role:
+    """A role ``principals`` may assume (the account root when none), with MFA when ``mfa``."""
+    trusted = account_id.apply(
+        lambda account: list(principals) or [args.partition.account_root(account)]
+    )
+    return aws.iam.Role(
+        name,
+        description=description,
+        assume_role_policy=trusted.apply(lambda arns: _assumable_by(arns, mfa=mfa)),
+        tags=args.tags,
+        opts=opts,
+    )
 
 
 def _assumable_by(principals: list[str], *, mfa: bool = False) -> str:
