@@ -165,8 +165,8 @@ class RunRecordKey(pulumi.ComponentResource):
             f"Auditors of run {args.run_name}: verify its run record",
             args.auditor_principals,
             args,
-            caller.account_id,
-            child,
+            account_id=caller.account_id,
+            opts=child,
         )
         break_glass = _assumable_role(
             f"{name}-break-glass",
@@ -174,8 +174,8 @@ class RunRecordKey(pulumi.ComponentResource):
             "key's policy",
             args.break_glass_principals,
             args,
-            caller.account_id,
-            child,
+            account_id=caller.account_id,
+            opts=child,
             mfa=True,
         )
         key = aws.kms.Key(
@@ -224,9 +224,9 @@ def _assumable_role(
     description: str,
     principals: tuple[str, ...],
     args: RunRecordKeyArgs,
+    *,
     account_id: pulumi.Output[str],
     opts: pulumi.ResourceOptions,
-    *,
     mfa: bool = False,
 ) -> aws.iam.Role:
     """A role ``principals`` may assume (the account root when none), with MFA when ``mfa``."""
