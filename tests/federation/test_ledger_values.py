@@ -115,9 +115,12 @@ JSON_VALUES = st.recursive(
 
 
 def _set(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Replace the value at ``path``; TypeError when an earlier edit changed what lies there."""
     node: Any = body
     for key in path[:-1]:
         node = node[key]
+    if isinstance(node, dict) and not isinstance(path[-1], str):
+        raise TypeError("a JSON object's keys are strings")  # not a place of this line
     node[path[-1]] = value
 
 
