@@ -29,6 +29,7 @@ from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
 from lensemble.federation.robustness import update_norm
 from lensemble.federation.spool import UpdateSpool
+from lensemble.machinery.hash_behind import hashing_thread
 
 _log = logging.getLogger("lensemble.federation.coordinator")
 
@@ -255,18 +256,57 @@ class Admission:
         if early is not None:
             return early
         assert col is not None  # admit_attempt admits only into the open attempt
+        if sub.landed is not None:
+            return self._judge_landed(sub, col)
         # The network transport hashed the bytes while they streamed in and compared them.
         digest = sub.payload_hash if sub.hash_checked else bytes_hash(sub.payload)
         verdict = self._check_identity(sub, digest, col)
         if verdict is not None:
             return verdict
+        content = self._content(sub, sub.payload, col)
+        if isinstance(content, Verdict):
+            return content
+        return self._keep(sub, sub.payload, digest, content, col)
+
+    def _judge_landed(self, sub: Submission, col: Collection) -> Verdict:
+        """Judge a payload that landed in a spool file from a private copy of it.
+
+        The file was on disk while the payload waited, where another process of the
+        coordinator's user can rewrite it (``/proc/<pid>/fd``). The payload is copied out of
+        it, and the copy is both judged and hashed (on the hashing thread, beside the
+        judging), so the verdict is about exactly the bytes whose hash is checked against the
+        one they had on receipt; the reduction verifies the file again when it reads it back.
+        """
+        assert sub.landed is not None
         try:
-            # Views of the payload, no copy: judging only reads them.
-            decoded = decode(sub.payload, max_header_bytes=self.max_header_bytes, copy=False)
-        except PayloadError as exc:
-            return self._verdict(Reason.BAD_PAYLOAD, exc.message)
-        return self._check_metadata(decoded.metadata, sub, col) or self._keep(
-            sub, digest, decoded, col
+            private = sub.landed.read_back()
+        except OSError as exc:
+            return self._tampered(sub, f"cannot be read back ({exc.strerror or exc})")
+        hashing = hashing_thread().submit(bytes_hash, private)
+        try:
+            content = self._content(sub, private, col)
+        finally:
+            digest = hashing.result()  # it reads the copy: wait before anything drops it
+        if sub.hash_checked and digest != sub.payload_hash:
+            return self._tampered(sub, "changed after it arrived")
+        verdict = self._check_identity(sub, digest, col)
+        if verdict is not None:
+            return verdict
+        if isinstance(content, Verdict):
+            return content
+        return self._keep(sub, private, digest, content, col)
+
+    def _tampered(self, sub: Submission, what: str) -> Verdict:
+        """The rejection of an update received intact whose spool file then ``what``."""
+        _log.error(
+            "the spool file of %s's update %s: something else writes the coordinator's spool "
+            "folder; the update is rejected",
+            sub.sender,
+            what,
+        )
+        return self._verdict(
+            Reason.HASH_MISMATCH,
+            f"the update was received intact, but its spool file on the coordinator {what}.",
         )
 
     def _check_identity(self, sub: Submission, digest: str, col: Collection) -> Verdict | None:
@@ -323,8 +363,21 @@ class Admission:
             )
         return None
 
-    def _keep(self, sub: Submission, digest: str, decoded: Decoded, col: Collection) -> Verdict:
-        """Dequantize and bound-check the update; accept and spool it when it holds."""
+    def _content(
+        self, sub: Submission, payload: bytes | bytearray | memoryview, col: Collection
+    ) -> tuple[Decoded, float] | Verdict:
+        """Parse, check the metadata, dequantize and bound-check; the update's norm if it holds.
+
+        Changes no state.
+        """
+        try:
+            # Views of the payload, no copy: judging only reads them.
+            decoded = decode(payload, max_header_bytes=self.max_header_bytes, copy=False)
+        except PayloadError as exc:
+            return self._verdict(Reason.BAD_PAYLOAD, exc.message)
+        verdict = self._check_metadata(decoded.metadata, sub, col)
+        if verdict is not None:
+            return verdict
         fed = self.fed
         try:
             delta = dequantize(
@@ -340,10 +393,24 @@ class Admission:
             return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
-        col.norms[sub.sender] = update_norm(delta)
-        self.spool.add(sub.sender, sub.payload, digest, decoded, sub.landed)
+        return decoded, update_norm(delta)
+
+    def _keep(
+        self,
+        sub: Submission,
+        payload: bytes | bytearray | memoryview,
+        digest: str,
+        content: tuple[Decoded, float],
+        col: Collection,
+    ) -> Verdict:
+        """Accept the judged update: spool it, with its norm, hash and size.
+
+        ``content`` is what :meth:`_content` found: the parsed payload and its norm.
+        """
+        decoded, col.norms[sub.sender] = content
+        self.spool.add(sub.sender, payload, digest, decoded, sub.landed)
         col.hashes[sub.sender] = digest
-        col.sizes[sub.sender] = len(sub.payload)
+        col.sizes[sub.sender] = len(payload)
         col.reported[sub.sender] = self_reported(decoded.metadata)
         col.rejected.pop(sub.sender, None)
         col.details.pop(sub.sender, None)

@@ -30,6 +30,7 @@ from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.checkpoint_audit import (
     MOMENTUM_PREFIX,
     recorded_version_of,
+    require_config_view,
     require_momentum,
     require_recorded_version,
 )
@@ -246,6 +247,7 @@ class CheckpointStore:
                 remediation="it was written by someone without the key: restore it from a "
                 "backup or start a new run folder.",
             )
+        require_config_view(path, ckpt.config_hash, ckpt.config_view)
         return ckpt
 
 

@@ -23,6 +23,9 @@ MOMENTUM_PREFIX = "momentum::"
 MODEL_HASH_DOMAIN = b"lensemble/global-model/v1\x00"
 STATE_DOMAIN = b"lensemble/coordinator-state/v1\x00"
 PAYLOAD_FORMAT = "lensemble-payload-v1"
+#: :data:`lensemble.config.hashing.HASH_ALGORITHM`, the config hash's algorithm id (not imported:
+#: verification starts without the config schema).
+CONFIG_HASH_ALGORITHM = "sha256-canon-v1"
 MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _TOKENS = {"float32": "F32", "float16": "F16", "float64": "F64", "int8": "I8", "int32": "I32"}
 _TOKENS.update({"int64": "I64", "uint8": "U8"})
@@ -171,6 +174,7 @@ def audit_checkpoint(
             remediation="it was written by someone without the key: restore it from a "
             "backup or start a new run folder.",
         )
+    require_config_view(path, meta.get("config_hash", ""), meta.get("config_view", ""))
     return AuditedCheckpoint(
         version,
         expected,
@@ -200,7 +204,15 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
         if meta.get("format") != PAYLOAD_FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
         return meta, np_load(data)
-    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
+    except (
+        OSError,
+        SafetensorError,
+        ValueError,
+        KeyError,
+        AttributeError,  # a header that is JSON but not an object
+        RecursionError,  # a header nested deeper than the JSON parser goes
+        struct.error,
+    ) as exc:
         raise IntegrityError(
             f"checkpoint {path} cannot be read ({exc});",
             remediation="delete it to resume from the previous checkpoint.",
@@ -224,6 +236,37 @@ def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:
             f"checkpoint {path} lacks the outer momentum of {len(missing)} tensors "
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''});",
             remediation="the file was modified; restore it or start a new run folder.",
+        )
+
+
+def require_config_view(path: Path, config_hash: str, config_view: str) -> None:
+    """Refuse a checkpoint whose recorded config view is not the config its state hash names.
+
+    The state hash (and its MAC) covers the config hash, not the view; the view is what a
+    resume compares its own config with (only ``federation.rounds`` may differ), so it must be
+    the config the hash names: ``config_hash`` is SHA-256 of exactly these canonical JSON
+    bytes (:func:`lensemble.config.hashing.config_hash`). An empty view (none recorded) is
+    no claim: a resume then needs the very same config hash.
+
+    Args:
+        path: The checkpoint (named in the error).
+        config_hash: The config hash it records (``sha256-canon-v1:<64 hex>``).
+        config_view: The config view it records, canonical JSON.
+
+    Raises:
+        HashMismatch: The view does not hash to the config hash (the view was edited).
+    """
+    if not config_view:
+        return
+    recomputed = f"{CONFIG_HASH_ALGORITHM}:{hashlib.sha256(config_view.encode()).hexdigest()}"
+    if recomputed != config_hash:
+        raise HashMismatch(
+            path,
+            "records a config view that does not hash to its recorded config hash (the config "
+            "a resume would be checked against was edited)",
+            config_hash or "(none)",
+            recomputed,
+            remediation="restore the checkpoint from a backup or start a new run folder.",
         )
 
 
@@ -273,7 +316,7 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
                 return {}
             header = json.loads(f.read(header_len))
         return {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-    except (OSError, ValueError, AttributeError, struct.error):
+    except (OSError, ValueError, AttributeError, RecursionError, struct.error):
         return {}
 
 

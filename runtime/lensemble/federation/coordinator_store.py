@@ -136,7 +136,7 @@ class CoordinatorStore:
             return
         try:
             previous = json.loads(ckpt.config_view)
-        except ValueError:
+        except (ValueError, RecursionError):
             previous = None
         changed = (
             differing_paths(previous, hashed_view(self.config))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import ArchitectureMismatch, PayloadError
+from lensemble.federation import strict_json
 from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 from lensemble.machinery.hash_behind import HashBehind
 
@@ -319,6 +320,25 @@ def _nesting_depth(header: bytes) -> int:
     return deepest
 
 
+#: Bits one tensor may span: torch's sizes are signed 64-bit (the reference allows unsigned).
+_EXTENT_LIMIT = 2**63
+
+
+def _parse_header(raw: bytes) -> object:
+    """The header's JSON, read as strictly as the reference parser reads it (:mod:`strict_json`).
+
+    Raises:
+        PayloadError: Not UTF-8, or not JSON the reference parser would read.
+    """
+    try:
+        return strict_json.loads(raw)
+    except UnicodeDecodeError as exc:
+        reason = f"{exc.reason} at byte {exc.start}"
+        raise PayloadError(f"payload header is not UTF-8 ({reason}).") from None
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+
+
 def _check_header(header: object) -> dict[str, str]:
     """Check a parsed header's structure; return its metadata.
 
@@ -349,18 +369,28 @@ def _check_entry(name: str, entry: object) -> None:
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
         raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= MAX_TENSOR_RANK
-        and all(type(d) is int and d >= 0 for d in shape)
-    ):
-        raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+    _check_shape(name, dtype, shape)
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
         and all(type(o) is int and o >= 0 for o in offsets)
     ):
         raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+
+
+def _check_shape(name: str, dtype: str, shape: object) -> None:
+    """A list of at most :data:`MAX_TENSOR_RANK` non-negative integers that torch can address."""
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_TENSOR_RANK
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+    extent = _ITEM_BYTES[dtype] * 8
+    for d in shape:
+        extent *= max(d, 1)  # also bounds every dimension of an empty tensor
+    if extent >= _EXTENT_LIMIT:
+        raise PayloadError(f"tensor '{name[:64]}' has a shape too large to address.")
 
 
 def _tensor_layout(header: Mapping[str, object], data_len: int) -> list[TensorRange]:
@@ -415,10 +445,12 @@ def decode(
     """Parse safetensors bytes without unpickling anything.
 
     Untrusted bytes are bounded before they are parsed: the header's size
-    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then its structure
+    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then read as strictly
+    as the reference safetensors parser reads it (:func:`_parse_header`), then its structure
     (supported dtypes, integer shapes and offsets, string metadata), then safetensors' layout
     rules (each tensor's byte range matches its dtype and shape, the ranges tile the data
-    section exactly).
+    section exactly). Whatever it accepts, the reference parser accepts too, with the same
+    tensors (differential-fuzzed: ``tests/federation/test_payload_differential.py``).
 
     Args:
         data: The payload bytes (any contiguous buffer).
@@ -446,15 +478,13 @@ def decode(
             f"payload header is {header_len} bytes, more than the {max_header_bytes} allowed."
         )
     raw = bytes(view[8 : 8 + header_len])
-    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
-        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
     if not raw.startswith(b"{"):
         raise PayloadError("payload header does not start with '{'.")
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
+        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
+    header = _parse_header(raw)
     metadata = _check_header(header)
+    assert isinstance(header, dict)  # _check_header refuses anything else
     body = view[8 + header_len :]
     layout = _tensor_layout(header, len(body))
     if metadata.get("format") != PAYLOAD_FORMAT:

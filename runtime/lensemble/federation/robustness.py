@@ -31,7 +31,7 @@ from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import MEAN_BLOCK, canonical_mean
 from lensemble.federation.quantization import all_finite
 from lensemble.federation.spool import UpdateSpool
-from lensemble.federation.spool_reader import WINDOW_BUDGET, SpooledUpdate
+from lensemble.federation.spool_reader import SpooledUpdate
 from lensemble.machinery.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
@@ -317,7 +317,6 @@ def aggregate_spooled(
                     chunk=chunk,
                     block=MEAN_BLOCK if mean else BLOCK,
                     factor=screening.clipped.get(pid),
-                    window=WINDOW_BUDGET // len(order),  # all updates' windows: one budget
                 )
             )
         _reduce_blocks(updates, flat, None if mean else _row_reducer(config, len(order)))

@@ -10,13 +10,13 @@ back in fixed-size blocks, dequantized (and clipped) straight into float32 block
 reduction (:mod:`lensemble.federation.spool_reader`).
 
 Where the file system allows it (Linux ``O_TMPFILE``: ext4, xfs, btrfs, tmpfs) a spilled
-payload is an *unnamed* file: no path leads to it, only this process's descriptor, so no other
-process can open or change it except through this process itself (``/proc/<pid>/fd``, which
-needs the same rights as changing the process's memory). Its bytes are then as private as the
-ones held in memory, and reading them back checks only their length. Elsewhere (overlayfs, for
-instance) the payload is a named file in a ``0700`` folder, and the reader re-computes the
-SHA-256 of every byte it reads: :meth:`SpooledUpdate.finish` fails closed when the bytes read
-back are not exactly the ones accepted (a truncated, extended or modified file). Either way the
+payload is an *unnamed* file: no path in the folder leads to it, only this process's
+descriptor. That keeps it from whoever can list the folder, not from every other process of the
+coordinator's user, which can open it through ``/proc/<pid>/fd``. Elsewhere (overlayfs, for
+instance) the payload is a named ``0600`` file in a ``0700`` folder, which that user can
+change too. So whatever the file, its bytes are hashed on receipt and verified on use: the
+reader hashes exactly the bytes it hands to the reduction, and :meth:`SpooledUpdate.finish`
+fails closed when they are not the ones accepted (a truncated, extended or modified file); the
 reduction's result is discarded unless every update finished clean.
 
 The spool is scratch, not part of the run record: it is not fsynced (a crash reopens the round
@@ -31,11 +31,12 @@ instead (same reader).
 A transport that receives updates as streams (the network one) can also write each stream
 straight into a spool file as it arrives (:meth:`UpdateSpool.land`), so that an update being
 received or waiting for its verdict is not held in memory either: with N participants
-uploading at once, the coordinator otherwise held N payloads. The coordinator judges the
-landed bytes through a read-only mapping and, when it accepts them, the spool keeps that file
-as the update's entry: nothing is written twice. Only an unnamed file lands a stream (a
-mapping of a named file could be cut short by someone else, a ``SIGBUS``); where none can be
-made, the stream is assembled in memory as before.
+uploading at once, the coordinator otherwise held N payloads. The coordinator judges a landed
+payload from a private copy whose SHA-256 it checks against the one the stream had on receipt
+(:class:`lensemble.federation.admission.Admission`), and, when it accepts it, the spool keeps
+that file as the update's entry: nothing is written twice. Only an unnamed file lands a stream
+(a named one would be in the folder, where whoever can list it sees the update arrive); where
+none can be made, the stream is assembled in memory as before.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 import weakref
 from pathlib import Path
@@ -50,7 +52,7 @@ from pathlib import Path
 from lensemble.durable import DiskFull, check_free_space
 from lensemble.federation.intake import Landing
 from lensemble.federation.payload import Decoded
-from lensemble.federation.spool_reader import WINDOW_BUDGET, SpooledUpdate, SpoolEntry
+from lensemble.federation.spool_reader import SpooledUpdate, SpoolEntry
 
 _log = logging.getLogger("lensemble.federation.spool")
 
@@ -76,6 +78,20 @@ def _unnamed_file(folder: Path) -> int | None:
         if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             return None
         raise
+
+
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` with mode 0700, or make an existing one so.
+
+    Raises:
+        OSError: It cannot be made, or it is not a folder (a symbolic link, for instance).
+    """
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = os.lstat(folder).st_mode
+    if not stat.S_ISDIR(mode):
+        raise OSError(errno.ENOTDIR, "not a folder (a link?)", str(folder))
+    if stat.S_IMODE(mode) != 0o700:
+        os.chmod(folder, 0o700)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -237,14 +253,18 @@ class UpdateSpool:
             return None, fd
         path = self.folder / _FILE.format(index=self._count)
         self._count += 1
+        # 0600, created here (never a file or a link someone left in the folder).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        named = os.open(path, flags, 0o600)
         try:
-            with open(path, "xb", buffering=0) as f:
-                written = 0
-                while written < len(view):
-                    written += f.write(view[written:])
+            written = 0
+            while written < len(view):
+                written += os.write(named, view[written:])
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(named)
         return path, None
 
     def _unnamed_for(self, size: int) -> int | None:
@@ -255,7 +275,7 @@ class UpdateSpool:
             OSError: The folder or the file cannot be made.
         """
         assert self.folder is not None
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_folder(self.folder)
         fd = self._take_free()
         if fd is None:
             check_free_space(self.folder, size)
@@ -286,7 +306,6 @@ class UpdateSpool:
         chunk: int,
         block: int,
         factor: float | None = None,
-        window: int = WINDOW_BUDGET,
     ) -> SpooledUpdate:
         """Stream ``pid``'s update back as float32 blocks (see :class:`SpooledUpdate`).
 
@@ -295,6 +314,4 @@ class UpdateSpool:
             IntegrityError: Its unnamed file's length is no longer the payload's.
         """
         entry = self._entries[pid]
-        return SpooledUpdate(
-            pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor, window=window
-        )
+        return SpooledUpdate(pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor)

@@ -2,11 +2,13 @@
 
 :class:`SpooledUpdate` streams one accepted payload of the spool
 (:mod:`lensemble.federation.spool`) front to back in fixed-size blocks, dequantized (and
-clipped) straight into float32 blocks. Bytes in memory and unnamed files are read as views,
-without a copy (an unnamed file is mapped a window at a time: nobody else can shorten it); a
-named file, which anyone with access to the folder could change or shorten, is read into
-buffers and its SHA-256 re-computed, and :meth:`SpooledUpdate.finish` fails closed when the
-bytes read back are not exactly the ones accepted.
+clipped) straight into float32 blocks. Bytes held in memory are read as views, without a copy:
+nobody else can change them. A spilled file, named or unnamed, can be: a named one by anyone
+with access to the folder, an unnamed one by any process of the coordinator's user through
+``/proc/<pid>/fd``. So a file is read into the reader's own buffers, the reduction uses those
+very bytes, and their SHA-256 is computed as they are read (on the hashing thread, beside the
+reduction); :meth:`SpooledUpdate.finish` fails closed when the bytes read back are not exactly
+the ones accepted, and the reduction's result is then discarded.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import mmap
 import os
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,14 +41,8 @@ class SpoolEntry:
     data_start: int
     layout: tuple[TensorRange, ...]
     path: Path | None  # a named file (re-hashed when read back)
-    fd: int | None  # an unnamed file's descriptor (owned by the spool)
+    fd: int | None  # an unnamed file's descriptor (owned by the spool; re-hashed too)
     data: bytes | None  # held in memory
-
-
-#: Bytes of an unnamed spool file mapped at a time, shared by all the updates read together
-#: (their windows are resident while mapped, so the budget keeps that independent of N).
-WINDOW_BUDGET = 64 << 20
-_PAGE = mmap.ALLOCATIONGRANULARITY
 
 
 @functools.cache
@@ -70,59 +66,54 @@ def _tensor(view: memoryview, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _Views:
-    """Consecutive read-only views of a payload, without copying it.
-
-    In-memory bytes are sliced; an unnamed file is mapped (read-only, shared, populated at
-    once) one window at a time, so its bytes are read straight from the page cache. Only an
-    unnamed file is ever mapped: nobody else can shorten it (see the module docstring), which a
-    mapping would otherwise turn into a ``SIGBUS``. A view stays valid as long as it is
-    referenced (its mapping goes with the last view).
+    """Consecutive read-only views of a payload held in memory, without copying it.
 
     Args:
-        data: The payload in memory, or None for ``fd``.
-        fd: The unnamed file's descriptor, or None for ``data``.
-        size: Bytes of the payload (the file's length was checked against it).
-        window: Bytes to map at a time (a take larger than that maps what it needs).
+        data: The payload.
     """
 
-    def __init__(self, data: bytes | None, fd: int | None, size: int, window: int) -> None:
-        self._data = memoryview(data).cast("B") if data is not None else None
-        self._fd = fd
-        self._size = size
-        self._window = max(_PAGE, window - window % _PAGE)
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data).cast("B")
         self._at = 0
-        self._map_start = self._map_end = 0
-        self._mapped: memoryview | None = None
 
     def take(self, n: int) -> memoryview | None:
         """The next ``n`` bytes, or None when fewer are left."""
         start, end = self._at, self._at + n
-        if end > self._size:
+        if end > len(self._data):
             return None
         self._at = end
-        if self._data is not None:
-            return self._data[start:end]
-        if self._mapped is None or end > self._map_end:
-            assert self._fd is not None
-            self._map_start = start - start % _PAGE
-            self._map_end = min(self._size, max(self._map_start + self._window, end))
-            mapping = mmap.mmap(
-                self._fd,
-                self._map_end - self._map_start,
-                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                prot=mmap.PROT_READ,
-                offset=self._map_start,
-            )
-            self._mapped = memoryview(mapping)  # the mapping goes with its last view
-        return self._mapped[start - self._map_start : end - self._map_start]
+        return self._data[start:end]
 
     def left(self) -> int:
         """Bytes not taken yet."""
-        return self._size - self._at
+        return len(self._data) - self._at
+
+
+class _Unnamed(io.RawIOBase):
+    """An unnamed spool file read front to back with ``pread`` (its descriptor stays open).
+
+    Positional reads leave the descriptor's own offset alone: the spool writes the next
+    attempt's payload into the same file with ``pwrite``.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._at = 0
+
+    def readable(self) -> bool:
+        """Always."""
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer`` from where the last read ended; 0 at the end of the file."""
+        n = os.preadv(self._fd, [buffer], self._at)
+        self._at += n
+        return n
 
 
 class SpooledUpdate:
-    """One spilled update read back once, front to back (a named file's SHA-256 re-computed).
+    """One spilled update read back once, front to back (a file's SHA-256 re-computed).
 
     Blocks come in the payload's file order (the same for every update of a round: tensors
     ordered by dtype then name); each parameter tensor is cut into blocks of ``block``
@@ -139,7 +130,6 @@ class SpooledUpdate:
         chunk: ``federation.int8_chunk``.
         block: Elements per block.
         factor: The clipping factor, or None when the update is used as sent.
-        window: Bytes of an unnamed file mapped at a time (:class:`_Views`).
 
     Raises:
         IntegrityError: The unnamed file's length is no longer the payload's, or a named file
@@ -155,7 +145,6 @@ class SpooledUpdate:
         chunk: int,
         block: int,
         factor: float | None,
-        window: int = WINDOW_BUDGET,
     ) -> None:
         self.pid = pid
         self._entry = entry
@@ -163,19 +152,18 @@ class SpooledUpdate:
         self._chunk = chunk
         self._block = block
         self._factor = factor
-        # Only a named file can have been changed by anyone else (see the module docstring).
-        self._hash = hashlib.sha256() if entry.path is not None else None
+        # Bytes in memory are read as views, without a copy: nobody else can change them. A
+        # file, which another process could change or shorten (see the module docstring), is
+        # read into buffers, and exactly those bytes are hashed and reduced.
+        self._hash = hashlib.sha256() if entry.data is None else None
         self._read = 0
-        # Bytes in memory and unnamed files are read as views, without a copy; a named file,
-        # which anyone with access to the folder could change or shorten, is read into
-        # buffers and hashed.
         self._views: _Views | None = None
         self._source: io.RawIOBase | None = None
         if entry.fd is not None:
             length = os.fstat(entry.fd).st_size
             if length != entry.size:
                 raise self._broken(f"it is {length} bytes long, not {entry.size}")
-            self._views = _Views(None, entry.fd, entry.size, window)
+            self._source = _Unnamed(entry.fd)
         elif entry.path is not None:
             try:
                 self._source = open(entry.path, "rb", buffering=0)  # noqa: SIM115 (closed in finish)
@@ -183,7 +171,7 @@ class SpooledUpdate:
                 raise self._broken(f"it cannot be read ({exc.strerror})") from None
         else:
             assert entry.data is not None
-            self._views = _Views(entry.data, None, entry.size, window)
+            self._views = _Views(entry.data)
         # Two buffers in turn: SHA-256 of one block runs on the hashing thread while the next
         # block is read and reduced (hashlib releases the GIL), in the order the bytes came.
         self._buffers = [bytearray(0), bytearray(0)]
@@ -206,8 +194,8 @@ class SpooledUpdate:
     def _take(self, n: int) -> memoryview:
         """The next ``n`` bytes, as a view.
 
-        A read-only view of the payload itself, or (named file) of a reusable buffer that is
-        valid until the next call.
+        A read-only view of the payload itself (in memory), or (a file) of a reusable buffer
+        that is valid until the next call.
         """
         if self._views is not None:
             view = self._views.take(n)

@@ -29,6 +29,7 @@ from lensemble.federation.ledger import (
     RoundRecord,
     build_line,
     canonical,
+    record_from_dict,
 )
 from lensemble.federation.signing import Signer
 from lensemble.federation.verify_report import Break, BrokenLink, Position, Repair, VerifyReport
@@ -303,7 +304,11 @@ def _tail_repair(
     if not ckpt.record:
         return None
     good = list(parsed.lines)
-    record: dict[str, Any] = json.loads(ckpt.record)
+    try:  # bound by the state hash, yet an unsigned record's forger can write anything there
+        record: dict[str, Any] = json.loads(ckpt.record)
+        record_from_dict(record, f"checkpoint v{ckpt.version}'s record")
+    except (ValueError, RecursionError, IntegrityError):
+        return None
     signed = any(isinstance(line.body.get("mac"), dict) for line in good)
     if signed and signer is None:
         return None

@@ -33,10 +33,22 @@ class Break:
     found: str = ""
 
     def sentence(self) -> str:
-        """``file:line: what (expected X, found Y)`` on one line."""
+        r"""``file:line: what (expected X, found Y)`` on one line, safe to print.
+
+        The values come from the record, which anyone who could write it may fill with
+        anything: every character that is not printable (control and terminal escapes, line
+        breaks, lone surrogates) is shown as its ``\x``/``\u`` escape.
+        """
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
         values = f" (expected {self.expected}, found {self.found})" if self.expected else ""
-        return f"{where}: {self.what}{values}"
+        return _printable(f"{where}: {self.what}{values}")
+
+
+def _printable(text: str) -> str:
+    r"""``text`` with every character that is not printable escaped (``\x1b``, ``\ud800``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
