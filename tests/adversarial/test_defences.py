@@ -116,7 +116,8 @@ def test_clipping_scales_only_the_outlier_down_to_k_times_the_median() -> None:
 def test_reject_mode_and_an_absolute_bound() -> None:
     d = deltas(4)
     d["delta"] = {k: torch.full_like(v, 3e38) for k, v in d["delta"].items()}
-    result = screen(d, RobustnessConfig(norm_bound_mode="reject", norm_bound=10.0))
+    config = RobustnessConfig(norm_bound_mode="reject", norm_bound=10.0, median_factor=10.0)
+    result = screen(d, config)
     assert set(result.kept) == {"alpha", "bravo", "charlie"}
     assert "above the round's bound" in result.rejected["delta"]
     assert result.bound == 10.0  # the absolute bound is below k x median here
@@ -170,8 +171,9 @@ def test_poison_fault_parses_and_sets_every_value() -> None:
 
 
 def test_a_poisoned_round_is_clipped_and_recorded_in_the_ledger() -> None:
-    # The toy federation's updates are larger than its model: allow the clipped step.
-    config = small_config(rounds=2, robustness={"max_relative_change": 1000})
+    # The toy federation's updates are larger than its model: allow the clipped step. A bound
+    # at 10 x the median, far above the honest spread, clips the poisoned update alone.
+    config = small_config(rounds=2, robustness={"max_relative_change": 1000, "median_factor": 10})
     coordinator, transport, _ = build(config, faults=parse_faults("poison:delta@1=1e4"))
     summary = coordinator.run(transport)
     record = summary.records[1]
@@ -204,10 +206,11 @@ def test_a_model_failing_the_precommit_check_is_never_committed() -> None:
     assert "max_relative_change" in aborted[0].defences["precommit"]
 
 
-def test_honest_chain_is_the_same_with_every_defence_at_its_default() -> None:
-    # Defaults: plain mean, clip at 10 x the median norm (never reached by honest updates).
+def test_honest_chain_is_unchanged_by_a_norm_bound_above_the_honest_spread() -> None:
+    # Clip at 10 x the median norm (the default before issue 36; never reached by honest
+    # updates) and the pre-commit check: the chain of the plain mean.
     plain = small_config(robustness={"norm_bound_mode": "off", "max_relative_change": 1e6})
-    guarded = small_config()
+    guarded = small_config(robustness={"median_factor": 10})
     chains = []
     for config in (plain, guarded):
         coordinator, transport, _ = build(config)

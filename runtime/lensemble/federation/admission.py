@@ -6,7 +6,9 @@ every transport applies), does not hash to its declared hash, conflicts with an 
 is corrupt, carries metadata it may not or the wrong round, attempt, wire format or base
 model, has another architecture, is out of the int8 scale bounds, or carries NaN/Inf. An
 accepted update is kept in the coordinator's spool (:mod:`lensemble.federation.spool`) with its
-norm, hash, size and bounded self-reported statistics (:func:`self_reported`).
+norm, its cosine with the outer momentum (the suspicion history's direction,
+:mod:`lensemble.federation.suspicion`), hash, size and bounded self-reported statistics
+(:func:`self_reported`).
 
 :class:`Admission` judges on one thread: transports hand submissions over one at a time.
 """
@@ -20,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
 from lensemble.config.schema import FederationConfig
 from lensemble.errors import ArchitectureMismatch, PayloadError, ScaleOutOfRange
 from lensemble.federation.attempt import Collection
@@ -27,7 +31,7 @@ from lensemble.federation.messages import Reason, RoundOpening, Submission, Verd
 from lensemble.federation.payload import Decoded, TensorSpec, bytes_hash, decode
 from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
-from lensemble.federation.robustness import update_norm
+from lensemble.federation.robustness import update_dot, update_norm
 from lensemble.federation.spool import UpdateSpool
 
 _log = logging.getLogger("lensemble.federation.coordinator")
@@ -40,6 +44,7 @@ HEADER_BYTES_PER_TENSOR = 1024
 SELF_REPORTED_RANGES: dict[str, tuple[float, float]] = {
     "mean_loss": (-1e6, 1e6),
     "compute_s": (0.0, 1e6),
+    "heldout_loss": (0.0, 1e6),
 }
 #: Longest rejection detail kept in the ledger (characters).
 MAX_DETAIL = 240
@@ -148,6 +153,8 @@ class Admission:
         spool: Where accepted updates wait until their attempt closes.
         next_round: The round collected next when none is open (the model version).
         observer: Hears every verdict.
+        reference: The direction each update's cosine is taken with (the outer momentum the
+            open attempt started from), or None for no cosines.
 
     Attributes:
         expected: Every configured participant id.
@@ -164,6 +171,8 @@ class Admission:
         spool: UpdateSpool,
         next_round: Callable[[], int],
         observer: VerdictObserver | None = None,
+        *,
+        reference: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
         self.fed = fed
         self.architecture = dict(architecture)
@@ -176,6 +185,8 @@ class Admission:
         self.rejections: Counter[str] = Counter()
         self.collection: Collection | None = None
         self.closed: ClosedAttempt | None = None
+        self.reference = reference
+        self._reference_norm = 0.0
 
     @property
     def collecting_round(self) -> int:
@@ -186,6 +197,7 @@ class Admission:
         """Start collecting ``opening`` (the spool is emptied)."""
         self.collection = Collection(opening, self.expected)
         self.spool.reset()
+        self._reference_norm = update_norm(self.reference()) if self.reference else 0.0
         return self.collection
 
     def close(self) -> Collection:
@@ -323,6 +335,13 @@ class Admission:
             )
         return None
 
+    def _cosine(self, delta: Mapping[str, torch.Tensor], norm: float) -> float | None:
+        """Cosine of ``delta`` (of L2 norm ``norm``) with the reference, None when either is 0."""
+        if self.reference is None or self._reference_norm <= 0 or norm <= 0:
+            return None
+        cosine = update_dot(delta, self.reference()) / (norm * self._reference_norm)
+        return cosine if math.isfinite(cosine) else None
+
     def _keep(self, sub: Submission, digest: str, decoded: Decoded, col: Collection) -> Verdict:
         """Dequantize and bound-check the update; accept and spool it when it holds."""
         fed = self.fed
@@ -340,7 +359,8 @@ class Admission:
             return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
-        col.norms[sub.sender] = update_norm(delta)
+        col.norms[sub.sender] = norm = update_norm(delta)
+        col.cosines[sub.sender] = self._cosine(delta, norm)
         self.spool.add(sub.sender, sub.payload, digest, decoded, sub.landed)
         col.hashes[sub.sender] = digest
         col.sizes[sub.sender] = len(sub.payload)

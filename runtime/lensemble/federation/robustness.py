@@ -56,6 +56,18 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
     return _l2(delta[name] for name in sorted(delta))
 
 
+def update_dot(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Dot product of two updates over all their tensors (same names and shapes), in float64.
+
+    Summed per tensor in sorted name order on one thread, as :func:`update_norm`.
+    """
+    total = 0.0
+    with single_threaded():
+        for name in sorted(a):
+            total += float(torch.dot(a[name].reshape(-1).double(), b[name].reshape(-1).double()))
+    return total
+
+
 def _l2(tensors: Iterable[torch.Tensor]) -> float:
     """L2 norm over several tensors: float64 norms of each, squared and summed in turn."""
     total = 0.0
