@@ -153,8 +153,6 @@ class Admission:
         spool: Where accepted updates wait until their attempt closes.
         next_round: The round collected next when none is open (the model version).
         observer: Hears every verdict.
-        reference: The direction each update's cosine is taken with (the outer momentum the
-            open attempt started from), or None for no cosines.
 
     Attributes:
         expected: Every configured participant id.
@@ -162,6 +160,8 @@ class Admission:
         rejections: Reason code -> how many submissions were refused for it.
         collection: The open attempt's collection, or None between attempts.
         closed: The attempt that closed last, or None.
+        reference: Returns the direction each update's cosine is taken with (the outer
+            momentum the open attempt started from); None (the default) records no cosines.
     """
 
     def __init__(
@@ -171,8 +171,6 @@ class Admission:
         spool: UpdateSpool,
         next_round: Callable[[], int],
         observer: VerdictObserver | None = None,
-        *,
-        reference: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
         self.fed = fed
         self.architecture = dict(architecture)
@@ -185,7 +183,7 @@ class Admission:
         self.rejections: Counter[str] = Counter()
         self.collection: Collection | None = None
         self.closed: ClosedAttempt | None = None
-        self.reference = reference
+        self.reference: Callable[[], Mapping[str, torch.Tensor]] | None = None
         self._reference_norm = 0.0
 
     @property

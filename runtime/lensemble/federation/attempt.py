@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lensemble import __version__
+from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.guard import Judgement
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import RoundOpening, Submission
+from lensemble.federation.messages import Reason, RoundOpening, Submission
+from lensemble.federation.robustness import Screening, decide
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.transport import Traffic
 
@@ -90,6 +92,22 @@ class Attempt:
     guard: dict[str, object] = field(default_factory=dict)
     judgement: Judgement | None = None
     scores: dict[str, float] | None = None
+
+    def screen(self, robustness: RobustnessConfig) -> Screening:
+        """Bound the accepted updates' norms: record the decisions, move rejected ones out.
+
+        An update rejected for its norm leaves ``collection.norms`` and is excluded as
+        ``norm_bound``, with the sentence saying why.
+        """
+        col = self.collection
+        assert col is not None
+        screening = decide(col.norms, robustness)
+        self.defences.update(screening.to_record())
+        for pid, why in screening.rejected.items():
+            col.norms.pop(pid)
+            col.rejected[pid] = Reason.NORM_BOUND.value
+            col.details[pid] = why
+        return screening
 
 
 @dataclass(frozen=True)

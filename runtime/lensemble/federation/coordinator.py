@@ -40,22 +40,21 @@ from typing import Literal, Protocol
 import torch
 
 from lensemble.config import LensembleConfig
-from lensemble.errors import ConfigError, IntegrityError, PrecommitCheckFailed, QuorumNotReached
+from lensemble.errors import ConfigError, PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.commit import Committer, outer_step
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
+from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
-from lensemble.federation.guard import DivergenceGuard, Judgement
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
-from lensemble.federation.robustness import Screening, aggregate_spooled, decide
+from lensemble.federation.robustness import Screening, aggregate_spooled
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
-from lensemble.federation.suspicion import Suspicion
 from lensemble.federation.transport import CoordinatorTransport
 from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
@@ -167,24 +166,14 @@ class Coordinator:
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
         self._spool.reset()
         self.admission = Admission(
-            fed,
-            self.architecture,
-            self._spool,
-            lambda: self.version,
-            observer,
-            reference=lambda: self.momentum,
+            fed, self.architecture, self._spool, lambda: self.version, observer
         )
-        # Each participant's history score, and the divergence guard (replayed on resume).
-        self.suspicion = Suspicion()
-        self.guard = DivergenceGuard(fed.robustness.guard) if fed.robustness.guard.enabled else None
-        # The best judged model and its momentum, kept in memory only without checkpoints
-        # (with them, its checkpoint is kept on disk instead: CheckpointStore.pinned), and its
-        # copy taken when a round judges the current model best, until that round commits.
-        self._best: ModelState | None = None
-        self._pending_best: ModelState | None = None
+        self.admission.reference = lambda: self.momentum  # for each update's cosine
         self.signer = _signer(signer, resume, output_dir)
         self.store = CoordinatorStore(config, output_dir, self.signer)
         self.config_hash = self.store.config_hash
+        # Suspicion scores, the divergence guard and its best model (replayed on resume).
+        self.defences = DefenceHistory(fed.robustness, self.store)
         self._context = RecordContext(self.config_hash, fed.quantization, fed.robustness.aggregator)
         self.committer = Committer(self.store, observer)
         # Every attempt decided by this process, in order; under run() the last commit may
@@ -206,29 +195,13 @@ class Coordinator:
         latest = verified.take_latest() if verified is not None else None
         if verified is not None and latest is not None:
             self.state, self.earlier = self.store.restore(latest, verified)
-            self._replay_history()
+            self.defences.replay(self.earlier)
             return
         # Model and momentum each live in one buffer (flat.py: huge pages, same values).
         params = flat_copy(initial_params)
         momentum = flat_zeros({k: v.shape for k, v in params.items()})
         self.state = ModelState(0, params, momentum, model_hash(params, 0, ""), "")
         self.store.save(self.state, record=None)
-
-    def _replay_history(self) -> None:
-        """Continue the suspicion scores and the guard from the verified earlier records."""
-        self.suspicion = Suspicion.replay(self.earlier)
-        if self.guard is None:
-            return
-        committed = [r for r in self.earlier if r.state == "closed"]
-        try:
-            self.guard = DivergenceGuard.replay(self.guard.settings, committed)
-        except ValueError as exc:
-            raise IntegrityError(
-                f"{exc};", remediation="run `lensemble verify` on the folder."
-            ) from None
-        best = self.guard.state.best
-        if best is not None:
-            self.store.pin(best)
 
     # ------------------------------------------------------------------------------ state
     @property
@@ -399,11 +372,13 @@ class Coordinator:
             screening = self._screen(current)
             if screening is None:
                 return None
-            judgement = self._judge(current)
+            judgement = self.defences.judge(current, self.state)
             if judgement is not None and judgement.rollback:
                 self._advance(current.machine, RoundState.COMMITTING)
-                return self._roll_back(judgement)
-            combined = self._aggregate(screening)
+                return self.defences.roll_back(judgement, self.state)
+            shapes = {name: spec.shape for name, spec in self.architecture.items()}
+            self._accumulator = self._accumulator or flat_empty(shapes)  # reused every round
+            combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
         finally:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)
@@ -454,102 +429,13 @@ class Coordinator:
 
     def _screen(self, current: Attempt) -> Screening | None:
         """Bound the updates' norms and score their senders; None when below quorum."""
-        fed = self.config.federation
-        col = current.collection
-        assert col is not None
-        if len(col.norms) < fed.quorum:
+        col, quorum = current.collection, self.config.federation.quorum
+        if col is None or len(col.norms) < quorum:
             return None
         self._advance(current.machine, RoundState.AGGREGATING)
-        screening = decide(col.norms, fed.robustness)
-        current.defences.update(screening.to_record())
-        cosines = {pid: _short(col.cosines.get(pid)) for pid in sorted(col.norms)}
-        current.defences["cosines"] = cosines
-        current.scores = self.suspicion.updated(
-            current.defences["norms"],  # type: ignore[arg-type]
-            cosines,
-        )
-        current.defences["suspicion"] = current.scores
-        for pid, why in screening.rejected.items():
-            col.norms.pop(pid)
-            col.rejected[pid] = Reason.NORM_BOUND.value
-            col.details[pid] = why
-        return screening if len(col.norms) >= fed.quorum else None
-
-    def _judge(self, current: Attempt) -> Judgement | None:
-        """The divergence guard's verdict on the round's model (None when the guard is off)."""
-        if self.guard is None:
-            return None
-        col = current.collection
-        assert col is not None
-        reports = {pid: col.reported[pid].get("heldout_loss") for pid in sorted(col.norms)}
-        before = self.guard.state
-        judgement = self.guard.judge(
-            self.version, self.model_hash, reports, self.suspicion.suspects(current.scores)
-        )
-        current.guard = judgement.to_record(self.guard.settings, before)
-        current.judgement = judgement
-        self._pending_best = None
-        if judgement.state.best == self.version and before.best != self.version:
-            self._pending_best = self._best_candidate()
-        return judgement
-
-    def _aggregate(self, screening: Screening) -> Params:
-        """Combine the screened updates from the spool (the round's accumulator buffer)."""
-        fed = self.config.federation
-        shapes = {name: spec.shape for name, spec in self.architecture.items()}
-        if self._accumulator is None:
-            self._accumulator = flat_empty(shapes)
-        return aggregate_spooled(
-            self._spool,
-            screening,
-            shapes,
-            fed.robustness,
-            scheme=fed.quantization,
-            chunk=fed.int8_chunk,
-            out=self._accumulator,
-        )
-
-    def _best_candidate(self) -> ModelState | None:
-        """A copy of the current model and momentum, when no checkpoint keeps them."""
-        if self.store.checkpoints is not None:
-            return None
-        return ModelState(
-            self.version,
-            flat_copy(self.params),
-            flat_copy(self.momentum),
-            self.model_hash,
-            self.parent_hash,
-        )
-
-    def _roll_back(self, judgement: Judgement) -> str:
-        """Make the best judged model and its momentum the current ones; the new model's hash.
-
-        Raises:
-            IntegrityError: The best model's checkpoint is gone or does not match its hash.
-        """
-        best = self._best_state(self.guard.state.best if self.guard else None)
-        for name in sorted(self.params):
-            self.params[name].copy_(best.params[name])
-            self.momentum[name].copy_(best.momentum[name])
-        _log.warning("round %d: %s", self.version, judgement.why)
-        return model_hash(self.params, self.version + 1, self.model_hash)
-
-    def _best_state(self, version: int | None) -> ModelState:
-        """The best judged model's state: the copy in memory, or its (pinned) checkpoint."""
-        if self._best is not None and self._best.version == version:
-            return self._best
-        ckpt = (
-            self.store.checkpoints.load(version)
-            if self.store.checkpoints is not None and version is not None
-            else None
-        )
-        if ckpt is None or ckpt.version != version:
-            raise IntegrityError(
-                f"the checkpoint of model v{version}, the best judged one the divergence guard "
-                "rolls back to, is missing;",
-                remediation="run `lensemble verify` on the folder; restore it from a backup.",
-            )
-        return ModelState(version, ckpt.params, ckpt.momentum, ckpt.model_hash, ckpt.parent_hash)
+        screening = current.screen(self.config.federation.robustness)
+        self.defences.score(current)
+        return screening if len(col.norms) >= quorum else None
 
     def _record(self, current: Attempt, new_hash: str) -> RoundRecord:
         """The attempt's ledger record; committed when ``new_hash`` is not the current model."""
@@ -579,7 +465,7 @@ class Coordinator:
         """Make the stepped model the global one and write its checkpoint and ledger line."""
         self._payload_cache = None  # the committed model's payload replaces it
         record = self._record(current, new_hash)
-        self._keep_history(current)
+        self.defences.keep(current)
         state = self.state
         self.state = ModelState(
             state.version + 1, state.params, state.momentum, new_hash, state.model_hash
@@ -595,19 +481,6 @@ class Coordinator:
         # The line cannot time its own checkpoint and append; the next line reports them.
         self.committer.commit_s = time.perf_counter() - commit_start
         return record
-
-    def _keep_history(self, current: Attempt) -> None:
-        """A committing attempt's suspicion scores and guard verdict become the current ones."""
-        if current.scores is not None:
-            self.suspicion.apply(current.scores)
-        judgement = current.judgement
-        if self.guard is None or judgement is None:
-            return
-        self.guard.apply(judgement)
-        if self._pending_best is not None:
-            self._best, self._pending_best = self._pending_best, None
-        if judgement.state.best is not None:
-            self.store.pin(judgement.state.best)
 
     def _settle(self, *, last: bool = False) -> None:
         """Wait until the commit written behind is durable; re-raise its error.
@@ -632,9 +505,24 @@ class Coordinator:
             _log.error("the commit of the previous round failed as well: %s", exc)
 
 
-def _short(x: float | None) -> float | None:
-    """A float for the ledger: 6 significant digits (None stays None)."""
-    return None if x is None else float(f"{x:.6g}")
+def _combined(
+    spool: UpdateSpool,
+    screening: Screening,
+    shapes: Mapping[str, tuple[int, ...]],
+    config: LensembleConfig,
+    out: Params,
+) -> Params:
+    """The screened updates of the spool combined into ``out`` (the round's accumulator)."""
+    fed = config.federation
+    return aggregate_spooled(
+        spool,
+        screening,
+        shapes,
+        fed.robustness,
+        scheme=fed.quantization,
+        chunk=fed.int8_chunk,
+        out=out,
+    )
 
 
 def _wait_for_quorum(transport: CoordinatorTransport, config: LensembleConfig, of: int) -> None:

@@ -255,12 +255,7 @@ def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
             f"--faults entry '{raw}' names '{pid}', which is not a participant;",
             remediation=f"use one of {', '.join(sorted(participants))}.",
         )
-    first, last = int(m["round"]), m["last"]
-    if last is not None and int(last) < first:
-        raise UsageError(
-            f"--faults entry '{raw}' ends its rounds before it starts;",
-            remediation=f"write the first round first, as in {kind}:{pid}@{last}-{first}.",
-        )
+    first, until, onward = _rounds(raw, m)
     seconds, value, option = _fault_value(raw, kind, m["value"])
     return Fault(
         kind=kind,
@@ -270,9 +265,20 @@ def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
         seconds=seconds,
         value=value,
         option=option,
-        until=int(last) if last is not None else None,
-        onward=m["onward"] is not None and last is None,
+        until=until,
+        onward=onward,
     )
+
+
+def _rounds(raw: str, m: re.Match[str]) -> tuple[int, int | None, bool]:
+    """``(first round, last round or None, onward)`` of an entry's ``@ROUNDS`` part."""
+    first, last = int(m["round"]), m["last"]
+    if last is not None and int(last) < first:
+        raise UsageError(
+            f"--faults entry '{raw}' ends its rounds before it starts;",
+            remediation=f"write the first round first, as in @{last}-{first}.",
+        )
+    return first, int(last) if last is not None else None, m["onward"] is not None and last is None
 
 
 def _fault_value(

@@ -206,6 +206,26 @@ class Participant:
         self.restore(round_index, attempt)
         return True
 
+    def _metadata(
+        self, opening: RoundOpening, mean_loss: float, compute_s: float, heldout: float | None
+    ) -> dict[str, str]:
+        """The update's metadata: what it is for, and the statistics this participant reports."""
+        fed = self.config.federation
+        metadata = {
+            "kind": "pseudo-gradient",
+            "round": str(opening.round_index),
+            "attempt": str(opening.attempt),
+            "participant": self.id,
+            "base_hash": opening.model_hash,
+            "quantization": fed.quantization,
+            "int8_chunk": str(fed.int8_chunk),
+            "mean_loss": repr(float(mean_loss)),
+            "compute_s": f"{compute_s:.6f}",
+        }
+        if heldout is not None:
+            metadata["heldout_loss"] = repr(float(heldout))
+        return metadata
+
     def contribute(
         self,
         opening: RoundOpening,
@@ -257,19 +277,7 @@ class Participant:
             delta = self.attacker.tamper(*here, delta, peers)
             heldout = self.attacker.report(*here, heldout)
         wire = quantize(delta, fed.quantization, fed.int8_chunk)
-        metadata = {
-            "kind": "pseudo-gradient",
-            "round": str(opening.round_index),
-            "attempt": str(opening.attempt),
-            "participant": self.id,
-            "base_hash": opening.model_hash,
-            "quantization": fed.quantization,
-            "int8_chunk": str(fed.int8_chunk),
-            "mean_loss": repr(float(local.mean_loss)),
-            "compute_s": f"{compute_s:.6f}",
-        }
-        if heldout is not None:
-            metadata["heldout_loss"] = repr(float(heldout))
+        metadata = self._metadata(opening, local.mean_loss, compute_s, heldout)
         payload = self.guard.seal(wire, metadata)
         serialize_s = time.perf_counter() - encode_start
         self._trained = here

@@ -169,16 +169,7 @@ def _serve_coordinator(
             version=summary.version,
             model_hash=summary.model_hash,
         )
-        divergence = divergence_summary(coordinator.history)
-        if divergence["warning"]:
-            event(
-                _log,
-                "divergence",
-                f"{divergence['warning']} (the ledger's guard field says why).",
-                logging.WARNING,
-                rollbacks=len(divergence["rollbacks"]),
-                suspects=divergence["suspects"],
-            )
+        _say_if_diverged(coordinator)
         if linger:
             harness.linger()
         return summary
@@ -266,6 +257,20 @@ def run_participant(
         if client is not None:
             client.close()
         harness.close()
+
+
+def _say_if_diverged(coordinator: Coordinator) -> None:
+    """Log a warning when the divergence guard rolled back or the run ends worse than its best."""
+    divergence = divergence_summary(coordinator.history)
+    if divergence["warning"]:
+        event(
+            _log,
+            "divergence",
+            f"{divergence['warning']} (the ledger's guard field says why).",
+            logging.WARNING,
+            rollbacks=len(divergence["rollbacks"]),
+            suspects=divergence["suspects"],
+        )
 
 
 def _participant_credentials(config: LensembleConfig, participant_id: str) -> str | None:
