@@ -15,7 +15,9 @@ so an honest participant, whose norm stays within about 0.5-1.5 x the median and
 with the momentum is mostly positive, keeps a score near 0.1, while a sign-flipped or scaled
 update scores its log norm ratio plus its negative cosine within two rounds (a sleeper within
 two rounds of waking). A participant is a **suspect** once its score reaches
-:data:`SUSPECT_SCORE`. The scores are plain JSON in each committed ledger line
+:data:`SUSPECT_SCORE` (measured on ``config/local.yaml``, seeds 1 and 2, N = 4 and 8: honest
+participants at most 0.4 in clean runs and 0.97 while a small-norm attacker drags the median
+down; scaled -9.5 attackers 2.2-3.1, IPM with epsilon 4 about 1.1-2.1). The scores are plain JSON in each committed ledger line
 (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
 
@@ -35,7 +37,7 @@ from lensemble.federation.ledger import RoundRecord
 #: Weight of the newest round in a participant's score (an exponential moving average).
 DECAY = 0.5
 #: Score from which a participant is named a suspect.
-SUSPECT_SCORE = 0.6
+SUSPECT_SCORE = 1.0
 #: The excess of a norm the ledger could not record (not finite): that of 1e30 x the median.
 _UNBOUNDED_EXCESS = math.log(1e30)
 _TINY = 1e-300
