@@ -15,10 +15,9 @@ so an honest participant, whose norm stays within about 0.5-1.5 x the median and
 with the momentum is mostly positive, keeps a score near 0.1, while a sign-flipped or scaled
 update scores its log norm ratio plus its negative cosine within two rounds (a sleeper within
 two rounds of waking). A participant is a **suspect** once its score reaches
-:data:`SUSPECT_SCORE` (measured on ``config/local.yaml``, seeds 1 and 2, N = 4 and 8: honest
-participants at most 0.4 in clean runs and 0.97 while a small-norm attacker drags the median
-down; scaled -9.5 attackers 2.2-3.1, IPM with epsilon 4 about 1.1-2.1). The scores are plain JSON in each committed ledger line
-(``defences.suspicion``), computed from the rounded values the line itself records, so a
+:data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
+(docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
+line (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
 
 Stealthy attacks (ALIE, min-max, min-sum) are built to look like honest updates: they stay
