@@ -135,7 +135,9 @@ def run_local_processes(
     with LocalFederation(config_path, launch, out / "logs", program=program) as processes:
         coordinator = processes.start_coordinator()
         participants = [
-            processes.start_participant(pid, extra_args=_fault_args(plan.of_participant(pid)))
+            # The whole plan: each process applies its own entries, and an attack's f counts
+            # every attacker of the plan (faults.participant_faults).
+            processes.start_participant(pid, extra_args=_fault_args(plan))
             for pid in config.participant_ids
         ]
         everyone = [coordinator, *participants]
