@@ -152,9 +152,9 @@ def test_the_five_seed_grid_meets_the_targets(tmp_path: Path) -> None:
     """``bench/attacks.py`` over 5 seeds (about 2 hours on 2 busy cores): issue 36's targets.
 
     On the honest sites' union, every attack ends within 1.5 x the clean run's error; with no
-    attack the defences cost at most 2% of the plain mean's union error. (Below the best site
-    alone is reported by the bench's table, not asserted: docs/security.md says where it is not
-    met.)
+    attack the defences cost at most 2% of the plain mean's union error, and the divergence
+    guard never rolls back an honest run, over every seed. (Below the best site alone is
+    reported by the bench's table, not asserted: docs/security.md says where it is not met.)
     """
     out = tmp_path / "attacks.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO / "runtime")}
@@ -175,3 +175,4 @@ def test_the_five_seed_grid_meets_the_targets(tmp_path: Path) -> None:
         if run == "clean":
             plain = by[(n, seed, "clean, plain mean")]["union"]
             assert by[(n, seed, run)]["union"] <= 1.02 * plain, (n, seed)
+            assert by[(n, seed, run)]["rollbacks"] == [], (n, seed)
