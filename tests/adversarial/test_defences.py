@@ -22,10 +22,14 @@ from lensemble.federation.robustness import (
     aggregate,
     coordinate_median,
     coordinate_trimmed_mean,
+    cosine,
+    lift_to_floor,
+    momentum_shortfalls,
     norm_bound,
     precommit_problem,
     screen,
     trim_count,
+    update_dot,
     update_norm,
 )
 from tests.support.federation import build, initial_params, small_config, small_federation
@@ -216,3 +220,34 @@ def test_honest_chain_is_unchanged_by_a_norm_bound_above_the_honest_spread() -> 
         coordinator, transport, _ = build(config)
         chains.append(committed_chain(coordinator.run(transport).records))
     assert chains[0] == chains[1]
+
+
+def test_the_momentum_floor_takes_out_only_the_pull_beyond_it() -> None:
+    # Issue 36: an update pulling against the outer momentum (inner-product manipulation)
+    # keeps only a cosine of momentum_cosine_floor with it; the others are untouched.
+    d = deltas(4)
+    momentum = {k: v.clone() for k, v in d["alpha"].items()}  # the direction moved in so far
+    d["delta"] = {k: -3 * v for k, v in momentum.items()}  # straight against it
+    config = RobustnessConfig(median_factor=None, momentum_cosine_floor=-0.3)
+    screening = screen(d, config)
+    reference = update_norm(momentum)
+    cosines = {p: cosine(d[p], screening.norms[p], momentum, reference) for p in d}
+    screening.shortfalls = momentum_shortfalls(screening, cosines, -0.3)
+    assert set(screening.shortfalls) == {"delta"} and cosines["delta"] == pytest.approx(-1.0)
+    combined = aggregate(screening.kept, config)
+    lift_to_floor(combined, momentum, screening)
+    # By hand: delta loses its component along the momentum beyond -0.3 x its norm.
+    unit = {k: v.double() / reference for k, v in momentum.items()}
+    norm = screening.norms["delta"]
+    lifted = {k: d["delta"][k].double() + 0.7 * norm * unit[k] for k in unit}
+    assert update_dot(lifted, unit) == pytest.approx(-0.3 * norm, rel=1e-6)
+    by_hand = {
+        k: (sum(d[p][k].double() for p in ("alpha", "bravo", "charlie")) + lifted[k]) / 4
+        for k in unit
+    }
+    assert all(torch.allclose(combined[k].double(), by_hand[k], atol=1e-5) for k in unit)
+    # Without shortfalls nothing changes, bit for bit.
+    untouched = aggregate(screening.kept, config)
+    screening.shortfalls = {}
+    lift_to_floor(untouched, momentum, screening)
+    assert all(torch.equal(untouched[k], aggregate(screening.kept, config)[k]) for k in unit)

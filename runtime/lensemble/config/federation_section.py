@@ -237,6 +237,15 @@ class RobustnessConfig(_Section):
         "update above the median to it: bounded influence per participant at a cost within "
         "noise on heterogeneous sites (docs/security.md).",
     )
+    momentum_cosine_floor: float | None = Field(
+        -0.3,
+        ge=-1.0,
+        le=0.0,
+        description="Lowest cosine with the outer momentum an update keeps: the part of a "
+        "kept update that pulls against the momentum's direction beyond this cosine is taken "
+        "out of the mean (unitless, [-1, 0]; null for none). Honest updates of our sites stay "
+        "above -0.25; inner-product manipulation sends about -0.75 (docs/security.md).",
+    )
     max_int8_scale: float = Field(
         10.0,
         gt=0.0,

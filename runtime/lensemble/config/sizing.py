@@ -4,9 +4,10 @@ A coordinator checkpoint holds the float32 parameters and the outer momentum (tw
 the model). :data:`CHECKPOINTS_KEPT` are kept, the divergence guard keeps its best model's
 beside them (:data:`CHECKPOINTS_PINNED`), and one more is being written while the oldest is
 still there, so the state folder needs ``(CHECKPOINTS_KEPT + CHECKPOINTS_PINNED + 1) * 2 *
-model bytes`` plus the ledger and headroom, plus the update spool: while a round is collected, every accepted update
-waits on disk in its wire format (:mod:`lensemble.federation.spool`), one per participant. The
-environment's observation and action sizes are not known without creating it;
+model bytes`` plus the ledger and headroom, plus the update spool: while a round is collected,
+every accepted update waits on disk in its wire format (:mod:`lensemble.federation.spool`), one
+per participant. The environment's observation and action sizes are not known without creating
+it;
 :data:`IO_DIM_BOUND` bounds them (they are small next to the hidden layers).
 """
 

@@ -31,7 +31,7 @@ from lensemble.federation.messages import Reason, RoundOpening, Submission, Verd
 from lensemble.federation.payload import Decoded, TensorSpec, bytes_hash, decode
 from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
-from lensemble.federation.robustness import update_dot, update_norm
+from lensemble.federation.robustness import cosine, update_norm
 from lensemble.federation.spool import UpdateSpool
 
 _log = logging.getLogger("lensemble.federation.coordinator")
@@ -335,10 +335,9 @@ class Admission:
 
     def _cosine(self, delta: Mapping[str, torch.Tensor], norm: float) -> float | None:
         """Cosine of ``delta`` (of L2 norm ``norm``) with the reference, None when either is 0."""
-        if self.reference is None or self._reference_norm <= 0 or norm <= 0:
+        if self.reference is None:
             return None
-        cosine = update_dot(delta, self.reference()) / (norm * self._reference_norm)
-        return cosine if math.isfinite(cosine) else None
+        return cosine(delta, norm, self.reference(), self._reference_norm)
 
     def _keep(self, sub: Submission, digest: str, decoded: Decoded, col: Collection) -> Verdict:
         """Dequantize and bound-check the update; accept and spool it when it holds."""

@@ -18,7 +18,7 @@ from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.guard import Judgement
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission
-from lensemble.federation.robustness import Screening, decide
+from lensemble.federation.robustness import Screening, decide, momentum_shortfalls
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.transport import Traffic
 
@@ -94,14 +94,17 @@ class Attempt:
     scores: dict[str, float] | None = None
 
     def screen(self, robustness: RobustnessConfig) -> Screening:
-        """Bound the accepted updates' norms: record the decisions, move rejected ones out.
+        """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
 
         An update rejected for its norm leaves ``collection.norms`` and is excluded as
-        ``norm_bound``, with the sentence saying why.
+        ``norm_bound``, with the sentence saying why; a kept one below the momentum floor is
+        noted in ``shortfalls`` (:func:`~lensemble.federation.robustness.lift_to_floor`).
         """
         col = self.collection
         assert col is not None
         screening = decide(col.norms, robustness)
+        floor = robustness.momentum_cosine_floor
+        screening.shortfalls = momentum_shortfalls(screening, col.cosines, floor)
         self.defences.update(screening.to_record())
         for pid, why in screening.rejected.items():
             col.norms.pop(pid)

@@ -51,7 +51,7 @@ from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
-from lensemble.federation.robustness import Screening, aggregate_spooled
+from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
@@ -379,6 +379,7 @@ class Coordinator:
             shapes = {name: spec.shape for name, spec in self.architecture.items()}
             self._accumulator = self._accumulator or flat_empty(shapes)  # reused every round
             combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
+            lift_to_floor(combined, self.momentum, screening)
         finally:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)

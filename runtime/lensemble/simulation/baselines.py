@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from lensemble.federation.diloco import OuterStep, canonical_mean, pseudo_gradient, zeros_like
-from lensemble.federation.robustness import aggregate, screen
+from lensemble.federation.robustness import (
+    aggregate,
+    cosine,
+    lift_to_floor,
+    momentum_shortfalls,
+    screen,
+    update_norm,
+)
 from lensemble.model.inner_loop import SoloRun, WorldModelLearner, initial_global_parameters
 
 if TYPE_CHECKING:
@@ -130,10 +137,23 @@ class DilocoRun:
                 )
                 for pid, learner in sorted(self.learners.items())
             }
-            if self.robustness is None:
-                combined = canonical_mean(deltas)
-            else:
-                combined = aggregate(screen(deltas, self.robustness).kept, self.robustness)
+            combined = self._combine(deltas)
             self.params, self.momentum = self.outer.apply(self.params, combined, self.momentum)
         self.rounds = max(self.rounds, rounds)
         return self.params
+
+    def _combine(self, deltas: Mapping[str, Params]) -> Params:
+        """The coordinator's combination of a round's updates (or their plain mean)."""
+        if self.robustness is None:
+            return canonical_mean(deltas)
+        screening = screen(deltas, self.robustness)
+        reference = update_norm(self.momentum)
+        cosines = {
+            pid: cosine(deltas[pid], screening.norms[pid], self.momentum, reference)
+            for pid in sorted(deltas)
+        }
+        floor = self.robustness.momentum_cosine_floor
+        screening.shortfalls = momentum_shortfalls(screening, cosines, floor)
+        combined = aggregate(screening.kept, self.robustness)
+        lift_to_floor(combined, self.momentum, screening)
+        return combined
