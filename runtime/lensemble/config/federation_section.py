@@ -219,7 +219,8 @@ class RobustnessConfig(_Section):
     norm_bound_mode: Literal["off", "clip", "reject"] = Field(
         "clip",
         description="What happens to an update whose L2 norm exceeds the bound: 'clip' scales "
-        "it down to the bound, 'reject' leaves it out of the round, 'off' disables the bound.",
+        "it down to the bound, 'reject' leaves it out of the round (raise median_factor with "
+        "it: at 1 every update above the median is left out), 'off' disables the bound.",
     )
     norm_bound: float | None = Field(
         None,
