@@ -111,7 +111,9 @@ def run_point(
     }
     if fedavg:
         row["fedavg"] = union_error(
-            config, DilocoRun(config, datasets, FEDAVG).train_until(fed.rounds), datasets
+            config,
+            DilocoRun(config, datasets, FEDAVG, robust=False).train_until(fed.rounds),
+            datasets,
         )
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row

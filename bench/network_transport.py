@@ -109,6 +109,9 @@ class ScaleLearner:
     ) -> LocalRound:
         return LocalRound({k: v * self.factor for k, v in global_params.items()}, 0.0, 0.0)
 
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> None:
+        return None
+
     def inner_state(self) -> dict[str, torch.Tensor]:
         return {}
 

@@ -55,6 +55,19 @@ class Learner(Protocol):
         """
         ...
 
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
+        """The loss of ``global_params`` on the participant's own held-out data (unitless).
+
+        What a participant reports about each model it receives (the coordinator's divergence
+        guard takes the median of the reports). Deterministic, changes no inner state, and
+        draws no batch: the same model gives the same bits on every run.
+
+        Returns:
+            The loss (lower is better; finite, >= 0), or None when the learner has no held-out
+            data.
+        """
+        ...
+
     def inner_state(self) -> Params:
         """Inner optimizer state (and EMA target) as named tensors, for checkpoints.
 

@@ -22,10 +22,14 @@ from lensemble.federation.robustness import (
     aggregate,
     coordinate_median,
     coordinate_trimmed_mean,
+    cosine,
+    lift_to_floor,
+    momentum_shortfalls,
     norm_bound,
     precommit_problem,
     screen,
     trim_count,
+    update_dot,
     update_norm,
 )
 from tests.support.federation import build, initial_params, small_config, small_federation
@@ -116,7 +120,8 @@ def test_clipping_scales_only_the_outlier_down_to_k_times_the_median() -> None:
 def test_reject_mode_and_an_absolute_bound() -> None:
     d = deltas(4)
     d["delta"] = {k: torch.full_like(v, 3e38) for k, v in d["delta"].items()}
-    result = screen(d, RobustnessConfig(norm_bound_mode="reject", norm_bound=10.0))
+    config = RobustnessConfig(norm_bound_mode="reject", norm_bound=10.0, median_factor=10.0)
+    result = screen(d, config)
     assert set(result.kept) == {"alpha", "bravo", "charlie"}
     assert "above the round's bound" in result.rejected["delta"]
     assert result.bound == 10.0  # the absolute bound is below k x median here
@@ -170,8 +175,9 @@ def test_poison_fault_parses_and_sets_every_value() -> None:
 
 
 def test_a_poisoned_round_is_clipped_and_recorded_in_the_ledger() -> None:
-    # The toy federation's updates are larger than its model: allow the clipped step.
-    config = small_config(rounds=2, robustness={"max_relative_change": 1000})
+    # The toy federation's updates are larger than its model: allow the clipped step. A bound
+    # at 10 x the median, far above the honest spread, clips the poisoned update alone.
+    config = small_config(rounds=2, robustness={"max_relative_change": 1000, "median_factor": 10})
     coordinator, transport, _ = build(config, faults=parse_faults("poison:delta@1=1e4"))
     summary = coordinator.run(transport)
     record = summary.records[1]
@@ -204,12 +210,44 @@ def test_a_model_failing_the_precommit_check_is_never_committed() -> None:
     assert "max_relative_change" in aborted[0].defences["precommit"]
 
 
-def test_honest_chain_is_the_same_with_every_defence_at_its_default() -> None:
-    # Defaults: plain mean, clip at 10 x the median norm (never reached by honest updates).
+def test_honest_chain_is_unchanged_by_a_norm_bound_above_the_honest_spread() -> None:
+    # Clip at 10 x the median norm (the default before issue 36; never reached by honest
+    # updates) and the pre-commit check: the chain of the plain mean.
     plain = small_config(robustness={"norm_bound_mode": "off", "max_relative_change": 1e6})
-    guarded = small_config()
+    guarded = small_config(robustness={"median_factor": 10})
     chains = []
     for config in (plain, guarded):
         coordinator, transport, _ = build(config)
         chains.append(committed_chain(coordinator.run(transport).records))
     assert chains[0] == chains[1]
+
+
+def test_the_momentum_floor_takes_out_only_the_pull_beyond_it() -> None:
+    # Issue 36: an update pulling against the outer momentum (inner-product manipulation)
+    # keeps only a cosine of momentum_cosine_floor with it; the others are untouched.
+    d = deltas(4)
+    momentum = {k: v.clone() for k, v in d["alpha"].items()}  # the direction moved in so far
+    d["delta"] = {k: -3 * v for k, v in momentum.items()}  # straight against it
+    config = RobustnessConfig(median_factor=None, momentum_cosine_floor=-0.3)
+    screening = screen(d, config)
+    reference = update_norm(momentum)
+    cosines = {p: cosine(d[p], screening.norms[p], momentum, reference) for p in d}
+    screening.shortfalls = momentum_shortfalls(screening, cosines, -0.3)
+    assert set(screening.shortfalls) == {"delta"} and cosines["delta"] == pytest.approx(-1.0)
+    combined = aggregate(screening.kept, config)
+    lift_to_floor(combined, momentum, screening)
+    # By hand: delta loses its component along the momentum beyond -0.3 x its norm.
+    unit = {k: v.double() / reference for k, v in momentum.items()}
+    norm = screening.norms["delta"]
+    lifted = {k: d["delta"][k].double() + 0.7 * norm * unit[k] for k in unit}
+    assert update_dot(lifted, unit) == pytest.approx(-0.3 * norm, rel=1e-6)
+    by_hand = {
+        k: (sum(d[p][k].double() for p in ("alpha", "bravo", "charlie")) + lifted[k]) / 4
+        for k in unit
+    }
+    assert all(torch.allclose(combined[k].double(), by_hand[k], atol=1e-5) for k in unit)
+    # Without shortfalls nothing changes, bit for bit.
+    untouched = aggregate(screening.kept, config)
+    screening.shortfalls = {}
+    lift_to_floor(untouched, momentum, screening)
+    assert all(torch.equal(untouched[k], aggregate(screening.kept, config)[k]) for k in unit)

@@ -144,10 +144,10 @@ def test_metadata_outside_the_allow_list_or_too_long_is_rejected(
 @pytest.mark.parametrize(
     ("mean_loss", "compute_s", "expected"),
     [
-        ("1e300", "5", {"mean_loss": None, "compute_s": 5.0}),
-        ("nan", "-1", {"mean_loss": None, "compute_s": None}),
-        ("inf", "1e300", {"mean_loss": None, "compute_s": None}),
-        ("0.25", "oops", {"mean_loss": 0.25, "compute_s": None}),
+        ("1e300", "5", {"mean_loss": None, "compute_s": 5.0, "heldout_loss": None}),
+        ("nan", "-1", {"mean_loss": None, "compute_s": None, "heldout_loss": None}),
+        ("inf", "1e300", {"mean_loss": None, "compute_s": None, "heldout_loss": None}),
+        ("0.25", "oops", {"mean_loss": 0.25, "compute_s": None, "heldout_loss": None}),
     ],
 )
 def test_self_reported_statistics_are_bounded(

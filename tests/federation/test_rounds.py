@@ -11,6 +11,7 @@ from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
 from lensemble.federation.messages import Reason, Submission
 from lensemble.federation.payload import bytes_hash, encode, model_hash
+from lensemble.federation.robustness import screen
 from lensemble.federation.rounds import RoundMachine, RoundState
 from tests.support.federation import QuadraticLearner, build, initial_params, small_config
 
@@ -74,7 +75,9 @@ def test_first_round_equals_manual_diloco_step() -> None:
         local = QuadraticLearner(pid, 3).train_round(theta0, 0, config.federation.inner_steps)
         deltas[pid] = pseudo_gradient(theta0, local.params)
     step = OuterStep(0.7, 0.9, True)
-    expected, _ = step.apply(theta0, canonical_mean(deltas), zeros_like(theta0))
+    # The default defence clips every update to the round's median norm before the mean.
+    clipped = screen(deltas, config.federation.robustness).kept
+    expected, _ = step.apply(theta0, canonical_mean(clipped), zeros_like(theta0))
     assert all(torch.equal(coordinator.params[k], expected[k]) for k in expected)
 
 
@@ -89,8 +92,9 @@ def test_elastic_completion_with_quorum_divides_by_contributors() -> None:
         pid: pseudo_gradient(theta0, QuadraticLearner(pid, 3).train_round(theta0, 0, 2).params)
         for pid in ("alpha", "bravo", "delta")
     }
+    clipped = screen(deltas, config.federation.robustness).kept
     expected, _ = OuterStep(0.7, 0.9, True).apply(
-        theta0, canonical_mean(deltas), zeros_like(theta0)
+        theta0, canonical_mean(clipped), zeros_like(theta0)
     )
     assert all(torch.equal(coordinator.params[k], expected[k]) for k in expected)
     # The timeout cost no wall time: the virtual clock jumped to the deadline.

@@ -164,6 +164,9 @@ class _Scale:
 
         return LocalRound({k: v * 0.9 for k, v in params.items()}, 0.0, 0.0)
 
+    def heldout_loss(self, params: Any) -> None:
+        return None
+
     def inner_state(self) -> dict[str, torch.Tensor]:
         return {}
 

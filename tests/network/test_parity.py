@@ -49,6 +49,15 @@ SCHEDULES = [
         {"rounds": 2},
         id="late-into-the-next-round-then-abort-and-retry",
     ),
+    pytest.param(
+        # Issue 36: participants attacking themselves (a sleeper flipping its update from
+        # round 2, ALIE from the start, a liar about its held-out loss) under the norm bound
+        # of before (10 x the median): the model diverges, the guard rolls back and names
+        # delta, and a participant is dropped meanwhile. Both transports commit the same chain.
+        "scaled:delta@2-=-20,alie:charlie@0-,misreport:bravo@0-=0.5,drop:alpha@4",
+        {"rounds": 7, "robustness": {"median_factor": 10, "max_relative_change": 1e6}},
+        id="attacks-a-liar-and-rollbacks",
+    ),
 ]
 
 
@@ -58,6 +67,8 @@ def _outcome(records: list[RoundRecord], error: BaseException | None) -> dict[st
             (r.round, r.attempt, r.state, r.contributors, r.excluded, r.parent_hash, r.model_hash)
             for r in records
         ],
+        # What the defences decided from the history: suspicion scores, the guard's verdicts.
+        "defences": [(r.defences.get("suspicion"), r.guard) for r in records],
         "error": type(error).__name__ if error is not None else None,
     }
 
@@ -112,3 +123,5 @@ def test_both_transports_commit_the_same_ledger_under_faults(
     assert network == in_process
     # Each schedule does exclude someone (the comparison is not between two clean runs).
     assert any(excluded for _, _, _, _, excluded, _, _ in in_process["attempts"])
+    if "scaled" in faults:  # and the attack schedule does make the guard act
+        assert any(guard.get("action") == "rollback" for _, guard in in_process["defences"])

@@ -10,6 +10,8 @@ with the faults of a plan applied where a real network would cause them:
   original's.
 - ``duplicate``: the same bytes are sent twice.
 - ``reorder``: arrival order is the network's own; the committed hash never depends on it.
+- the attacks and ``misreport``: the participant makes them on itself
+  (:meth:`Participant.take_faults`), as ``lensemble participant --faults`` does.
 
 So both transports can be driven through the same schedule and their ledgers compared.
 """
@@ -92,6 +94,7 @@ class FaultyParticipantThread:
         participant = Participant(
             config, pid, QuadraticLearner(pid, config.run.root_seed), manifest(theta0), output_dir
         )
+        participant.take_faults(plan.of_participant(pid))
         self.client = CoordinatorClient(config, pid)
         self.loop = FaultyLoop(
             config, participant, self.client, plan=plan, attempt_closed=attempt_closed

@@ -56,6 +56,13 @@ class QuadraticLearner:
         self.rounds_trained.append(round_index)
         return LocalRound(params, sum(losses) / len(losses), 0.0)
 
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float:
+        """The squared distance to this participant's target: its 'held-out loss'."""
+        return sum(
+            float(((global_params[k].double() - self.target[k].double()) ** 2).sum())
+            for k in sorted(self.target)
+        )
+
     def inner_state(self) -> dict[str, torch.Tensor]:
         return {f"velocity.{k}": v.clone() for k, v in self.velocity.items()}
 

@@ -53,6 +53,9 @@ class BlockingLearner:
                 time.sleep(0.05)
         return self.inner.train_round(global_params, round_index, steps)
 
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
+        return self.inner.heldout_loss(global_params)
+
     def inner_state(self) -> dict[str, torch.Tensor]:
         return self.inner.inner_state()
 

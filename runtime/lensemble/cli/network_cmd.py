@@ -201,8 +201,9 @@ def participant(
         "",
         "--faults",
         metavar="SPEC",
-        help="Fault injection for simulations: rank_kill entries (e.g. 'rank_kill:alpine@2') "
-        "naming this participant are applied as in `lensemble simulate`; others are ignored.",
+        help="Fault injection for simulations: rank_kill, misreport and attack entries naming "
+        "this participant (e.g. 'rank_kill:alpine@2', 'scaled:alpine@0-=-9.5', 'alie:alpine@0-'; "
+        "docs/attacks.md) are applied as in `lensemble simulate`; others are ignored.",
     ),
 ) -> None:
     """Run one participant: join the coordinator, train on local data, send pseudo-gradients.

@@ -60,7 +60,8 @@ def simulate(
         "--faults",
         metavar="SPEC",
         help="Inject faults, e.g. 'drop:alpine@3,delay:coastal@5,reorder@2,duplicate:delta@4' "
-        "(0-based rounds).",
+        "(0-based rounds), or attacks, e.g. 'scaled:delta@0-=-9.5', 'alie:delta@10-' "
+        "(docs/attacks.md).",
     ),
     json_summary: bool = typer.Option(
         False, "--json", help="Print a JSON summary on stdout instead of the tables."
@@ -114,8 +115,8 @@ def _check_faults(cfg: LensembleConfig, plan: FaultPlan) -> None:
     if cfg.federation.transport == "network" and in_transport:
         raise UsageError(
             "--faults injects faults into the in-process transport only (here "
-            f"'{in_transport[0].spec()}'), except rank_kill, which a participant process applies "
-            "to itself;",
+            f"'{in_transport[0].spec()}'), except rank_kill, misreport and the estimating "
+            "attacks, which a participant process applies to itself;",
             remediation="drop those entries, or kill and restart the processes of a network run.",
         )
     if any(f.kind == "rank_kill" for f in plan.faults):
@@ -369,6 +370,9 @@ def _print_tables(cfg: LensembleConfig, result: SimulationResult, png: Path | No
     out.print(table)
     for line in _verdicts(summary):
         out.print(line)
+    warning = summary["divergence"]["warning"]
+    if warning:
+        out.print(f"[bold red]Divergence: {warning} (ledger.jsonl, field guard).")
     resumed = summary["resumed_from_version"]
     before = f", {resumed} of them before the resume" if resumed is not None else ""
     out.print(

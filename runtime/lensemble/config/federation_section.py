@@ -153,14 +153,53 @@ class OuterOptimizerConfig(_Section):
     nesterov: bool = Field(True, description="Use Nesterov momentum (DiLoCo's default).")
 
 
+class DivergenceGuardConfig(_Section):
+    """The divergence guard: roll back when the participants' held-out reports vouch it got worse.
+
+    Each participant reports the held-out loss of the model it received; a round whose model is
+    worse than the best judged one by more than ``margin`` for a strict majority of the
+    reporting participants, ``patience`` judged rounds in a row, commits the best model (and its
+    outer momentum) again instead of its aggregate, and the ledger says why and whom it
+    suspects (docs/security.md#the-divergence-guard).
+    """
+
+    enabled: bool = Field(
+        True,
+        description="Judge every round's model and roll back when it diverges; false records "
+        "the reports only.",
+    )
+    margin: float = Field(
+        0.5,
+        gt=0.0,
+        le=100.0,
+        description="A participant vouches that a model is worse than the best one when its "
+        "held-out loss is more than 1 + margin times its loss of the best one (unitless, "
+        "(0, 100]); once degraded, 1 + margin / 2 keeps the streak going.",
+    )
+    patience: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Consecutive degraded judged rounds before the guard rolls back (count).",
+    )
+    min_reporters: int = Field(
+        3,
+        ge=3,
+        le=1024,
+        description="Fewest participants whose reports on both models a round needs to be "
+        "judged (count, at least 3 so that one liar is outvoted).",
+    )
+
+
 class RobustnessConfig(_Section):
     """Defences of the coordinator against poisoned updates (docs/security.md).
 
     Every update's L2 norm is bounded (clipped or rejected) before aggregation, int8 scales are
-    bounded when an update is judged, the aggregator may be a coordinate-wise robust one, and the
-    new global model is checked before it is committed. The defaults leave an honest run's
-    hash chain unchanged: the norm bound is far above honest spread and the aggregator is the
-    plain mean.
+    bounded when an update is judged, the aggregator may be a coordinate-wise robust one, the
+    new global model is checked before it is committed, and the divergence guard rolls back a
+    model the participants' held-out reports say got worse. By default every update is clipped
+    to the round's median norm before the mean, so one hostile participant of ``n`` moves the
+    model by at most ``1 / n`` of a median update per round, whatever it sends.
     """
 
     aggregator: Literal["mean", "trimmed_mean", "median"] = Field(
@@ -180,7 +219,8 @@ class RobustnessConfig(_Section):
     norm_bound_mode: Literal["off", "clip", "reject"] = Field(
         "clip",
         description="What happens to an update whose L2 norm exceeds the bound: 'clip' scales "
-        "it down to the bound, 'reject' leaves it out of the round, 'off' disables the bound.",
+        "it down to the bound, 'reject' leaves it out of the round (raise median_factor with "
+        "it: at 1 every update above the median is left out), 'off' disables the bound.",
     )
     norm_bound: float | None = Field(
         None,
@@ -190,11 +230,22 @@ class RobustnessConfig(_Section):
         "With median_factor too, the smaller bound applies.",
     )
     median_factor: float | None = Field(
-        10.0,
+        1.0,
         ge=1.0,
         le=1e6,
         description="Bound on an update's L2 norm as a multiple k of the median norm of the "
-        "round's contributors (unitless, [1, 1e6]); null for none.",
+        "round's contributors (unitless, [1, 1e6]); null for none. The default 1 clips every "
+        "update above the median to it: bounded influence per participant at a cost within "
+        "noise on heterogeneous sites (docs/security.md).",
+    )
+    momentum_cosine_floor: float | None = Field(
+        -0.3,
+        ge=-1.0,
+        le=0.0,
+        description="Lowest cosine with the outer momentum an update keeps: the part of a "
+        "kept update that pulls against the momentum's direction beyond this cosine is taken "
+        "out of the mean (unitless, [-1, 0]; null for none). Honest updates of our sites stay "
+        "above -0.25; inner-product manipulation sends about -0.75 (docs/security.md).",
     )
     max_int8_scale: float = Field(
         10.0,
@@ -211,6 +262,7 @@ class RobustnessConfig(_Section):
         "current one by at most this multiple of max(1, the current model's L2 norm); otherwise "
         "the attempt aborts instead of committing (unitless, (0, 1e6]).",
     )
+    guard: DivergenceGuardConfig = Field(default_factory=DivergenceGuardConfig)
 
 
 class FederationConfig(_Section):

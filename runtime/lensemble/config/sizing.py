@@ -1,11 +1,13 @@
 """Disk the coordinator needs, from the model size and checkpoint retention.
 
 A coordinator checkpoint holds the float32 parameters and the outer momentum (two copies of
-the model). :data:`CHECKPOINTS_KEPT` are kept, and one more is being written while the oldest is
-still there, so the state folder needs ``(CHECKPOINTS_KEPT + 1) * 2 * model bytes`` plus the
-ledger and headroom, plus the update spool: while a round is collected, every accepted update
-waits on disk in its wire format (:mod:`lensemble.federation.spool`), one per participant. The
-environment's observation and action sizes are not known without creating it;
+the model). :data:`CHECKPOINTS_KEPT` are kept, the divergence guard keeps its best model's
+beside them (:data:`CHECKPOINTS_PINNED`), and one more is being written while the oldest is
+still there, so the state folder needs ``(CHECKPOINTS_KEPT + CHECKPOINTS_PINNED + 1) * 2 *
+model bytes`` plus the ledger and headroom, plus the update spool: while a round is collected,
+every accepted update waits on disk in its wire format (:mod:`lensemble.federation.spool`), one
+per participant. The environment's observation and action sizes are not known without creating
+it;
 :data:`IO_DIM_BOUND` bounds them (they are small next to the hidden layers).
 """
 
@@ -18,6 +20,9 @@ from lensemble.config.schema import LensembleConfig
 
 #: Coordinator checkpoints kept on disk (``lensemble.federation.checkpoint.KEEP``).
 CHECKPOINTS_KEPT = 3
+#: Older checkpoints kept as well: the divergence guard's best model
+#: (``lensemble.federation.checkpoint.CheckpointStore.pinned``).
+CHECKPOINTS_PINNED = 1
 
 #: Upper bound assumed for an environment's observation and action sizes (count).
 IO_DIM_BOUND = 64
@@ -47,7 +52,8 @@ def model_parameters(config: LensembleConfig) -> int:
 def coordinator_state_bytes(config: LensembleConfig) -> int:
     """Bytes the coordinator's state folder needs (checkpoints, ledger, headroom)."""
     checkpoint = 2 * 4 * model_parameters(config)  # float32 parameters + momentum
-    return (CHECKPOINTS_KEPT + 1) * checkpoint + spool_bytes(config) + STATE_HEADROOM_BYTES
+    kept = CHECKPOINTS_KEPT + CHECKPOINTS_PINNED + 1  # + the one being written
+    return kept * checkpoint + spool_bytes(config) + STATE_HEADROOM_BYTES
 
 
 def spool_bytes(config: LensembleConfig) -> int:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lensemble.machinery.determinism import single_threaded
+from lensemble.model.kstep import VARIANCE_FLOOR, KStepErrors, k_step_errors
 from lensemble.model.worldmodel import WorldModel, build_model, check_architecture
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from lensemble.data.trajectories import ParticipantData, Trajectories
 
 # Guards the normaliser of a collapsed model (all target latents equal) against division by 0.
-_VARIANCE_FLOOR = 1e-12
+_VARIANCE_FLOOR = VARIANCE_FLOOR
 
 
 @dataclass(frozen=True)
@@ -74,47 +75,6 @@ class EvalReport:
             "participants": {pid: asdict(s) for pid, s in self.participants.items()},
             "union": asdict(self.union),
         }
-
-
-@dataclass
-class _Errors:
-    """Sufficient statistics of the k-step error, so sets can be pooled exactly."""
-
-    squared_error: torch.Tensor  # float64 scalar: sum over predictions of ||z_hat - z||^2
-    target_sum: torch.Tensor  # float64 [D]
-    target_sq_sum: torch.Tensor  # float64 [D]
-    count: int
-
-    def score(self) -> float:
-        """The normalised error of the pooled predictions."""
-        mean = self.target_sum / self.count
-        variance = (self.target_sq_sum / self.count - mean.pow(2)).clamp_min(0).sum()
-        mse = self.squared_error / self.count
-        return float(mse / variance.clamp_min(_VARIANCE_FLOOR))
-
-    @staticmethod
-    def pooled(parts: list[_Errors]) -> _Errors:
-        return _Errors(
-            squared_error=sum(
-                (p.squared_error for p in parts), torch.zeros((), dtype=torch.float64)
-            ),
-            target_sum=torch.stack([p.target_sum for p in parts]).sum(0),
-            target_sq_sum=torch.stack([p.target_sq_sum for p in parts]).sum(0),
-            count=sum(p.count for p in parts),
-        )
-
-
-def _k_step_errors(model: WorldModel, episodes: Trajectories, k: int) -> _Errors:
-    """Unroll ``k`` steps from every start ``t in [0, T-k]`` of every episode at once."""
-    dtype = next(model.parameters()).dtype
-    latents = model.encode(episodes.obs.to(dtype))  # [E, T+1, D]
-    starts = episodes.steps - k + 1
-    predicted = latents[:, :starts]
-    for j in range(k):
-        predicted = model.predict(predicted, episodes.actions[:, j : j + starts].to(dtype))
-    targets = latents[:, k : k + starts].double().reshape(-1, latents.shape[-1])
-    errors = (predicted.double().reshape(-1, latents.shape[-1]) - targets).pow(2).sum()
-    return _Errors(errors, targets.sum(0), targets.pow(2).sum(0), int(targets.shape[0]))
 
 
 def _latents(model: WorldModel, episodes: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +120,7 @@ def probe_r2(
     return torch.where(total > _VARIANCE_FLOOR, r2, torch.zeros_like(r2))
 
 
-def _scores(errors: _Errors, r2: torch.Tensor, names: tuple[str, ...]) -> HeldoutScores:
+def _scores(errors: KStepErrors, r2: torch.Tensor, names: tuple[str, ...]) -> HeldoutScores:
     per_dim = {name: float(v) for name, v in zip(names, r2.tolist(), strict=True)}
     return HeldoutScores(
         k_step_error=errors.score(),
@@ -199,7 +159,7 @@ def evaluate(
     names = spec.state_names
     with single_threaded(), torch.no_grad():
         model.load_state_dict(dict(params))
-        errors = {pid: _k_step_errors(model, datasets[pid].holdout, k) for pid in ids}
+        errors = {pid: k_step_errors(model, datasets[pid].holdout, k) for pid in ids}
         train = {pid: _latents(model, datasets[pid].train) for pid in ids}
         test = {pid: _latents(model, datasets[pid].holdout) for pid in ids}
         per = {
@@ -208,5 +168,5 @@ def evaluate(
         union_train = tuple(torch.cat([train[p][i] for p in ids]) for i in (0, 1))
         union_test = tuple(torch.cat([test[p][i] for p in ids]) for i in (0, 1))
         union_r2 = probe_r2(union_train, union_test, ridge)  # type: ignore[arg-type]
-        union = _scores(_Errors.pooled([errors[p] for p in ids]), union_r2, names)
+        union = _scores(KStepErrors.pooled([errors[p] for p in ids]), union_r2, names)
     return EvalReport(k_steps=k, participants=per, union=union)

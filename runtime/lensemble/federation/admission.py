@@ -6,7 +6,9 @@ every transport applies), does not hash to its declared hash, conflicts with an 
 is corrupt, carries metadata it may not or the wrong round, attempt, wire format or base
 model, has another architecture, is out of the int8 scale bounds, or carries NaN/Inf. An
 accepted update is kept in the coordinator's spool (:mod:`lensemble.federation.spool`) with its
-norm, hash, size and bounded self-reported statistics (:func:`self_reported`).
+norm, its cosine with the outer momentum (the suspicion history's direction,
+:mod:`lensemble.federation.suspicion`), hash, size and bounded self-reported statistics
+(:func:`self_reported`).
 
 :class:`Admission` judges on one thread: transports hand submissions over one at a time.
 """
@@ -20,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
 from lensemble.config.schema import FederationConfig
 from lensemble.errors import ArchitectureMismatch, PayloadError, ScaleOutOfRange
 from lensemble.federation.attempt import Collection
@@ -27,7 +31,7 @@ from lensemble.federation.messages import Reason, RoundOpening, Submission, Verd
 from lensemble.federation.payload import Decoded, TensorSpec, bytes_hash, decode
 from lensemble.federation.quantization import dequantize, wire_specs
 from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
-from lensemble.federation.robustness import update_norm
+from lensemble.federation.robustness import cosine, update_norm
 from lensemble.federation.spool import UpdateSpool
 from lensemble.machinery.hash_behind import hashing_thread
 
@@ -41,6 +45,7 @@ HEADER_BYTES_PER_TENSOR = 1024
 SELF_REPORTED_RANGES: dict[str, tuple[float, float]] = {
     "mean_loss": (-1e6, 1e6),
     "compute_s": (0.0, 1e6),
+    "heldout_loss": (0.0, 1e6),
 }
 #: Longest rejection detail kept in the ledger (characters).
 MAX_DETAIL = 240
@@ -63,6 +68,21 @@ def self_reported(metadata: Mapping[str, str]) -> dict[str, float | None]:
             value = math.nan
         out[key] = value if math.isfinite(value) and low <= value <= high else None
     return out
+
+
+@dataclass(frozen=True)
+class Content:
+    """What judging found in an update that holds (:meth:`Admission._content`).
+
+    Attributes:
+        decoded: The parsed payload (views of its bytes).
+        norm: L2 norm of the dequantized float32 pseudo-gradient.
+        cosine: Its cosine with the coordinator's reference direction, None without one.
+    """
+
+    decoded: Decoded
+    norm: float
+    cosine: float | None
 
 
 @dataclass(frozen=True)
@@ -156,6 +176,8 @@ class Admission:
         rejections: Reason code -> how many submissions were refused for it.
         collection: The open attempt's collection, or None between attempts.
         closed: The attempt that closed last, or None.
+        reference: Returns the direction each update's cosine is taken with (the outer
+            momentum the open attempt started from); None (the default) records no cosines.
     """
 
     def __init__(
@@ -177,6 +199,8 @@ class Admission:
         self.rejections: Counter[str] = Counter()
         self.collection: Collection | None = None
         self.closed: ClosedAttempt | None = None
+        self.reference: Callable[[], Mapping[str, torch.Tensor]] | None = None
+        self._reference_norm = 0.0
 
     @property
     def collecting_round(self) -> int:
@@ -187,6 +211,7 @@ class Admission:
         """Start collecting ``opening`` (the spool is emptied)."""
         self.collection = Collection(opening, self.expected)
         self.spool.reset()
+        self._reference_norm = update_norm(self.reference()) if self.reference else 0.0
         return self.collection
 
     def close(self) -> Collection:
@@ -363,9 +388,15 @@ class Admission:
             )
         return None
 
+    def _cosine(self, delta: Mapping[str, torch.Tensor], norm: float) -> float | None:
+        """Cosine of ``delta`` (of L2 norm ``norm``) with the reference, None when either is 0."""
+        if self.reference is None:
+            return None
+        return cosine(delta, norm, self.reference(), self._reference_norm)
+
     def _content(
         self, sub: Submission, payload: bytes | bytearray | memoryview, col: Collection
-    ) -> tuple[Decoded, float] | Verdict:
+    ) -> Content | Verdict:
         """Parse, check the metadata, dequantize and bound-check; the update's norm if it holds.
 
         Changes no state.
@@ -393,21 +424,24 @@ class Admission:
             return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
         except PayloadError as exc:
             return self._verdict(Reason.NON_FINITE, exc.message)
-        return decoded, update_norm(delta)
+        norm = update_norm(delta)
+        return Content(decoded, norm, self._cosine(delta, norm))
 
     def _keep(
         self,
         sub: Submission,
         payload: bytes | bytearray | memoryview,
         digest: str,
-        content: tuple[Decoded, float],
+        content: Content,
         col: Collection,
     ) -> Verdict:
-        """Accept the judged update: spool it, with its norm, hash and size.
+        """Accept the judged update: spool it, with its norm, cosine, hash and size.
 
-        ``content`` is what :meth:`_content` found: the parsed payload and its norm.
+        ``content`` is what :meth:`_content` found.
         """
-        decoded, col.norms[sub.sender] = content
+        decoded = content.decoded
+        col.norms[sub.sender] = content.norm
+        col.cosines[sub.sender] = content.cosine
         self.spool.add(sub.sender, payload, digest, decoded, sub.landed)
         col.hashes[sub.sender] = digest
         col.sizes[sub.sender] = len(payload)

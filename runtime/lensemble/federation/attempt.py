@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lensemble import __version__
+from lensemble.config.schema import RobustnessConfig
+from lensemble.federation.guard import Judgement
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import RoundOpening, Submission
+from lensemble.federation.messages import Reason, RoundOpening, Submission
+from lensemble.federation.robustness import Screening, decide, momentum_shortfalls
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.transport import Traffic
 
@@ -32,6 +35,8 @@ class Collection:
         hashes: Accepted participant id -> ``sha256:<hex>`` of its payload.
         sizes: Accepted participant id -> payload bytes.
         reported: Accepted participant id -> its bounded self-reported statistics.
+        cosines: Accepted participant id -> cosine of its update with the outer momentum the
+            attempt started from (None when the momentum is zero).
         rejected: Participant id -> why its update for this attempt was refused (a reason code).
         details: Participant id -> the refusal's sentence.
     """
@@ -42,6 +47,7 @@ class Collection:
     hashes: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    cosines: dict[str, float | None] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
 
@@ -72,6 +78,9 @@ class Attempt:
         collection: What it gathered (set once it opened).
         traffic: What the transport moved for it (set once collection ended).
         defences: What the defences decided (the ledger's ``defences``).
+        guard: The divergence guard's verdict (the ledger's ``guard``; empty when off).
+        judgement: The same verdict, to apply should the attempt commit.
+        scores: The suspicion scores after this attempt, to apply should it commit.
     """
 
     machine: RoundMachine
@@ -80,6 +89,28 @@ class Attempt:
     collection: Collection | None = None
     traffic: Traffic = field(default_factory=Traffic)
     defences: dict[str, object] = field(default_factory=dict)
+    guard: dict[str, object] = field(default_factory=dict)
+    judgement: Judgement | None = None
+    scores: dict[str, float] | None = None
+
+    def screen(self, robustness: RobustnessConfig) -> Screening:
+        """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
+
+        An update rejected for its norm leaves ``collection.norms`` and is excluded as
+        ``norm_bound``, with the sentence saying why; a kept one below the momentum floor is
+        noted in ``shortfalls`` (:func:`~lensemble.federation.robustness.lift_to_floor`).
+        """
+        col = self.collection
+        assert col is not None
+        screening = decide(col.norms, robustness)
+        floor = robustness.momentum_cosine_floor
+        screening.shortfalls = momentum_shortfalls(screening, col.cosines, floor)
+        self.defences.update(screening.to_record())
+        for pid, why in screening.rejected.items():
+            col.norms.pop(pid)
+            col.rejected[pid] = Reason.NORM_BOUND.value
+            col.details[pid] = why
+        return screening
 
 
 @dataclass(frozen=True)
@@ -154,4 +185,5 @@ def attempt_record(
         closed_at=utc_now(),
         defences=defences,
         self_reported=reported,
+        guard=dict(attempt.guard) if committed else {},
     )

@@ -8,7 +8,7 @@ model hash, parent hash, config hash, the round record it commits (``record``) a
 is written durably (:func:`lensemble.durable.atomic_write`), after checking the folder has room,
 so a crash or a full disk never leaves a half-written checkpoint. On load the model hash and the
 state hash are recomputed and compared (docs/run-record.md). The last ``KEEP`` checkpoints are
-kept.
+kept, and the divergence guard's best model (``CheckpointStore.pinned``) whatever its age.
 
 Participant: ``<output_dir>/participants/<id>/state/inner-r<round>-a<attempt>.safetensors`` holds
 the learner's inner state after that training, inside the participant's own folder.
@@ -131,6 +131,8 @@ class CheckpointStore:
     def __init__(self, output_dir: Path, signer: Signer | None = None) -> None:
         self.folder = output_dir / "coordinator" / "checkpoints"
         self.signer = signer
+        #: A version kept beside the last ``KEEP`` (the divergence guard's best model), if any.
+        self.pinned: int | None = None
 
     def path(self, version: int) -> Path:
         """Where checkpoint ``version`` lives."""
@@ -170,6 +172,8 @@ class CheckpointStore:
         check_free_space(self.folder, sum(len(part) for part in parts))
         atomic_write(self.path(ckpt.version), parts)
         for old in self.versions()[:-KEEP]:
+            if old == self.pinned:
+                continue
             # No folder fsync: an old checkpoint a crash brings back is pruned by the next save
             # and never read before it (a resume loads the newest), so durability is unchanged
             # and the commit does not wait on one more disk flush.

@@ -9,11 +9,16 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
 4. AGGREGATING: each update's norm is bounded (clipped or rejected), then the updates are
-   combined in sorted id order: float32 mean, or a coordinate-wise trimmed mean or median
-   (``federation.robustness``, :mod:`lensemble.federation.robustness`, docs/security.md).
+   combined in sorted id order: float32 mean, or a coordinate-wise trimmed mean or median, less
+   each update's pull against the outer momentum beyond the floor (``federation.robustness``,
+   :mod:`lensemble.federation.robustness`, docs/security.md). Each
+   contributor's history score is updated (:mod:`lensemble.federation.suspicion`) and the
+   divergence guard judges the round's model from the contributors' held-out reports
+   (:mod:`lensemble.federation.guard`); when it rolls back, the round does not aggregate.
 5. COMMITTING: the outer Nesterov SGD step behind the pre-commit check of the new model (finite,
-   bounded change; a failure aborts the attempt; :mod:`lensemble.federation.commit`), the new
-   model's hash (chained to its parent), an atomic checkpoint, then the ledger line
+   bounded change; a failure aborts the attempt; :mod:`lensemble.federation.commit`), or the
+   best judged model and its momentum again (a rollback), the new model's hash (chained to its
+   parent), an atomic checkpoint, then the ledger line
    (:mod:`lensemble.federation.coordinator_store`). This is the only place global state
    changes. Under :meth:`Coordinator.run` the checkpoint and the ledger line are written
    behind: the next round opens while they are made durable on a commit thread, and that round
@@ -41,12 +46,13 @@ from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.commit import Committer, outer_step
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
+from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
-from lensemble.federation.robustness import aggregate_spooled, decide
+from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
@@ -163,9 +169,12 @@ class Coordinator:
         self.admission = Admission(
             fed, self.architecture, self._spool, lambda: self.version, observer
         )
+        self.admission.reference = lambda: self.momentum  # for each update's cosine
         self.signer = _signer(signer, resume, output_dir)
         self.store = CoordinatorStore(config, output_dir, self.signer)
         self.config_hash = self.store.config_hash
+        # Suspicion scores, the divergence guard and its best model (replayed on resume).
+        self.defences = DefenceHistory(fed.robustness, self.store)
         self._context = RecordContext(self.config_hash, fed.quantization, fed.robustness.aggregator)
         self.committer = Committer(self.store, observer)
         # Every attempt decided by this process, in order; under run() the last commit may
@@ -187,6 +196,7 @@ class Coordinator:
         latest = verified.take_latest() if verified is not None else None
         if verified is not None and latest is not None:
             self.state, self.earlier = self.store.restore(latest, verified)
+            self.defences.replay(self.earlier)
             return
         # Model and momentum each live in one buffer (flat.py: huge pages, same values).
         params = flat_copy(initial_params)
@@ -349,23 +359,41 @@ class Coordinator:
         self._notify(machine)
         current = Attempt(machine)
         self._collect(transport, current)
-        combined = self._aggregate(current)
-        new_hash = None
-        if combined is not None:
-            self._advance(machine, RoundState.COMMITTING)
-            new_hash = outer_step(
-                self.outer,
-                self.params,
-                self.momentum,
-                combined,
-                self.config.federation.robustness,
-                version=self.version,
-                parent=self.model_hash,
-                defences=current.defences,
-            )
+        new_hash = self._new_model(current)
         if new_hash is None:
             return self._abort(current, transport)
         return self._commit(current, new_hash, transport, write_behind=write_behind)
+
+    def _new_model(self, current: Attempt) -> str | None:
+        """Aggregate and step, or roll back; the new model's hash, None when the attempt aborts.
+
+        The spool is emptied either way.
+        """
+        try:
+            screening = self._screen(current)
+            if screening is None:
+                return None
+            judgement = self.defences.judge(current, self.state)
+            if judgement is not None and judgement.rollback:
+                self._advance(current.machine, RoundState.COMMITTING)
+                return self.defences.roll_back(judgement, self.state)
+            shapes = {name: spec.shape for name, spec in self.architecture.items()}
+            self._accumulator = self._accumulator or flat_empty(shapes)  # reused every round
+            combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
+            lift_to_floor(combined, self.momentum, screening)
+        finally:
+            self._spool.reset()
+        self._advance(current.machine, RoundState.COMMITTING)
+        return outer_step(
+            self.outer,
+            self.params,
+            self.momentum,
+            combined,
+            self.config.federation.robustness,
+            version=self.version,
+            parent=self.model_hash,
+            defences=current.defences,
+        )
 
     def _collect(self, transport: CoordinatorTransport, current: Attempt) -> None:
         """Open the attempt and judge submissions until every participant has one or time is up.
@@ -401,40 +429,15 @@ class Coordinator:
         current.traffic = transport.take_traffic()
         current.defences = {"aggregator": fed.robustness.aggregator}
 
-    def _aggregate(self, current: Attempt) -> Params | None:
-        """Screen the updates' norms and combine the rest; None when below quorum.
-
-        The spool is emptied either way.
-        """
-        fed = self.config.federation
-        col = current.collection
-        assert col is not None
-        screening = None
-        if len(col.norms) >= fed.quorum:
-            self._advance(current.machine, RoundState.AGGREGATING)
-            screening = decide(col.norms, fed.robustness)
-            current.defences.update(screening.to_record())
-            for pid, why in screening.rejected.items():
-                col.norms.pop(pid)
-                col.rejected[pid] = Reason.NORM_BOUND.value
-                col.details[pid] = why
-        try:
-            if screening is None or len(col.norms) < fed.quorum:
-                return None
-            shapes = {name: spec.shape for name, spec in self.architecture.items()}
-            if self._accumulator is None:
-                self._accumulator = flat_empty(shapes)
-            return aggregate_spooled(
-                self._spool,
-                screening,
-                shapes,
-                fed.robustness,
-                scheme=fed.quantization,
-                chunk=fed.int8_chunk,
-                out=self._accumulator,
-            )
-        finally:
-            self._spool.reset()
+    def _screen(self, current: Attempt) -> Screening | None:
+        """Bound the updates' norms and score their senders; None when below quorum."""
+        col, quorum = current.collection, self.config.federation.quorum
+        if col is None or len(col.norms) < quorum:
+            return None
+        self._advance(current.machine, RoundState.AGGREGATING)
+        screening = current.screen(self.config.federation.robustness)
+        self.defences.score(current)
+        return screening if len(col.norms) >= quorum else None
 
     def _record(self, current: Attempt, new_hash: str) -> RoundRecord:
         """The attempt's ledger record; committed when ``new_hash`` is not the current model."""
@@ -464,6 +467,7 @@ class Coordinator:
         """Make the stepped model the global one and write its checkpoint and ledger line."""
         self._payload_cache = None  # the committed model's payload replaces it
         record = self._record(current, new_hash)
+        self.defences.keep(current)
         state = self.state
         self.state = ModelState(
             state.version + 1, state.params, state.momentum, new_hash, state.model_hash
@@ -501,6 +505,26 @@ class Coordinator:
             self._settle(last=True)
         except Exception as exc:  # the error already propagating is the one to report
             _log.error("the commit of the previous round failed as well: %s", exc)
+
+
+def _combined(
+    spool: UpdateSpool,
+    screening: Screening,
+    shapes: Mapping[str, tuple[int, ...]],
+    config: LensembleConfig,
+    out: Params,
+) -> Params:
+    """The screened updates of the spool combined into ``out`` (the round's accumulator)."""
+    fed = config.federation
+    return aggregate_spooled(
+        spool,
+        screening,
+        shapes,
+        fed.robustness,
+        scheme=fed.quantization,
+        chunk=fed.int8_chunk,
+        out=out,
+    )
 
 
 def _wait_for_quorum(transport: CoordinatorTransport, config: LensembleConfig, of: int) -> None:

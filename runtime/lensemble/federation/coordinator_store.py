@@ -80,6 +80,11 @@ class CoordinatorStore:
             record.to_json() if record else "",
         )
 
+    def pin(self, version: int) -> None:
+        """Keep checkpoint ``version`` whatever its age (the divergence guard's best model)."""
+        if self.checkpoints is not None:
+            self.checkpoints.pinned = version
+
     def save(self, state: ModelState, record: RoundRecord | None) -> str | None:
         """Write the checkpoint of ``state``; returns its state hash (None without a folder).
 

@@ -1,8 +1,9 @@
-"""Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt, ...
+"""Fault plans: transport faults (drop, delay, ...) and attacks a participant makes on itself.
 
-The kinds are drop, delay, reorder, duplicate, corrupt, poison and rank_kill.
-
-A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
+A plan is a comma-separated list (``--faults`` on ``lensemble simulate`` and ``lensemble
+participant``), one grammar for every kind: ``KIND[:PARTICIPANT]@ROUNDS[=VALUE]``. ``ROUNDS`` is
+one round (``@3``), one attempt of it (``@3.0``), a round and every later one (``@3-``) or an
+inclusive range (``@3-7``); rounds are 0-based::
 
     drop:alpine@3          alpine submits nothing in round 3 (every attempt)
     drop:alpine@3.0        ... only in attempt 0 of round 3
@@ -14,17 +15,27 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     poison:delta@4=1e4     every value of delta's round-4 update is 1e4 (a well-formed payload)
     rank_kill:alpine@2     rank 1 of alpine's rank group dies in round 2 (alpine needs ranks)
     rank_kill:alpine@2=3   ... rank 3 dies
+    scaled:delta@0-=-9.5   from round 0 on, delta sends -9.5 x its honest update
+    alie:delta@0-          "a little is enough": mu - z sigma (z from n and f, or =Z)
+    ipm:delta@0-=4         inner-product manipulation: -4 x mu
+    minmax:delta@0-=std    min-max with perturbation -std (also unit, sign)
+    minsum:delta@0-        min-sum, perturbation -std
+    alie:delta@10-         a sleeper: honest until round 10, then ALIE
+    misreport:delta@0-=0.1 delta reports 0.1 x its true held-out loss
+    alie_omniscient:delta@0-   ALIE from the honest updates of the round themselves
 
-Rounds are 0-based. ``rank_kill`` is the one kind a participant process applies to itself
-(:data:`PARTICIPANT_KINDS`), so it also reaches the processes of a network run
-(``lensemble participant --faults``); every other kind is the in-process transport's.
-Faults change which participants contribute (and ``poison`` what one of
-them sends, as a compromised participant would); they never change how the coordinator reduces
+The attack kinds and what their estimates see are :mod:`lensemble.federation.attacks`
+(docs/attacks.md). A participant process applies the kinds of :data:`PARTICIPANT_KINDS` to
+itself, so they also reach the processes of a network run (``lensemble participant --faults``);
+every other kind (the ``*_omniscient`` attacks among them: they need the other participants'
+updates) is the in-process transport's. Faults change which participants contribute and what a
+compromised participant sends; they never change how the coordinator reduces
 (docs/concepts.md#deterministic-aggregation).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -35,16 +46,38 @@ from lensemble.federation.payload import bytes_hash, decode, encode
 from lensemble.federation.quantization import SCALE_SUFFIX
 
 _FAULT = re.compile(
-    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder|poison|rank_kill)"
+    r"^(?P<kind>[a-z_]+)"
     r"(?::(?P<pid>[a-z0-9]([-a-z0-9]*[a-z0-9])?))?"
-    r"@(?P<round>\d+)(?:\.(?P<attempt>\d+))?(?:=(?P<value>[^,=@]+))?$"
+    r"@(?P<round>\d+)(?:\.(?P<attempt>\d+)|(?P<onward>-)(?P<last>\d+)?)?"
+    r"(?:=(?P<value>[^,=@]+))?$"
 )
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
-_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison", "rank_kill"}
 _RANK = re.compile(r"^\d+$")
+
+#: Attacks a compromised participant makes from what it sees itself (its own update and the
+#: broadcast models; :mod:`lensemble.federation.attacks`).
+ESTIMATING_ATTACKS = frozenset({"scaled", "alie", "ipm", "minmax", "minsum"})
+#: Attacks that see the honest updates of the round (colluding with the in-process transport:
+#: the strongest assumption, simulation only).
+OMNISCIENT_ATTACKS = frozenset(
+    {"alie_omniscient", "ipm_omniscient", "minmax_omniscient", "minsum_omniscient"}
+)
+ATTACK_KINDS = ESTIMATING_ATTACKS | OMNISCIENT_ATTACKS
 #: Fault kinds a participant applies to itself (over the network too); the others happen in
 #: the in-process transport.
-PARTICIPANT_KINDS = frozenset({"rank_kill"})
+PARTICIPANT_KINDS = frozenset({"rank_kill", "misreport"}) | ESTIMATING_ATTACKS
+_TRANSPORT_KINDS = frozenset({"drop", "delay", "duplicate", "corrupt", "reorder", "poison"})
+KINDS = PARTICIPANT_KINDS | OMNISCIENT_ATTACKS | _TRANSPORT_KINDS
+#: Perturbation directions of min-max and min-sum (Shejwalkar & Houmansadr, NDSS 2021).
+DIRECTIONS = ("std", "unit", "sign")
+_WORD_VALUED = frozenset({"minmax", "minsum", "minmax_omniscient", "minsum_omniscient"})
+_NUMBER_REQUIRED = frozenset({"poison", "scaled", "misreport"})
+_NUMBER_OPTIONAL = frozenset({"alie", "ipm", "alie_omniscient", "ipm_omniscient"})
+_EXAMPLES = (
+    "drop:alpine@3, delay:coastal@5, reorder@2, duplicate:delta@4, corrupt:delta@4, "
+    "poison:delta@4=1e4, rank_kill:alpine@2, scaled:delta@0-=-9.5, alie:delta@0-, "
+    "ipm:delta@0-=4, minmax:delta@0-=std, minsum:delta@10-, misreport:delta@0-=0.1"
+)
 
 
 @dataclass(frozen=True)
@@ -52,14 +85,19 @@ class Fault:
     """One injected fault.
 
     Attributes:
-        kind: ``drop``, ``delay`` (``late`` is an alias), ``reorder``, ``duplicate``, ``corrupt``,
-            ``poison``, ``rank_kill``.
+        kind: One of :data:`KINDS` (``late`` is read as ``delay``).
         participant: Target participant (None for ``reorder``).
-        round_index: Round it applies to.
+        round_index: First round it applies to.
         attempt: Attempt it applies to (None: every attempt).
         seconds: For ``delay``: virtual seconds after opening (None: past the deadline).
         value: For ``poison``: the value every element of the update is set to; for
-            ``rank_kill``: the rank that dies (default 1).
+            ``rank_kill``: the rank that dies (default 1); for an attack: its number (the
+            factor of ``scaled``, ``z`` of ALIE, ``epsilon`` of IPM); for ``misreport``: the
+            factor applied to the reported held-out loss.
+        option: For min-max and min-sum: the perturbation direction (:data:`DIRECTIONS`).
+        until: Last round it applies to (inclusive); None: only ``round_index``, unless
+            ``onward``.
+        onward: It applies to ``round_index`` and every later round.
     """
 
     kind: str
@@ -68,17 +106,30 @@ class Fault:
     attempt: int | None = None
     seconds: float | None = None
     value: float | None = None
+    option: str | None = None
+    until: int | None = None
+    onward: bool = False
 
     def applies(self, round_index: int, attempt: int) -> bool:
         """True when the fault targets this round attempt."""
-        return self.round_index == round_index and self.attempt in (None, attempt)
+        last = self.round_index if self.until is None else self.until
+        in_rounds = self.round_index <= round_index and (self.onward or round_index <= last)
+        return in_rounds and self.attempt in (None, attempt)
+
+    def _rounds(self) -> str:
+        if self.onward:
+            return f"@{self.round_index}-"
+        if self.until is not None:
+            return f"@{self.round_index}-{self.until}"
+        return f"@{self.round_index}" + (f".{self.attempt}" if self.attempt is not None else "")
 
     def spec(self) -> str:
         """The ``--faults`` entry that :func:`parse_faults` reads back as this fault."""
-        text = self.kind + (f":{self.participant}" if self.participant else "")
-        text += f"@{self.round_index}" + (f".{self.attempt}" if self.attempt is not None else "")
+        text = self.kind + (f":{self.participant}" if self.participant else "") + self._rounds()
         if self.kind == "rank_kill":
             return f"{text}={int(self.value or 1)}"
+        if self.option is not None:
+            return f"{text}={self.option}"
         if self.value is not None:
             return f"{text}={self.value!r}"
         if self.seconds is not None:
@@ -95,9 +146,22 @@ def damage(payload: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """All faults of a run."""
+    """All faults of a run.
+
+    Attributes:
+        faults: The entries, in the order given.
+        colluders: How many participants the whole plan attacks with (kept when a participant
+            takes only its own entries, :meth:`of_participant`: ALIE's ``z`` depends on it);
+            None: count this plan's own attackers.
+    """
 
     faults: tuple[Fault, ...] = ()
+    colluders: int | None = None
+
+    @property
+    def hostile(self) -> int:
+        """How many participants attack together (``f`` of the attacks' formulas)."""
+        return self.colluders if self.colluders is not None else len(self.attackers())
 
     def active(self, kind: str, round_index: int, attempt: int) -> list[Fault]:
         """Faults of ``kind`` for this round attempt."""
@@ -114,7 +178,8 @@ class FaultPlan:
                 f
                 for f in self.faults
                 if f.kind in PARTICIPANT_KINDS and f.participant == participant
-            )
+            ),
+            colluders=self.hostile,
         )
 
     def require_participant_kinds(self, remediation: str) -> None:
@@ -138,6 +203,23 @@ class FaultPlan:
                 return fault
         return None
 
+    def attackers(self) -> frozenset[str]:
+        """The participants the plan attacks with (any of :data:`ATTACK_KINDS`)."""
+        return frozenset(
+            f.participant for f in self.faults if f.kind in ATTACK_KINDS and f.participant
+        )
+
+    def attack_on(self, participant: str, round_index: int, attempt: int) -> Fault | None:
+        """The first attack entry of ``participant`` applying to this attempt, if any."""
+        for fault in self.faults:
+            if (
+                fault.kind in ATTACK_KINDS
+                and fault.participant == participant
+                and fault.applies(round_index, attempt)
+            ):
+                return fault
+        return None
+
 
 def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
     """Parse a ``--faults`` string.
@@ -156,16 +238,15 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
 def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
     """One ``--faults`` entry (see :func:`parse_faults`)."""
     m = _FAULT.match(raw)
-    if m is None:
+    kind = "delay" if m is not None and m["kind"] == "late" else (m["kind"] if m else "")
+    if m is None or kind not in KINDS:
         raise UsageError(
             f"--faults entry '{raw}' is not valid;",
-            remediation="write e.g. drop:alpine@3, delay:coastal@5, reorder@2, "
-            "duplicate:delta@4, corrupt:delta@4, poison:delta@4=1e4 or rank_kill:alpine@2 "
-            "(rounds are 0-based).",
+            remediation=f"write e.g. {_EXAMPLES} (rounds are 0-based; @3- is round 3 on, "
+            "@3-7 rounds 3 to 7).",
         )
-    kind = "delay" if m["kind"] == "late" else m["kind"]
     pid = m["pid"]
-    if (kind in _NEEDS_PARTICIPANT) != (pid is not None):
+    if (kind != "reorder") != (pid is not None):
         need = "needs a participant, as in" if pid is None else "takes no participant, as in"
         example = f"{kind}:alpine@3" if pid is None else f"{kind}@3"
         raise UsageError(f"--faults entry '{raw}' {need} {example}.")
@@ -174,21 +255,36 @@ def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
             f"--faults entry '{raw}' names '{pid}', which is not a participant;",
             remediation=f"use one of {', '.join(sorted(participants))}.",
         )
-    seconds, value = _fault_value(raw, kind, m["value"])
+    first, until, onward = _rounds(raw, m)
+    seconds, value, option = _fault_value(raw, kind, m["value"])
     return Fault(
         kind=kind,
         participant=pid,
-        round_index=int(m["round"]),
+        round_index=first,
         attempt=int(m["attempt"]) if m["attempt"] is not None else None,
         seconds=seconds,
         value=value,
+        option=option,
+        until=until,
+        onward=onward,
     )
 
 
-def _fault_value(raw: str, kind: str, text: str | None) -> tuple[float | None, float | None]:
-    """``(seconds, value)`` of an entry's ``=...`` part: a delay, a poison value or a rank."""
-    if kind == "poison":
-        return None, _poison_value(raw, text)
+def _rounds(raw: str, m: re.Match[str]) -> tuple[int, int | None, bool]:
+    """``(first round, last round or None, onward)`` of an entry's ``@ROUNDS`` part."""
+    first, last = int(m["round"]), m["last"]
+    if last is not None and int(last) < first:
+        raise UsageError(
+            f"--faults entry '{raw}' ends its rounds before it starts;",
+            remediation=f"write the first round first, as in @{last}-{first}.",
+        )
+    return first, int(last) if last is not None else None, m["onward"] is not None and last is None
+
+
+def _fault_value(
+    raw: str, kind: str, text: str | None
+) -> tuple[float | None, float | None, str | None]:
+    """``(seconds, value, option)`` of an entry's ``=...`` part (see :class:`Fault`)."""
     if kind == "rank_kill":
         rank = text or "1"
         if not _RANK.match(rank) or int(rank) < 1:
@@ -196,15 +292,24 @@ def _fault_value(raw: str, kind: str, text: str | None) -> tuple[float | None, f
                 f"--faults entry '{raw}' needs a rank from 1 up after '=', as in "
                 "rank_kill:alpine@2=1 (rank 0 talks to the coordinator)."
             )
-        return None, float(rank)
-    if text is None:
-        return None, None
+        return None, float(rank), None
+    if kind in _WORD_VALUED:
+        if text is not None and text not in DIRECTIONS:
+            raise UsageError(
+                f"--faults entry '{raw}' has '={text}'; {kind} takes a perturbation "
+                f"direction: {', '.join(DIRECTIONS)} (default std)."
+            )
+        return None, None, text
+    if kind in _NUMBER_REQUIRED or (kind in _NUMBER_OPTIONAL and text is not None):
+        return None, _number(raw, kind, text), None
+    if text is None or kind in _NUMBER_OPTIONAL:
+        return None, None, None
     if kind != "delay" or not _SECONDS.match(text):
         raise UsageError(
-            f"--faults entry '{raw}' has '={text}', which only delay (seconds, "
-            "as in delay:coastal@5=12.5) and poison (a number) take."
+            f"--faults entry '{raw}' has '={text}', which only delay (seconds, as in "
+            "delay:coastal@5=12.5), poison, rank_kill, misreport and the attacks take."
         )
-    return float(text), None
+    return float(text), None, None
 
 
 def participant_faults(spec: str, participants: list[str], participant: str) -> FaultPlan:
@@ -216,8 +321,9 @@ def participant_faults(spec: str, participants: list[str], participant: str) -> 
         participant: This process's participant id.
 
     Returns:
-        The ``rank_kill`` entries naming ``participant`` (entries naming others are ignored:
-        a launcher may hand every process the same plan).
+        The entries of :data:`PARTICIPANT_KINDS` naming ``participant`` (``rank_kill``,
+        ``misreport`` and the estimating attacks; entries naming others are ignored: a launcher
+        may hand every process the same plan, which also tells each attacker how many collude).
 
     Raises:
         UsageError: An entry is malformed, names an unknown participant, or is of a kind only
@@ -225,21 +331,30 @@ def participant_faults(spec: str, participants: list[str], participant: str) -> 
     """
     plan = parse_faults(spec, participants)
     plan.require_participant_kinds(
-        "a participant process applies only rank_kill to itself; run `lensemble simulate` in "
-        "process for the other kinds."
+        "a participant process applies only rank_kill, misreport and the estimating attacks "
+        "(scaled, alie, ipm, minmax, minsum) to itself; run `lensemble simulate` in process "
+        "for the other kinds."
     )
     return plan.of_participant(participant)
 
 
-def _poison_value(raw: str, text: str | None) -> float:
+def _number(raw: str, kind: str, text: str | None) -> float:
+    """The number after ``=``: any float for ``poison``, a finite one for the others."""
     try:
         if text is not None:
-            return float(text)
+            value = float(text)
+            if kind == "poison" or (math.isfinite(value) and (kind != "misreport" or value >= 0)):
+                return value
     except ValueError:
         pass
-    raise UsageError(
-        f"--faults entry '{raw}' needs the poison value as a number, as in poison:delta@4=1e4."
-    )
+    example = {
+        "poison": "poison:delta@4=1e4",
+        "scaled": "scaled:delta@0-=-9.5",
+        "misreport": "misreport:delta@0-=0.1 (a factor from 0 up)",
+        "alie": "alie:delta@0-=1.5 (z)",
+        "ipm": "ipm:delta@0-=4 (epsilon)",
+    }.get(kind.removesuffix("_omniscient"), f"{kind}:delta@0-=1")
+    raise UsageError(f"--faults entry '{raw}' needs a finite number after '=', as in {example}.")
 
 
 def poison_payload(payload: bytes, value: float) -> tuple[bytes, str]:

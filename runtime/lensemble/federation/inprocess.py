@@ -16,6 +16,11 @@ fault plan.
 A participant whose rank group exhausts its restarts (:class:`~lensemble.errors.RankGroupExhausted`)
 leaves the run as its network process does (it says ``Leave`` and exits): it is absent (``left``)
 from that attempt on, and the run goes on without it while the quorum allows.
+
+Attack faults make a participant tamper with its own update, as over the network
+(:meth:`Participant.take_faults`). An omniscient attacker (``*_omniscient``) trains after the
+others of the attempt and is handed their honest updates (decoded from the payloads they
+released), which only an in-process run can do.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
+
 from lensemble.errors import RankFailure, RankGroupExhausted
-from lensemble.federation.faults import FaultPlan, damage, poison_payload
+from lensemble.federation.faults import OMNISCIENT_ATTACKS, FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
+from lensemble.federation.payload import decode
+from lensemble.federation.quantization import dequantize
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 
 _log = logging.getLogger("lensemble.federation.inprocess")
@@ -98,6 +107,12 @@ class InProcessTransport(CoordinatorTransport):
         #: Participant id -> the error it left the run with (its rank group exhausted its
         #: restarts): absent from every later attempt, as a network participant that exited.
         self.left: dict[str, RankGroupExhausted] = {}
+        #: Participant id -> the payload it released in the open attempt (for omniscient
+        #: attackers, which see the honest ones).
+        self._released: dict[str, bytes] = {}
+        self._keep_released = any(f.kind in OMNISCIENT_ATTACKS for f in self.faults.faults)
+        for participant in self.participants.values():
+            participant.take_faults(self.faults)
 
     def now(self) -> float:
         """Virtual time (seconds)."""
@@ -120,13 +135,40 @@ class InProcessTransport(CoordinatorTransport):
         self._opening = (opening, model_payload)
         self._waiting = {}
         self._absence = {}
+        self._released = {}
+        omniscient = []
         for rank, pid in enumerate(order):
             if pid in self.left:
                 self._absence[pid] = LEFT
             elif self._in_flight(pid):
                 self._waiting[pid] = rank
+            elif self._omniscient(pid, t, a):
+                omniscient.append((rank, pid))  # trains once the honest updates exist
             else:
                 self._contribute(pid, rank)
+        for rank, pid in omniscient:
+            self._contribute(pid, rank)
+
+    def _omniscient(self, pid: str, round_index: int, attempt: int) -> bool:
+        attacker = self.participants[pid].attacker
+        return attacker is not None and attacker.needs_peers(round_index, attempt)
+
+    def _peers(self, pid: str) -> dict[str, dict[str, torch.Tensor]] | None:
+        """The honest updates released so far in the open attempt (for an omniscient ``pid``)."""
+        assert self._opening is not None
+        t, a = self._opening[0].round_index, self._opening[0].attempt
+        if not self._omniscient(pid, t, a):
+            return None
+        hostile = self.faults.attackers()
+        fed = self.participants[pid].config.federation
+        arch = self.participants[pid].architecture
+        peers = {}
+        for other, payload in sorted(self._released.items()):
+            if other in hostile:
+                continue
+            decoded = decode(payload)
+            peers[other] = dequantize(decoded.tensors, arch, fed.quantization, fed.int8_chunk)
+        return peers
 
     def _in_flight(self, pid: str) -> bool:
         return any(submission.sender == pid for _, _, submission in self._queue)
@@ -143,7 +185,9 @@ class InProcessTransport(CoordinatorTransport):
             # Only a participant with a rank group has ranks to kill (checked by the caller).
             self.participants[pid].learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
         try:
-            contribution = self.participants[pid].contribute(opening, model_payload)
+            contribution = self.participants[pid].contribute(
+                opening, model_payload, peers=self._peers(pid)
+            )
         except RankFailure:
             self._absence[pid] = RANK_FAILURE
             return
@@ -155,6 +199,8 @@ class InProcessTransport(CoordinatorTransport):
             self._absence[pid] = LEFT
             return
         self.sent_by[pid] += 1
+        if self._keep_released:
+            self._released[pid] = contribution.payload
         self._down += len(model_payload)
         self._compute += contribution.compute_s
         payload, payload_hash = contribution.payload, contribution.payload_hash
@@ -209,6 +255,7 @@ class InProcessTransport(CoordinatorTransport):
         """The attempt is over: participants still waiting sit it out."""
         self._opening = None
         self._waiting = {}
+        self._released = {}
 
     def take_traffic(self) -> Traffic:
         """Bytes moved and compute time (sequential, so summed) since the last call."""

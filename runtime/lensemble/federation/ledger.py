@@ -82,11 +82,22 @@ class RoundRecord:
             factor its update was scaled by), ``rejected`` (participant id -> ``{"reason":
             code, "detail": sentence}``, whether rejected when judged or at aggregation),
             ``relative_change`` (how far the new model moved, relative to max(1, its norm)),
-            ``precommit`` (None, or why the new model was not committed). Empty in lines
-            written before these defences existed.
+            ``precommit`` (None, or why the new model was not committed), ``cosines``
+            (participant id -> cosine of its update with the outer momentum, None in round 0),
+            ``suspicion`` (participant id -> its history score,
+            :mod:`lensemble.federation.suspicion`). Empty in lines written before these
+            defences existed.
         self_reported: Participant id -> the statistics it reported about itself
-            (``mean_loss``, ``compute_s``), after the coordinator's bounds; a value outside
-            them is null. Unverified: nothing the coordinator decides depends on them.
+            (``mean_loss``, ``compute_s``, ``heldout_loss``), after the coordinator's bounds; a
+            value outside them is null. Unverified: only the divergence guard reads them, as a
+            majority vote (``guard``).
+        guard: The divergence guard's verdict on the round's model (committed lines; empty
+            when the guard is off, and in lines written before it existed): ``version``,
+            ``action`` (``first``, ``improved``, ``steady``, ``degraded``, ``rollback``,
+            ``unjudged``), ``ratios``, ``median_ratio``, ``compared_with``, ``best``,
+            ``best_hash``, ``streak``, ``rollbacks``, its settings, and for a rollback
+            ``rollback_to``, ``rollback_hash``, ``suspects`` and ``why``
+            (:mod:`lensemble.federation.guard`).
     """
 
     round: int
@@ -112,6 +123,7 @@ class RoundRecord:
     closed_at: str = ""
     defences: dict[str, Any] = field(default_factory=dict)
     self_reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    guard: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """One compact JSON line with sorted keys."""

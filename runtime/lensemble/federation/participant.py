@@ -4,6 +4,12 @@ The participant does not know which transport carries it. A transport driver han
 :class:`~lensemble.federation.messages.RoundOpening` with the model payload bytes it fetched, and
 sends back the payload bytes :meth:`Participant.contribute` returns. Those bytes are produced
 only by the residency guard, so nothing but a model-shaped pseudo-gradient can leave.
+
+With its update it reports the held-out loss of the model it received, computed by its learner
+on its own held-out split (``heldout_loss`` metadata; the coordinator's divergence guard,
+:mod:`lensemble.federation.guard`, reads the median of the reports). A participant given attack
+faults (:meth:`Participant.take_faults`) tampers with its own update and report as a
+compromised one would (:mod:`lensemble.federation.attacks`), on every transport alike.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import torch
 
 from lensemble.config import LensembleConfig
 from lensemble.errors import IntegrityError, PayloadError
+from lensemble.federation.attacks import Attacker
 from lensemble.federation.checkpoint import InnerStateStore
 from lensemble.federation.diloco import pseudo_gradient
+from lensemble.federation.faults import ATTACK_KINDS, FaultPlan
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import (
     TensorSpec,
@@ -44,6 +52,8 @@ class Contribution:
         compute_s: Time in the inner steps (seconds).
         serialize_s: Time quantizing and sealing the pseudo-gradient (seconds).
         deserialize_s: Time decoding and verifying the global model (seconds).
+        heldout_loss: The held-out loss of the received model as reported (unitless), or
+            None when the learner has no held-out split.
     """
 
     payload: bytes
@@ -52,6 +62,7 @@ class Contribution:
     compute_s: float
     serialize_s: float = 0.0
     deserialize_s: float = 0.0
+    heldout_loss: float | None = None
 
 
 def verify_model_payload(
@@ -123,6 +134,25 @@ class Participant:
         # contribute(snapshot_behind=True): the inner-state snapshot still being written.
         self._snapshot: Future[None] | None = None
         self._writer: ThreadPoolExecutor | None = None
+        #: The attacks this participant makes on itself (None: an honest participant).
+        self.attacker: Attacker | None = None
+
+    def take_faults(self, plan: FaultPlan) -> None:
+        """Become the compromised participant ``plan`` makes of this one, if it attacks.
+
+        Args:
+            plan: A fault plan; its attack and ``misreport`` entries naming this participant
+                are kept (``plan.hostile`` counts the colluders).
+        """
+        kinds = ATTACK_KINDS | {"misreport"}
+        own = tuple(f for f in plan.faults if f.participant == self.id and f.kind in kinds)
+        if own:
+            self.attacker = Attacker(
+                FaultPlan(own, colluders=plan.hostile),
+                self.id,
+                len(self.config.participant_ids),
+                self.config.federation.outer_optimizer,
+            )
 
     def settle_snapshot(self) -> None:
         """Wait until the last inner-state snapshot is durable; re-raise its error.
@@ -176,10 +206,35 @@ class Participant:
         self.restore(round_index, attempt)
         return True
 
+    def _metadata(
+        self, opening: RoundOpening, mean_loss: float, compute_s: float, heldout: float | None
+    ) -> dict[str, str]:
+        """The update's metadata: what it is for, and the statistics this participant reports."""
+        fed = self.config.federation
+        metadata = {
+            "kind": "pseudo-gradient",
+            "round": str(opening.round_index),
+            "attempt": str(opening.attempt),
+            "participant": self.id,
+            "base_hash": opening.model_hash,
+            "quantization": fed.quantization,
+            "int8_chunk": str(fed.int8_chunk),
+            "mean_loss": repr(float(mean_loss)),
+            "compute_s": f"{compute_s:.6f}",
+        }
+        if heldout is not None:
+            metadata["heldout_loss"] = repr(float(heldout))
+        return metadata
+
     def contribute(
-        self, opening: RoundOpening, model_payload: bytes, *, snapshot_behind: bool = False
+        self,
+        opening: RoundOpening,
+        model_payload: bytes,
+        *,
+        snapshot_behind: bool = False,
+        peers: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     ) -> Contribution:
-        """Train on local data from the round's global model and seal the pseudo-gradient.
+        """Score the round's global model, train on local data from it, seal the update.
 
         Args:
             opening: The round being collected.
@@ -187,6 +242,8 @@ class Participant:
             snapshot_behind: Write the inner-state snapshot on a thread while the caller
                 sends the update; the caller must call :meth:`settle_snapshot` before the
                 update's last byte leaves. False returns with the snapshot durable.
+            peers: The other participants' honest updates of this attempt, for an omniscient
+                attack (the in-process transport's; None otherwise).
 
         Returns:
             The sealed payload and its statistics.
@@ -203,6 +260,9 @@ class Participant:
             model_payload, opening.model_hash, self.architecture
         )
         deserialize_s = time.perf_counter() - decode_start
+        if self.attacker is not None:
+            self.attacker.observe(opening.model_version, global_params)
+        heldout = self.learner.heldout_loss(global_params)
         here = (opening.round_index, opening.attempt)
         if self._trained is not None and self._trained >= here:
             # The coordinator restarted and reopened a round this participant already trained:
@@ -213,18 +273,11 @@ class Participant:
         compute_s = time.perf_counter() - start
         encode_start = time.perf_counter()
         delta = pseudo_gradient(global_params, local.params)
+        if self.attacker is not None:
+            delta = self.attacker.tamper(*here, delta, peers)
+            heldout = self.attacker.report(*here, heldout)
         wire = quantize(delta, fed.quantization, fed.int8_chunk)
-        metadata = {
-            "kind": "pseudo-gradient",
-            "round": str(opening.round_index),
-            "attempt": str(opening.attempt),
-            "participant": self.id,
-            "base_hash": opening.model_hash,
-            "quantization": fed.quantization,
-            "int8_chunk": str(fed.int8_chunk),
-            "mean_loss": repr(float(local.mean_loss)),
-            "compute_s": f"{compute_s:.6f}",
-        }
+        metadata = self._metadata(opening, local.mean_loss, compute_s, heldout)
         payload = self.guard.seal(wire, metadata)
         serialize_s = time.perf_counter() - encode_start
         self._trained = here
@@ -246,4 +299,5 @@ class Participant:
             compute_s,
             serialize_s=serialize_s,
             deserialize_s=deserialize_s,
+            heldout_loss=heldout,
         )

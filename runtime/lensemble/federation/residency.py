@@ -28,6 +28,7 @@ ALLOWED_METADATA = frozenset(
         "int8_chunk",
         "mean_loss",
         "compute_s",
+        "heldout_loss",
     }
 )
 MAX_METADATA_VALUE = 128

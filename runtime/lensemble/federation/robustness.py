@@ -11,6 +11,10 @@ hash never depends on arrival order (docs/concepts.md#deterministic-aggregation)
   :func:`~lensemble.federation.diloco.canonical_mean`), the coordinate-wise trimmed mean or the
   coordinate-wise median. Coordinates are processed in fixed-size blocks, so memory stays at
   ``n`` blocks, not ``n`` copies of the model.
+- :func:`momentum_shortfalls` and :func:`lift_to_floor` bound how hard an update may pull
+  against the outer momentum (the direction the federation has been moving in): the component
+  of a kept update against the momentum's direction beyond ``momentum_cosine_floor`` times its
+  norm is removed from the mean, one more pass over the momentum instead of over the updates.
 - :func:`precommit_problem` checks the new global model before it is committed: every value
   finite, and the change bounded relative to the current model.
 
@@ -56,6 +60,36 @@ def update_norm(delta: Mapping[str, torch.Tensor]) -> float:
     return _l2(delta[name] for name in sorted(delta))
 
 
+def update_dot(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Dot product of two updates over all their tensors (same names and shapes), in float64.
+
+    Summed per tensor in sorted name order on one thread, as :func:`update_norm`.
+    """
+    total = 0.0
+    with single_threaded():
+        for name in sorted(a):
+            total += float(torch.dot(a[name].reshape(-1).double(), b[name].reshape(-1).double()))
+    return total
+
+
+def cosine(
+    delta: Mapping[str, torch.Tensor],
+    norm: float,
+    reference: Mapping[str, torch.Tensor],
+    reference_norm: float,
+) -> float | None:
+    """Cosine of an update (of L2 norm ``norm``) with a reference (of norm ``reference_norm``).
+
+    Returns:
+        The cosine in float64 (:func:`update_dot` over both norms), or None when either norm
+        is 0 or the result is not finite.
+    """
+    if reference_norm <= 0 or norm <= 0:
+        return None
+    value = update_dot(delta, reference) / (norm * reference_norm)
+    return value if math.isfinite(value) else None
+
+
 def _l2(tensors: Iterable[torch.Tensor]) -> float:
     """L2 norm over several tensors: float64 norms of each, squared and summed in turn."""
     total = 0.0
@@ -83,6 +117,9 @@ class Screening:
         bound: The norm bound applied this round, or None when there was none.
         clipped: Participant id -> factor its update was multiplied by (< 1).
         rejected: Participant id -> one sentence saying why it was left out.
+        shortfalls: Participant id -> how far below ``momentum_cosine_floor`` its cosine with
+            the outer momentum is (< 0), for kept updates whose excess pull against the
+            momentum :func:`lift_to_floor` removes.
     """
 
     kept: dict[str, Params]
@@ -91,6 +128,7 @@ class Screening:
     bound: float | None = None
     clipped: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    shortfalls: dict[str, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         """The decisions as plain JSON data (for the ledger's ``defences`` field)."""
@@ -99,6 +137,7 @@ class Screening:
             "norm_bound": _short(self.bound) if self.bound is not None else None,
             "clipped": {pid: _short(f) for pid, f in sorted(self.clipped.items())},
             "rejected": dict(sorted(self.rejected.items())),
+            "below_momentum_floor": {pid: _short(f) for pid, f in sorted(self.shortfalls.items())},
         }
 
 
@@ -165,6 +204,56 @@ def screen(deltas: Mapping[str, Mapping[str, torch.Tensor]], config: RobustnessC
         factor = out.clipped.get(pid)
         out.kept[pid] = dict(deltas[pid]) if factor is None else _scaled(deltas[pid], factor)
     return out
+
+
+def momentum_shortfalls(
+    screening: Screening, cosines: Mapping[str, float | None], floor: float | None
+) -> dict[str, float]:
+    """How far below ``floor`` each kept update's cosine with the outer momentum is.
+
+    Args:
+        screening: The round's norm decisions (which updates are kept).
+        cosines: Participant id -> cosine of its update with the momentum (None: no momentum).
+        floor: ``federation.robustness.momentum_cosine_floor`` (None: no floor).
+
+    Returns:
+        Participant id -> ``cosine - floor`` (< 0), for the kept updates below the floor.
+    """
+    out: dict[str, float] = {}
+    for pid in screening.kept_ids:
+        cosine = cosines.get(pid)
+        if floor is not None and cosine is not None and cosine < floor:
+            out[pid] = cosine - floor
+    return out
+
+
+def lift_to_floor(
+    combined: Params, momentum: Mapping[str, torch.Tensor], screening: Screening
+) -> None:
+    """Take out of the mean each kept update's pull against the momentum beyond the floor.
+
+    An update ``x`` (clipped by ``f``) whose cosine with the momentum ``m`` is ``c`` below the
+    floor ``c0`` loses its component ``f |x| (c - c0)`` along ``m / |m|``: its cosine becomes
+    ``c0`` (to first order; its norm shrinks). Summed over the updates and divided by their
+    count, that is one multiple of ``m`` subtracted from the mean: the coefficient in float64,
+    in sorted id order, each tensor rounded once to float32. Nothing happens without
+    shortfalls, so a round without them is bit-identical to the mean of the clipped updates.
+
+    Args:
+        combined: The mean of the kept (clipped) updates, changed in place.
+        momentum: The outer momentum the cosines were taken with.
+        screening: Its decisions (norms, clip factors, kept ids, shortfalls).
+    """
+    if not screening.shortfalls:
+        return
+    total = 0.0
+    for pid in sorted(screening.shortfalls):
+        length = screening.norms[pid] * screening.clipped.get(pid, 1.0)
+        total += length * screening.shortfalls[pid]
+    coefficient = total / len(screening.kept_ids) / update_norm(momentum)
+    with single_threaded():
+        for name in sorted(combined):
+            combined[name].sub_((momentum[name].double() * coefficient).to(torch.float32))
 
 
 def trim_count(n: int, fraction: float) -> int:

@@ -5,7 +5,8 @@ that does not hold: another format, a wrong sequence number, a ``prev`` that is 
 line's hash, content that does not hash to its ``line_hash``, a MAC that does not verify with
 the given key, a record that is not a round record, a round that does not start from the last
 committed model or is out of order, a commit without a new model, an abort that changes it
-(docs/run-record.md).
+(docs/run-record.md), or suspicion scores and divergence-guard verdicts that do not replay from
+the lines (:mod:`lensemble.federation.verify_history`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lensemble.federation.ledger import (
     line_digest,
 )
 from lensemble.federation.signing import Signer
+from lensemble.federation.verify_history import HistoryReplay
 from lensemble.federation.verify_report import Break, BrokenLink, VerifyReport
 
 
@@ -41,6 +43,7 @@ def walk(report: VerifyReport, parsed: ParsedLedger, path: Path, signer: Signer 
     prev = ""
     model = ""
     version = 0
+    history = HistoryReplay()
     for line in parsed.lines:
         _check_link(line, prev, path)
         check_mac(line, signer, path)
@@ -48,6 +51,9 @@ def walk(report: VerifyReport, parsed: ParsedLedger, path: Path, signer: Signer 
         if not model and version == 0:
             model = record.parent_hash
         _check_lineage(record, line.number, model, version, path)
+        problem = history.check(record)
+        if problem is not None:
+            raise BrokenLink(Break(str(path), line.number, problem))
         if record.state == "closed":
             model = record.model_hash
             version += 1

@@ -26,6 +26,7 @@ import torch
 from lensemble.errors import ArchitectureMismatch, IntegrityError
 from lensemble.learner import LocalRound
 from lensemble.machinery.determinism import single_threaded
+from lensemble.model.kstep import heldout_error
 from lensemble.model.objective import jepa_loss
 from lensemble.model.worldmodel import (
     Params,
@@ -110,6 +111,7 @@ class WorldModelLearner:
         self._target: WorldModel | None = None
         self._obs = data.train.obs
         self._actions = data.train.actions
+        self._scorer: WorldModel | None = None  # scores received models (heldout_loss)
 
     # ------------------------------------------------------------------ the Learner protocol
     def train_round(
@@ -169,6 +171,24 @@ class WorldModelLearner:
         params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
         return LocalRound(
             params=params, mean_loss=float(total) / max(steps, 1), compute_seconds=seconds
+        )
+
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
+        """The normalised k-step latent error of ``global_params`` on this site's held-out data.
+
+        ``evaluation.k_steps`` steps, as the evaluation scores each site
+        (:func:`lensemble.model.kstep.heldout_error`), on a model of its own: the training
+        model, its optimizer and its EMA target are untouched.
+
+        Raises:
+            ArchitectureMismatch: ``global_params`` does not match the world model.
+        """
+        if self._scorer is None:
+            self._scorer = build_model(self.config, self.data.spec)
+        specs = dict(self._scorer.named_parameters())
+        check_architecture(global_params, specs, "global parameters")
+        return heldout_error(
+            self._scorer, global_params, self.data.holdout, self.config.evaluation.k_steps
         )
 
     def inner_state(self) -> Params:

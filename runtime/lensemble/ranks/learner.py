@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.learner import Learner, LocalRound, Params
 from lensemble.model.inner_loop import check_inner_state
+from lensemble.model.kstep import heldout_error
 from lensemble.model.worldmodel import build_model, check_architecture
 from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
 from lensemble.ranks.launch import LaunchBoard, launch_round, new_run_id
@@ -59,6 +60,8 @@ class RankGroupLearner:
         self.layout = config.rank_layout(participant_id)
         model = build_model(config, data.spec)
         self._specs = {n: p.detach() for n, p in model.named_parameters()}
+        self._scorer = model  # scores received models in this process (heldout_loss)
+        self._holdout = data.holdout
         self._inner: Params = {}
         self._kill_next = -1
         self._board: LaunchBoard | None = None  # node 0 of several: names each launch's id
@@ -67,6 +70,21 @@ class RankGroupLearner:
         self._root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
         # The folder goes with the learner even when nobody calls close (the simulation).
         weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
+
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
+        """The k-step error of ``global_params`` on this site's held-out data, in this process.
+
+        The same score as the single-process learner's
+        (:meth:`lensemble.model.inner_loop.WorldModelLearner.heldout_loss`): scoring needs no
+        rank group.
+
+        Raises:
+            ArchitectureMismatch: ``global_params`` does not match the world model.
+        """
+        check_architecture(global_params, self._specs, "global parameters")
+        return heldout_error(
+            self._scorer, global_params, self._holdout, self.config.evaluation.k_steps
+        )
 
     def arm_rank_kill(self, rank: int) -> None:
         """Make ``rank`` kill itself after its first inner step of the next round (a fault)."""

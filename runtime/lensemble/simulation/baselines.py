@@ -6,8 +6,8 @@
   participant's training episodes with the same total inner steps as the federation
   (``N * H`` per round): what training would reach if residency did not matter.
 - **FedAvg** (:class:`DilocoRun` with :data:`FEDAVG`): the same federation with the outer
-  optimizer reduced to plain averaging (outer learning rate 1, no momentum), the ablation of
-  DiLoCo's outer Nesterov step.
+  optimizer reduced to plain averaging (outer learning rate 1, no momentum) of the updates as
+  they are (no norm bound), the ablation of DiLoCo's outer Nesterov step.
 
 Every baseline starts from the federated run's initial parameters, draws its batches from seeds
 derived from ``run.root_seed``, and trains incrementally: ``train_until(r)`` continues from the
@@ -25,6 +25,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from lensemble.federation.diloco import OuterStep, canonical_mean, pseudo_gradient, zeros_like
+from lensemble.federation.robustness import (
+    aggregate,
+    cosine,
+    lift_to_floor,
+    momentum_shortfalls,
+    screen,
+    update_norm,
+)
 from lensemble.model.inner_loop import SoloRun, WorldModelLearner, initial_global_parameters
 
 if TYPE_CHECKING:
@@ -88,14 +96,18 @@ class DilocoRun:
     """A fault-free DiLoCo federation of every participant, in memory, with a given outer step.
 
     The arithmetic is the coordinator's (:func:`~lensemble.federation.diloco.pseudo_gradient`,
-    :func:`~lensemble.federation.diloco.canonical_mean`, :class:`OuterStep`), without the
-    ledger, checkpoints or transport; with the config's own outer step it reproduces the
-    federated run's global models when no fault is injected.
+    the norm bound and aggregator of ``federation.robustness``
+    (:mod:`lensemble.federation.robustness`), :class:`OuterStep`), without the ledger,
+    checkpoints, transport or divergence guard; with the config's own outer step it reproduces
+    the federated run's global models when no fault is injected and the guard never rolls back.
 
     Args:
         config: The run's config.
         datasets: Participant id -> its data.
         outer: The outer step (:data:`FEDAVG` for the FedAvg ablation).
+        robust: Combine the updates as the coordinator does (``federation.robustness``); False
+            takes their plain canonical mean (FedAvg's definition: the mean of the local
+            models).
     """
 
     def __init__(
@@ -103,6 +115,8 @@ class DilocoRun:
         config: LensembleConfig,
         datasets: Mapping[str, ParticipantData],
         outer: OuterStep,
+        *,
+        robust: bool = True,
     ) -> None:
         self.learners = {pid: WorldModelLearner(config, pid, datasets[pid]) for pid in datasets}
         self.params: Params = {
@@ -111,6 +125,7 @@ class DilocoRun:
         self.momentum = zeros_like(self.params)
         self.outer = outer
         self.steps = config.federation.inner_steps
+        self.robustness = config.federation.robustness if robust else None
         self.rounds = 0
 
     def train_until(self, rounds: int) -> Params:
@@ -122,8 +137,23 @@ class DilocoRun:
                 )
                 for pid, learner in sorted(self.learners.items())
             }
-            self.params, self.momentum = self.outer.apply(
-                self.params, canonical_mean(deltas), self.momentum
-            )
+            combined = self._combine(deltas)
+            self.params, self.momentum = self.outer.apply(self.params, combined, self.momentum)
         self.rounds = max(self.rounds, rounds)
         return self.params
+
+    def _combine(self, deltas: Mapping[str, Params]) -> Params:
+        """The coordinator's combination of a round's updates (or their plain mean)."""
+        if self.robustness is None:
+            return canonical_mean(deltas)
+        screening = screen(deltas, self.robustness)
+        reference = update_norm(self.momentum)
+        cosines = {
+            pid: cosine(deltas[pid], screening.norms[pid], self.momentum, reference)
+            for pid in sorted(deltas)
+        }
+        floor = self.robustness.momentum_cosine_floor
+        screening.shortfalls = momentum_shortfalls(screening, cosines, floor)
+        combined = aggregate(screening.kept, self.robustness)
+        lift_to_floor(combined, self.momentum, screening)
+        return combined

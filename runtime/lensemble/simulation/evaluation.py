@@ -48,7 +48,9 @@ class Evaluation:
         )
         ev = config.evaluation
         self.pooled = PooledRun(config, self.datasets) if ev.pooled_oracle else None
-        self.fedavg = DilocoRun(config, self.datasets, FEDAVG) if ev.fedavg_ablation else None
+        self.fedavg = (
+            DilocoRun(config, self.datasets, FEDAVG, robust=False) if ev.fedavg_ablation else None
+        )
 
     def federated(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """``EvalReport.to_dict()`` of the global model ``params``."""

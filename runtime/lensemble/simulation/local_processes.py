@@ -8,9 +8,10 @@ run does: the hash chain, bytes, the final model hash and, when the world model 
 the held-out evaluation of the final model next to the local-only baseline
 (:mod:`lensemble.simulation.evaluation`).
 
-Faults: a participant process applies ``rank_kill`` to itself (``lensemble participant
---faults``), so a plan of such faults plays out as in process and commits the same ledger; the
-other kinds are the in-process transport's and are refused here.
+Faults: a participant process applies ``rank_kill``, ``misreport`` and the estimating attacks to
+itself (``lensemble participant --faults``), so a plan of such faults plays out as in process
+and commits the same ledger; the other kinds are the in-process transport's and are refused
+here.
 
 Any process that fails stops the run: the launcher reports one sentence naming the process and
 its last error, tears every process down exactly once, and raises ``ProcessFailed``.
@@ -103,8 +104,8 @@ def run_local_processes(
         evaluate_final: Evaluate the final model on the participants' held-out episodes (the
             world model); off for other learners.
         faults: Faults to inject; only kinds a participant applies to itself
-            (``faults.PARTICIPANT_KINDS``: ``rank_kill``), each handed to its participant's
-            process as ``--faults``.
+            (``faults.PARTICIPANT_KINDS``: ``rank_kill``, ``misreport``, the estimating
+            attacks), the whole plan handed to every participant process as ``--faults``.
 
     Returns:
         The run's summary (evaluation of the final model when the world model is available).
@@ -115,8 +116,8 @@ def run_local_processes(
     """
     plan = faults or FaultPlan()
     plan.require_participant_kinds(
-        "over the network only rank_kill applies (a participant process applies it to itself); "
-        "drop the others or simulate in process."
+        "over the network only rank_kill, misreport and the estimating attacks apply (a "
+        "participant process applies them to itself); drop the others or simulate in process."
     )
     start = time.perf_counter()
     out = Path(config.run.output_dir)
@@ -134,7 +135,9 @@ def run_local_processes(
     with LocalFederation(config_path, launch, out / "logs", program=program) as processes:
         coordinator = processes.start_coordinator()
         participants = [
-            processes.start_participant(pid, extra_args=_fault_args(plan.of_participant(pid)))
+            # The whole plan: each process applies its own entries, and an attack's f counts
+            # every attacker of the plan (faults.participant_faults).
+            processes.start_participant(pid, extra_args=_fault_args(plan))
             for pid in config.participant_ids
         ]
         everyone = [coordinator, *participants]

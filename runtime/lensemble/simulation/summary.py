@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lensemble.federation.guard import summary as divergence_summary
 from lensemble.federation.ledger import RoundRecord, committed_chain
 
 # The fields of RoundMetrics that hold held-out scores rather than the ledger's lineage.
@@ -154,7 +155,10 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         k-step error and probe R^2 of the final model; the union error of each baseline (mean
         local-only, the best single site and its id, the pooled-data oracle, FedAvg; None when
         not trained); the best evaluated round of this process and its union error; bytes moved
-        (bytes), wall time (seconds) and where the files are.
+        (bytes), wall time (seconds) and where the files are; ``divergence``: what the
+        divergence guard did (rollbacks, suspects, and a ``warning`` sentence when the run
+        rolled back or its newest judged model is worse than its best,
+        :func:`lensemble.federation.guard.summary`).
     """
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
@@ -182,4 +186,5 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "wall_s": round(result.wall_s, 3),
         "output_dir": str(result.output_dir),
         "report_png": str(report_png) if report_png else None,
+        "divergence": divergence_summary(result.records),
     }

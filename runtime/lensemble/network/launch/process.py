@@ -24,6 +24,7 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import UsageError
 from lensemble.federation.coordinator import Coordinator, RunSummary, global_architecture
 from lensemble.federation.faults import FaultPlan
+from lensemble.federation.guard import summary as divergence_summary
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.signing import signer_from_env
@@ -168,6 +169,7 @@ def _serve_coordinator(
             version=summary.version,
             model_hash=summary.model_hash,
         )
+        _say_if_diverged(coordinator)
         if linger:
             harness.linger()
         return summary
@@ -200,8 +202,9 @@ def run_participant(
             every model must have, and nothing else (a built one is dropped at once).
         ports: Health and metrics port overrides.
         linger: After the run is over, keep serving health until a signal.
-        faults: Faults to inject into this participant (``rank_kill`` entries naming it;
-            others are ignored), as ``lensemble simulate --faults`` does in process.
+        faults: Faults to inject into this participant (``rank_kill``, ``misreport`` and the
+            estimating attacks naming it; others are ignored), as ``lensemble simulate
+            --faults`` does in process.
 
     Returns:
         ``(round, attempt)`` of every accepted contribution.
@@ -229,6 +232,7 @@ def run_participant(
         participant = Participant(
             config, participant_id, learner, architecture, Path(config.run.output_dir)
         )
+        participant.take_faults(own)  # attacks it makes on itself, if any
         client = CoordinatorClient(
             config, participant_id, token=token, metrics=harness.metrics, architecture=architecture
         )
@@ -255,6 +259,20 @@ def run_participant(
         harness.close()
 
 
+def _say_if_diverged(coordinator: Coordinator) -> None:
+    """Log a warning when the divergence guard rolled back or the run ends worse than its best."""
+    divergence = divergence_summary(coordinator.history)
+    if divergence["warning"]:
+        event(
+            _log,
+            "divergence",
+            f"{divergence['warning']} (the ledger's guard field says why).",
+            logging.WARNING,
+            rollbacks=len(divergence["rollbacks"]),
+            suspects=divergence["suspects"],
+        )
+
+
 def _participant_credentials(config: LensembleConfig, participant_id: str) -> str | None:
     """Check this participant's TLS material at start; returns its bearer token, if any.
 
@@ -279,15 +297,16 @@ def _architecture(initial_params: InitialParams) -> dict[str, TensorSpec]:
 
 
 def _own_faults(faults: FaultPlan | None, participant_id: str, learner: Learner) -> FaultPlan:
-    """The faults of ``faults`` that this participant applies to itself (``rank_kill``).
+    """The faults of ``faults`` that this participant applies to itself.
 
     Raises:
         UsageError: A fault kills a rank of a participant whose learner has no ranks.
     """
     own = (faults or FaultPlan()).of_participant(participant_id)
-    if own.faults and not callable(getattr(learner, "arm_rank_kill", None)):
+    kills = [f for f in own.faults if f.kind == "rank_kill"]
+    if kills and not callable(getattr(learner, "arm_rank_kill", None)):
         raise UsageError(
-            f"--faults {own.faults[0].spec()} kills a rank of '{participant_id}', which runs "
+            f"--faults {kills[0].spec()} kills a rank of '{participant_id}', which runs "
             "as one process;",
             remediation="give it several ranks (federation.participants[i].ranks) or drop "
             "the fault.",

@@ -1,0 +1,124 @@
+"""How suspicious each participant's updates have been, from its own history across rounds.
+
+The aggregation rule is per round (every update clipped to the round's median norm, then the
+mean: :mod:`lensemble.federation.robustness`); what a single round cannot see, a participant's
+history can: an update that is again and again far larger than the round's median, or that
+points against the outer momentum (the direction the federation has been moving in), round
+after round. Each round the coordinator records, per contributor, its update's L2 norm (the
+ledger's ``defences.norms``) and its cosine with the outer momentum before the step
+(``defences.cosines``; none in round 0, when the momentum is zero). From them:
+
+    evidence_i = max(0, ln(norm_i / median norm)) + max(0, -cosine_i)
+    score_i    = (1 - DECAY) * score_i + DECAY * evidence_i      (rounds it contributed to)
+
+so an honest participant, whose norm stays within about 0.5-1.5 x the median and whose cosine
+with the momentum is mostly positive, keeps a score near 0.1, while a sign-flipped or scaled
+update scores its log norm ratio plus its negative cosine within two rounds (a sleeper within
+two rounds of waking). A participant is a **suspect** once its score reaches
+:data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
+(docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
+line (``defences.suspicion``), computed from the rounded values the line itself records, so a
+resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
+
+Stealthy attacks (ALIE, min-max, min-sum) are built to look like honest updates: they stay
+unnamed, and their damage is bounded by the clipping instead (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lensemble.federation.ledger import RoundRecord
+
+#: Weight of the newest round in a participant's score (an exponential moving average).
+DECAY = 0.5
+#: Score from which a participant is named a suspect.
+SUSPECT_SCORE = 1.0
+#: The excess of a norm the ledger could not record (not finite): that of 1e30 x the median.
+_UNBOUNDED_EXCESS = math.log(1e30)
+_TINY = 1e-300
+
+
+def _short(x: float) -> float:
+    """6 significant digits (what the ledger keeps)."""
+    return float(f"{x:.6g}")
+
+
+def evidence(norm: float | None, median: float, cosine: float | None) -> float:
+    """One round's evidence against an update: its excess log norm ratio and negative cosine.
+
+    Args:
+        norm: The update's L2 norm (None: not finite, counts as the largest excess).
+        median: The round's median norm (0: no excess can be judged).
+        cosine: Its cosine with the outer momentum, or None when there was no momentum.
+    """
+    if median <= 0:
+        excess = 0.0
+    elif norm is None:
+        excess = _UNBOUNDED_EXCESS
+    else:
+        excess = math.log(max(norm, _TINY) / median)
+    return max(0.0, excess) + max(0.0, -(cosine or 0.0))
+
+
+class Suspicion:
+    """Every participant's score so far (see the module docstring).
+
+    Attributes:
+        scores: Participant id -> score (unitless, >= 0), for those that contributed.
+    """
+
+    def __init__(self) -> None:
+        self.scores: dict[str, float] = {}
+
+    def updated(
+        self, norms: Mapping[str, float | None], cosines: Mapping[str, float | None]
+    ) -> dict[str, float]:
+        """The scores after a round with these norms and cosines (not applied).
+
+        Args:
+            norms: Contributor id -> its update's norm as the ledger records it.
+            cosines: Contributor id -> its cosine with the momentum as recorded (or None).
+
+        Returns:
+            Participant id -> score, every participant scored so far, sorted by id.
+        """
+        finite = [n for n in norms.values() if n is not None]
+        median = statistics.median(sorted(finite)) if finite else 0.0
+        scores = dict(self.scores)
+        for pid in sorted(norms):
+            seen = evidence(norms[pid], median, cosines.get(pid))
+            before = scores.get(pid)
+            scores[pid] = _short(seen if before is None else (1 - DECAY) * before + DECAY * seen)
+        return dict(sorted(scores.items()))
+
+    def apply(self, scores: Mapping[str, float]) -> None:
+        """Make ``scores`` (from :meth:`updated`) the current ones."""
+        self.scores = dict(scores)
+
+    def suspects(self, scores: Mapping[str, float] | None = None) -> list[str]:
+        """Participants whose score reaches :data:`SUSPECT_SCORE`, most suspicious first."""
+        scores = self.scores if scores is None else scores
+        named = [pid for pid, s in scores.items() if s >= SUSPECT_SCORE]
+        return sorted(named, key=lambda pid: (-scores[pid], pid))
+
+    @classmethod
+    def replay(cls, records: Iterable[RoundRecord]) -> Suspicion:
+        """The scores after the committed ``records`` (a resume continues from them)."""
+        out = cls()
+        for record in records:
+            recorded = record_scores(record)
+            if record.state == "closed" and recorded is not None:
+                out.apply(recorded)
+        return out
+
+
+def record_scores(record: RoundRecord) -> dict[str, float] | None:
+    """The scores a ledger record carries (``defences.suspicion``), or None (older lines)."""
+    scores: Any = record.defences.get("suspicion")
+    if not isinstance(scores, dict):
+        return None
+    return {str(k): float(v) for k, v in scores.items() if isinstance(v, (int, float))}

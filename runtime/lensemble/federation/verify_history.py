@@ -1,0 +1,73 @@
+"""The history pass of verification: suspicion scores and guard verdicts replay from the lines.
+
+Each committed line records the coordinator's per-participant suspicion scores
+(``defences.suspicion``, :mod:`lensemble.federation.suspicion`) and the divergence guard's
+verdict (``guard``, :mod:`lensemble.federation.guard`), both functions of what the earlier lines
+and the line itself record (norms, cosines, the participants' held-out reports). Replaying them
+line by line must give exactly what each line says; a rollback must name, as its target, a
+model the chain committed (its hash at that version). Lines written before these fields existed
+carry none and are skipped.
+"""
+
+from __future__ import annotations
+
+from lensemble.config.schema import DivergenceGuardConfig
+from lensemble.federation.guard import DivergenceGuard
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.suspicion import Suspicion, record_scores
+
+
+class HistoryReplay:
+    """Replays suspicion and guard decisions over committed lines, in chain order.
+
+    Attributes:
+        hashes: Model hash of every version committed so far (index = version).
+    """
+
+    def __init__(self) -> None:
+        self.suspicion = Suspicion()
+        self.guard = DivergenceGuard(DivergenceGuardConfig())
+        self.hashes: list[str] = []
+
+    def check(self, record: RoundRecord) -> str | None:
+        """Replay one line; None when it holds, else what does not (a clause for a break).
+
+        Call for every line in order; aborted lines change nothing.
+        """
+        if not self.hashes:
+            self.hashes.append(record.parent_hash)
+        if record.state != "closed":
+            return None
+        problem = self._scores(record) or self._verdict(record)
+        self.hashes.append(record.model_hash)
+        return problem
+
+    def _scores(self, record: RoundRecord) -> str | None:
+        recorded = record_scores(record)
+        if recorded is None:
+            return None
+        norms = record.defences.get("norms")
+        cosines = record.defences.get("cosines")
+        if not isinstance(norms, dict) or not isinstance(cosines, dict):
+            return f"round {record.round} records suspicion scores without norms and cosines"
+        again = self.suspicion.updated(norms, cosines)
+        if again != recorded:
+            return (
+                f"round {record.round}'s suspicion scores are not what its norms and cosines give"
+            )
+        self.suspicion.apply(again)
+        return None
+
+    def _verdict(self, record: RoundRecord) -> str | None:
+        problem = self.guard.step(record)
+        if problem is not None or record.guard.get("action") != "rollback":
+            return problem
+        target = record.guard.get("rollback_to")
+        if not isinstance(target, int) or not 0 <= target < len(self.hashes):
+            return f"round {record.round} rolls back to v{target}, which the chain never committed"
+        if record.guard.get("rollback_hash") != self.hashes[target]:
+            return (
+                f"round {record.round} rolls back to v{target} under another hash than the one "
+                "the chain committed"
+            )
+        return None
