@@ -41,6 +41,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("adversarial/test_network_idle_streams.py", "e2e"),  # a hostile client vs processes
     ("adversarial/test_network_dead_participant.py", "e2e"),  # SIGKILL during a run
     ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
+    ("adversarial/test_network_frozen_participant.py", "e2e"),  # SIGSTOP, cut, kill mid-round
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
     ("network/test_abstain_grpc.py", "integration"),  # Abstain through a real gRPC server
     ("network/test_model_download.py", "integration"),  # the download port on loopback

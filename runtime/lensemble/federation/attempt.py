@@ -72,6 +72,8 @@ class Attempt:
         collection: What it gathered (set once it opened).
         traffic: What the transport moved for it (set once collection ended).
         defences: What the defences decided (the ledger's ``defences``).
+        collect_s: Transport-clock seconds from its opening to its last accepted update
+            (None before one; the ledger's ``extra.collect_s``, see ``stragglers``).
     """
 
     machine: RoundMachine
@@ -80,6 +82,7 @@ class Attempt:
     collection: Collection | None = None
     traffic: Traffic = field(default_factory=Traffic)
     defences: dict[str, object] = field(default_factory=dict)
+    collect_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ def attempt_record(
         compute_s=round(traffic.compute_s, 6),
         non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
         config_hash=context.config_hash,
-        extra={} if commit_s is None else {"previous_commit_s": round(commit_s, 6)},
+        extra=_extra(attempt, commit_s),
         updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
         aggregator=f"canonical-{context.aggregator}",
         software=f"lensemble {__version__}",
@@ -155,3 +158,11 @@ def attempt_record(
         defences=defences,
         self_reported=reported,
     )
+
+
+def _extra(attempt: Attempt, commit_s: float | None) -> dict[str, float]:
+    """The record's ``extra``: the previous commit's write time, this one's collection time."""
+    extra = {} if commit_s is None else {"previous_commit_s": round(commit_s, 6)}
+    if attempt.collect_s is not None:
+        extra["collect_s"] = round(attempt.collect_s, 6)
+    return extra
