@@ -1,5 +1,7 @@
 """Issue 36: a frozen, cut-off or killed participant costs at most liveness + 2 normal rounds.
 
+(And one that is alive but stuck is left out as a straggler once quorum is in.)
+
 Real processes, the quadratic test model (rounds of milliseconds). The victim parks inside its
 training of round 2 (so every other participant has submitted), then is frozen (SIGSTOP), cut off
 (every packet of its network namespace dropped: no reset, only silence) or killed. A stopped or
@@ -42,6 +44,7 @@ SLACK_S = 2.0
 VICTIM = "charlie"
 FAULT_ROUND = 2
 ROUNDS = 5
+STRAGGLER_MIN_S = 3.0
 
 
 def _mapping(tmp_path: Path) -> dict[str, Any]:
@@ -175,3 +178,36 @@ def test_a_cut_off_participant_costs_at_most_the_liveness_timeout(
             overrides=lambda pid: [f"network.host={hosts.address[pid]}"],
         )
     _check(ledger(config), "link cut (iptables DROP)")
+
+
+def test_a_stuck_participant_is_left_out_as_a_straggler_once_quorum_is_in(tmp_path: Path) -> None:
+    # The victim's process is alive and answers every ping, but its training of round 2 does
+    # not end: liveness cannot tell, the straggler cutoff does (straggler_min_s after the
+    # opening, the recent rounds being far shorter).
+    mapping = _mapping(tmp_path)
+    mapping["federation"].update(straggler_factor=3.0, straggler_min_s=STRAGGLER_MIN_S)
+    path, config = write_config(tmp_path, mapping)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with federation(tmp_path, path) as fed:
+        coordinator = fed.start_coordinator()
+        for pid in PARTICIPANTS:
+            parked = ["--block-round", str(FAULT_ROUND), "--markers", str(markers)]
+            fed.start_participant(pid, extra_args=parked if pid == VICTIM else [])
+        coordinator.wait_event(
+            lambda e: e.get("event") == "round_closed" and e.get("round") == FAULT_ROUND, START_S
+        )
+        (markers / f"{VICTIM}-r{FAULT_ROUND}.release").touch()
+        assert coordinator.wait(START_S) == 0
+        assert [p.wait(30) for p in fed.processes.values() if p.identity != "coordinator"] == [
+            0
+        ] * len(PARTICIPANTS)
+    records = ledger(config)
+    walls = {r.round: r.wall_s for r in records}
+    normal = statistics.median([walls[0], walls[1]])
+    print(f"stuck participant: round walls (s) {walls}; straggler_min_s {STRAGGLER_MIN_S} s")
+    assert records[FAULT_ROUND].excluded == {VICTIM: "straggler"}
+    assert walls[FAULT_ROUND] <= STRAGGLER_MIN_S + 2 * normal + SLACK_S
+    assert records[FAULT_ROUND].extra["collect_s"] < STRAGGLER_MIN_S  # the others' arrivals
+    # Released, it trains on and contributes again.
+    assert VICTIM in records[-1].contributors

@@ -6,9 +6,10 @@ gRPC port's total with idle connections and keep every participant that dials an
 warden looks at this process's own TCP connections a few times a second: ``/proc/self/net/tcp``
 and ``tcp6`` give each connection's addresses and socket inode, ``/proc/self/fd`` maps inodes to
 this process's descriptors. When one peer address holds more than its cap on a watched port,
-the warden shuts down that address's newest connections (the highest inodes: the kernel numbers
-sockets in creation order), and gRPC, seeing them closed, lets them go. A participant's
-established connection is older than any flood against it and is kept.
+the warden shuts down that address's newest connections (by the look that first saw each, then
+by inode: the kernel numbers sockets in creation order within each CPU's batch), and gRPC,
+seeing them closed, lets them go. A participant's established connection is older than any
+flood against it and is kept.
 
 Shutting down goes through a duplicate of the descriptor whose inode was checked, so a
 descriptor number that gRPC closed and reused meanwhile is never touched. The warden also
@@ -55,13 +56,24 @@ class Connections:
         """Connections on ``port``."""
         return sum(len(v) for (p, _), v in self.by_peer.items() if p == port)
 
-    def excess(self, caps: Mapping[int, int]) -> dict[tuple[int, str], list[int]]:
-        """``(port, peer)`` -> the inodes beyond the port's cap in ``caps`` (the newest)."""
+    def excess(
+        self, caps: Mapping[int, int], first_seen: Mapping[int, int]
+    ) -> dict[tuple[int, str], list[int]]:
+        """``(port, peer)`` -> its newest inodes beyond the port's cap in ``caps``.
+
+        Args:
+            caps: Port -> connections one peer may hold there (other ports are not capped).
+            first_seen: Inode -> number of the look that first saw it (older looks first).
+        """
         return {
-            key: sorted(inodes)[caps[key[0]] :]
+            key: sorted(inodes, key=lambda i: (first_seen.get(i, 0), i))[caps[key[0]] :]
             for key, inodes in self.by_peer.items()
             if key[0] in caps and len(inodes) > caps[key[0]]
         }
+
+    def inodes(self) -> set[int]:
+        """Every connection's inode."""
+        return {inode for inodes in self.by_peer.values() for inode in inodes}
 
 
 def peer_text(hex_address: str) -> str:
@@ -164,6 +176,8 @@ class ConnectionWarden:
         self.caps = dict(caps)
         self.metrics = metrics
         self.interval_s = interval_s
+        self._looks = 0
+        self._first_seen: dict[int, int] = {}  # inode -> the look that first saw it
         self._warned: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="connection-warden", daemon=True)
@@ -189,9 +203,11 @@ class ConnectionWarden:
     def sweep(self) -> int:
         """Look once: count every port, shut down connections beyond the cap; returns how many."""
         seen = look(self.ports)
+        self._looks += 1
+        self._first_seen = {i: self._first_seen.get(i, self._looks) for i in seen.inodes()}
         for port, label in self.ports.items():
             self.metrics.connections.labels(port=label).set(seen.count(port))
-        excess = seen.excess(self.caps)
+        excess = seen.excess(self.caps, self._first_seen)
         if not excess:
             return 0
         wanted = {inode for inodes in excess.values() for inode in inodes}

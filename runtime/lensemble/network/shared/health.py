@@ -23,7 +23,7 @@ LIVENESS_SERVICE = ""
 READINESS_SERVICE = "lensemble.Readiness"
 NO_REUSEPORT = ("grpc.so_reuseport", 0)
 #: Connections the health port holds at once: probes connect, ask, and leave.
-HEALTH_CONNECTIONS = 32
+HEALTH_CONNECTIONS = 64
 #: Connections one address may hold on the coordinator's health port (its warden closes the
 #: newest beyond): a kubelet's probes, or a container's healthcheck, hold one or two at once,
 #: so one flooding host cannot fill the port and fail the probes that keep the pod alive.
