@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -137,3 +139,50 @@ def _closed(sock: socket.socket) -> bool:
         return False
     except OSError:
         return True
+
+
+def test_running_out_of_descriptors_refuses_an_upload_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every update lands in a spool file (streams.LARGE = 1); mapping the first one for judging
+    # fails with EMFILE, as when connections had taken every descriptor. And clearing the
+    # spool folder fails once the same way.
+    from lensemble.federation.intake import Landing
+    from lensemble.network.shared import streams
+    from lensemble.network.shared.transport_errors import BUSY
+    from tests.support.federation import PARTICIPANTS
+    from tests.support.network import LiveCoordinator, ParticipantThread
+
+    monkeypatch.setattr(streams, "LARGE", 1)
+    failed: list[str] = []
+    real_finish, real_glob = Landing.finish, Path.glob
+
+    def finish(self: Landing) -> memoryview:
+        if "finish" not in failed:
+            failed.append("finish")
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_finish(self)
+
+    def glob(self: Path, pattern: str) -> Iterator[Path]:
+        if pattern.startswith("update-") and "reset" not in failed:
+            failed.append("reset")
+            raise OSError(errno.EMFILE, "Too many open files", str(self))
+        return real_glob(self, pattern)
+
+    monkeypatch.setattr(Landing, "finish", finish)
+    monkeypatch.setattr(Path, "glob", glob)
+    _, config = write_config(tmp_path, network_mapping(tmp_path, rounds=3))
+    state = Path("/dev/shm") / f"lensemble-emfile-{os.getpid()}"
+    try:
+        with LiveCoordinator(config, output_dir=state) as live:
+            threads = [ParticipantThread(config, pid) for pid in PARTICIPANTS]
+            live.thread.join(60)
+            for t in threads:
+                t.thread.join(30)
+                t.close()
+            assert live.error is None, live.error
+        assert sorted(failed) == ["finish", "reset"]
+        assert [len(r.contributors) for r in live.result.records] == [4, 4, 4]
+        assert live.metrics.rejected.labels(reason=BUSY)._value.get() == 1  # then resent
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
