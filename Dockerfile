@@ -144,5 +144,9 @@ HEALTHCHECK --interval=10s --timeout=10s --start-period=60s --retries=3 \
 # Graceful shutdown: the coordinator finishes or aborts the open round and checkpoints.
 STOPSIGNAL SIGTERM
 
+# Open files: an image cannot set ulimits. The entrypoint (every lensemble process) raises its
+# soft nofile limit to the hard one at start and logs both (event file_limit); Compose sets
+# both to 65536 (ulimits), Kubernetes takes the container runtime's (docs/operations.md).
+
 ENTRYPOINT ["lensemble"]
 CMD ["serve"]

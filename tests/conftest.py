@@ -52,9 +52,12 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("adversarial/test_network_idle_streams.py", "e2e"),  # a hostile client vs processes
     ("adversarial/test_network_dead_participant.py", "e2e"),  # SIGKILL during a run
     ("adversarial/test_network_message_cap.py", "e2e"),  # processes refusing an impossible cap
+    ("adversarial/test_network_frozen_participant.py", "e2e"),  # SIGSTOP, cut, kill mid-round
+    ("adversarial/test_network_connection_flood.py", "e2e"),  # a flood vs a low nofile limit
     ("network/test_grpc.py", "integration"),  # gRPC servers on loopback
     ("network/test_abstain_grpc.py", "integration"),  # Abstain through a real gRPC server
     ("network/test_model_download.py", "integration"),  # the download port on loopback
+    ("network/test_connection_caps.py", "integration"),  # sockets and a gRPC server on loopback
     ("ranks/test_rank_group.py", "integration"),  # torch's elastic launcher, gloo rank groups
     ("ranks/test_gpu.py", "integration"),  # nccl and bf16 on a CUDA device
     ("network/test_parity.py", "integration"),  # both transports under the same faults

@@ -71,6 +71,12 @@ BREAKING: dict[str, Breaking] = {
     "join-outlasts-round": Breaking(
         STAGING, (("federation.join_timeout_s", 1),), "federation.join_timeout_s"
     ),
+    "liveness-above-keepalive": Breaking(
+        STAGING, (("network.keepalive_s", 25),), "network.liveness_timeout_s"
+    ),
+    "liveness-within-round": Breaking(
+        STAGING, (("network.liveness_timeout_s", 400),), "network.liveness_timeout_s"
+    ),
     "holdout-leaves-both": Breaking(
         STAGING, (("data.holdout_fraction", 0.01),), "data.holdout_fraction"
     ),

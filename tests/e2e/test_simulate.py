@@ -149,7 +149,9 @@ def test_faults_exclude_participants_and_are_recorded(in_repo: Path, tmp_path: P
         "drop:alpine@1,duplicate:delta@2",
     )
     records = Ledger(tmp_path / "f" / "ledger.jsonl").records()
-    assert records[1].excluded == {"alpine": "timeout"}
+    # Quorum was in after about a virtual second: the round stopped waiting at the straggler
+    # cutoff (federation.straggler_min_s), not at its deadline.
+    assert records[1].excluded == {"alpine": "straggler"}
     assert records[2].contributors == ["alpine", "coastal", "delta", "highland"]
 
 

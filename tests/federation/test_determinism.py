@@ -60,7 +60,28 @@ def test_arrival_order_and_duplicates_never_change_the_hashes(
         for pid, seconds in zip(IDS, row, strict=True)
     ]
     faults += [f"duplicate:{pid}@{t}" for pid, t in set(duplicates)]
-    assert _chain(",".join(faults)) == reference
+    # Arrivals anywhere before the deadline: without a straggler cutoff, none is excluded.
+    assert _chain(",".join(faults), straggler_factor=None) == reference
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    straggler=st.sampled_from(IDS),
+    round_index=st.integers(1, 2),
+    seconds=st.floats(min_value=10.5, max_value=18.5),
+)
+def test_a_straggler_changes_the_hash_only_through_the_contributor_set(
+    straggler: str, round_index: int, seconds: float
+) -> None:
+    # Rounds collect in about 1 virtual second, so the straggler cutoff is its 10 s minimum:
+    # an update arriving after it, though before the 30 s deadline, is left out like a corrupt
+    # one. (It is refused in the next round, before that round's cutoff, so its sender still
+    # trains and sends that round in time.)
+    late_chain, late_sets = _chain(f"delay:{straggler}@{round_index}={seconds:.3f}")
+    corrupt_chain, corrupt_sets = _chain(f"corrupt:{straggler}@{round_index}")
+    assert late_sets == corrupt_sets
+    assert straggler not in late_sets[round_index]
+    assert late_chain == corrupt_chain
 
 
 @settings(max_examples=15, deadline=None)

@@ -155,6 +155,8 @@ class _Served:
             host="127.0.0.1",
             port=0,
             max_connections=limits.get("max_connections", 4),
+            per_address=limits.get("per_address", 16),
+            handshake_s=limits.get("timeout_s", 5.0),
             timeout_s=limits.get("timeout_s", 5.0),
             idle_s=limits.get("idle_s", 30.0),
             chunk_bytes=64 << 10,
@@ -300,6 +302,35 @@ def test_a_silent_connection_holds_a_slot_for_at_most_the_timeout(mtls: Lensembl
         served.close()
 
 
+def test_one_address_holds_at_most_its_share_of_the_download_port(mtls: LensembleConfig) -> None:
+    served = _Served(mtls, os.urandom(1 << 20), max_connections=8, per_address=2)
+    try:
+        silent = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
+        with pytest.raises(download_client.DownloadUnavailable):
+            served.fetch()  # a third connection from 127.0.0.1: closed before its handshake
+        _eventually(lambda: served.transport.refused("busy") == 1)
+        # Another address still gets in (it is not closed at once).
+        elsewhere = socket.socket()
+        elsewhere.bind(("127.0.0.2", 0))
+        elsewhere.connect(("127.0.0.1", served.port))
+        elsewhere.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            elsewhere.recv(1)
+        elsewhere.close()
+        for sock in silent:
+            sock.close()
+        _eventually(lambda: _fetches(served))  # the address's slots came back
+    finally:
+        served.close()
+
+
+def _fetches(served: _Served) -> bool:
+    try:
+        return served.fetch() == served.transport.payload
+    except download_client.DownloadUnavailable:
+        return False
+
+
 def test_one_participant_holds_one_download_at_a_time_and_stop_cuts_it(
     mtls: LensembleConfig,
 ) -> None:
@@ -389,6 +420,8 @@ def test_token_auth_checks_the_token_on_the_download_port(tmp_path: Path) -> Non
         host="127.0.0.1",
         port=0,
         max_connections=4,
+        per_address=16,
+        handshake_s=5,
         timeout_s=5,
         idle_s=30,
         chunk_bytes=1 << 20,

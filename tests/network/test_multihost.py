@@ -1,7 +1,7 @@
 """Multi-host: the coordinator and each participant in their own network namespace.
 
-Each participant namespace is joined to the coordinator's by its own veth pair (a /30 link), so
-a participant can reach the coordinator and nothing else. One participant's link is cut while a
+Each participant namespace is joined to the coordinator's by its own veth pair (a /30 link,
+:mod:`tests.support.netns`), so a participant can reach the coordinator and nothing else. One participant's link is cut while a
 round is open: the round completes elastically with quorum; the link comes back and the
 participant takes part again. Every process runs with an audit hook that records each outbound
 connection attempt; the only one allowed is the participant's channel to the coordinator.
@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from lensemble.network.shared.certs import init_certs
 from tests.support.federation import PARTICIPANTS
+from tests.support.netns import Hosts, namespaces
 from tests.support.network import (
     NETPROC,
     REPO,
@@ -30,72 +28,16 @@ from tests.support.network import (
     network_mapping,
     write_config,
 )
-from tests.support.tools import require
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 START_S = 90.0
 AUDIT_PATH = REPO / "tests" / "support" / "audit"
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
-
-@dataclass
-class Hosts:
-    """Namespaces and links; ``address[pid]`` is the coordinator's address on pid's link."""
-
-    coordinator: str
-    participants: dict[str, str]
-    address: dict[str, str]
-    link: dict[str, str]
-
-    def exec_in(self, namespace: str) -> list[str]:
-        return ["ip", "netns", "exec", namespace]
-
-    def set_link(self, pid: str, up: bool) -> None:
-        _ip("-n", self.participants[pid], "link", "set", self.link[pid], "up" if up else "down")
-
-
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    require("netns")
-    tag = uuid.uuid4().hex[:5]
-    coordinator = f"lens-{tag}-c"
-    created = [coordinator]
-    result = Hosts(coordinator, {}, {}, {})
-    try:
-        _ip("netns", "add", coordinator)
-        _ip("-n", coordinator, "link", "set", "lo", "up")
-        for i, pid in enumerate(sorted(PARTICIPANTS)):
-            ns = f"lens-{tag}-{i}"
-            _ip("netns", "add", ns)
-            created.append(ns)
-            outer, inner = f"lc{tag}{i}", f"lp{tag}{i}"
-            _ip(
-                "link",
-                "add",
-                outer,
-                "netns",
-                coordinator,
-                "type",
-                "veth",
-                "peer",
-                inner,
-                "netns",
-                ns,
-            )
-            _ip("-n", coordinator, "addr", "add", f"10.231.{i}.1/30", "dev", outer)
-            _ip("-n", ns, "addr", "add", f"10.231.{i}.2/30", "dev", inner)
-            for namespace, dev in ((coordinator, outer), (ns, inner), (ns, "lo")):
-                _ip("-n", namespace, "link", "set", dev, "up")
-            result.participants[pid] = ns
-            result.address[pid] = f"10.231.{i}.1"
-            result.link[pid] = inner
-        yield result
-    finally:
-        for ns in created:  # deleting a namespace also deletes its veth ends
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+    with namespaces(PARTICIPANTS) as made:
+        yield made
 
 
 def test_cut_link_round_completes_elastically_then_the_participant_returns(

@@ -114,6 +114,8 @@ def test_both_transports_commit_the_same_ledger_under_faults(
 ) -> None:
     mapping = network_mapping(tmp_path, round_timeout_s=3, **federation)
     mapping["network"]["rpc_timeout_s"] = 2
+    # Liveness must be noticed within the 3 s rounds (network.liveness_timeout_s rules).
+    mapping["network"].update(keepalive_s=1, liveness_timeout_s=2.5)
     _, network_config = write_config(tmp_path, mapping)
     in_process_mapping = dict(
         mapping, federation={**mapping["federation"], "transport": "in_process"}

@@ -8,6 +8,8 @@ stop inside its training of round K (it writes ``DIR/<id>-r<K>.blocked`` and wai
 participant whose marker exists does not block again. ``--faults rank_kill:ID@R`` is applied as
 ``lensemble participant --faults`` applies it, to a learner that fails the round with
 ``RankFailure`` without launching ranks (``tests.support.federation.RankFailingLearner``).
+``--train-s S`` makes every round's training take at least S seconds (a sleep), so a round
+lasts long enough that scheduling noise is small against it.
 
     python -m tests.support.netproc coordinator --config C --set ... --health-port 0
     python -m tests.support.netproc participant --config C --id alpha [--block-round 1 --markers D]
@@ -63,6 +65,26 @@ class BlockingLearner:
         self.inner.load_inner_state(state)
 
 
+class SlowLearner:
+    """Wraps a learner; each round's training lasts at least ``train_s`` seconds."""
+
+    def __init__(self, inner: QuadraticLearner | BlockingLearner, train_s: float) -> None:
+        self.inner = inner
+        self.train_s = train_s
+
+    def train_round(
+        self, global_params: Mapping[str, torch.Tensor], round_index: int, steps: int
+    ) -> LocalRound:
+        time.sleep(self.train_s)
+        return self.inner.train_round(global_params, round_index, steps)
+
+    def inner_state(self) -> dict[str, torch.Tensor]:
+        return self.inner.inner_state()
+
+    def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.inner.load_inner_state(state)
+
+
 def main(argv: list[str] | None = None) -> int:
     from lensemble.network.launch.harness import PortOptions
     from lensemble.network.launch.process import run_coordinator, run_participant
@@ -81,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markers", type=Path, default=None)
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--faults", default="")
+    parser.add_argument("--train-s", type=float, default=0.0)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -93,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         pid = resolve_participant_id(config, args.id, os.environ)
         faults = participant_faults(args.faults, config.participant_ids, pid)
 
-        def learner() -> QuadraticLearner | BlockingLearner:
+        def learner() -> QuadraticLearner | BlockingLearner | SlowLearner:
             if faults.faults:
                 return RankFailingLearner(pid, config.run.root_seed)
-            inner = QuadraticLearner(pid, config.run.root_seed)
-            if args.block_round is None:
-                return inner
-            return BlockingLearner(inner, pid, args.block_round, args.markers)
+            plain = QuadraticLearner(pid, config.run.root_seed)
+            inner = (
+                plain
+                if args.block_round is None
+                else BlockingLearner(plain, pid, args.block_round, args.markers)
+            )
+            return SlowLearner(inner, args.train_s) if args.train_s > 0 else inner
 
         run_participant(config, pid, learner, theta0, ports, faults=faults)
         return 0

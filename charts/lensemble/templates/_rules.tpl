@@ -108,6 +108,14 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (not (ge (float64 $c.federation.join_timeout_s) (float64 $c.federation.round_timeout_s))) -}}
 {{- fail (printf "config.federation.join_timeout_s: %v s must be at least federation.round_timeout_s (%v s); raise it." $c.federation.join_timeout_s $c.federation.round_timeout_s) -}}
 {{- end -}}
+{{- /* liveness-above-keepalive */ -}}
+{{- if (not (lt (float64 $c.network.keepalive_s) (float64 $c.network.liveness_timeout_s))) -}}
+{{- fail (printf "config.network.liveness_timeout_s: %v s must exceed network.keepalive_s (%v s), which leaves a ping no time to be answered; raise it or lower keepalive_s." $c.network.liveness_timeout_s $c.network.keepalive_s) -}}
+{{- end -}}
+{{- /* liveness-within-round */ -}}
+{{- if (not (lt (float64 $c.network.liveness_timeout_s) (float64 $c.federation.round_timeout_s))) -}}
+{{- fail (printf "config.network.liveness_timeout_s: %v s must be below federation.round_timeout_s (%v s) so that a frozen participant is noticed before its round times out; lower it." $c.network.liveness_timeout_s $c.federation.round_timeout_s) -}}
+{{- end -}}
 {{- /* holdout-leaves-both */ -}}
 {{- if (not (and (ge (float64 $held) 1.0) (lt (float64 $held) (float64 $c.data.episodes)))) -}}
 {{- fail (printf "config.data.holdout_fraction: %v of %v episodes leaves no train or no held-out episode; choose a fraction that keeps at least one of each." $c.data.holdout_fraction $c.data.episodes) -}}

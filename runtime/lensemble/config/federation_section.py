@@ -299,6 +299,22 @@ class FederationConfig(_Section):
         description="Seconds the coordinator collects updates after opening a round before it "
         "completes with whoever submitted (if at least quorum). Must exceed rpc_timeout_s.",
     )
+    straggler_factor: float | None = Field(
+        3.0,
+        ge=1.0,
+        le=1000.0,
+        description="Once quorum has submitted, the coordinator waits for the rest until this "
+        "many times the recent collection time (median of the last committed rounds' "
+        "extra.collect_s in the ledger), at least straggler_min_s after the opening; a "
+        "participant still missing then is excluded as 'straggler'. null waits until "
+        "round_timeout_s.",
+    )
+    straggler_min_s: float = Field(
+        10.0,
+        ge=0.0,
+        description="The shortest wait (seconds from the opening) before quorum may close a "
+        "round without its stragglers, so that jitter never excludes anyone from short rounds.",
+    )
     join_timeout_s: float = Field(
         600.0,
         gt=0.0,

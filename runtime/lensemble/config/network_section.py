@@ -132,15 +132,43 @@ class NetworkConfig(_Section):
         10.0,
         gt=0.0,
         le=3600.0,
-        description="HTTP/2 keepalive ping interval (seconds) of both sides; a peer that does "
-        "not answer a ping within keepalive_s is disconnected (the coordinator then counts a "
-        "participant absent at once).",
+        description="HTTP/2 keepalive ping interval (seconds) of both sides. Must be below "
+        "liveness_timeout_s, which bounds how long a ping may go unanswered.",
+    )
+    liveness_timeout_s: float = Field(
+        20.0,
+        gt=0.0,
+        le=3600.0,
+        description="A participant whose process stops answering (frozen, cut off, killed) is "
+        "counted absent within this many seconds, and the open round closes without it: the "
+        "coordinator pings every connection every keepalive_s and closes one whose ping is "
+        "still unanswered liveness_timeout_s - keepalive_s later (participants treat the "
+        "coordinator alike). Must exceed keepalive_s and be below federation.round_timeout_s.",
+    )
+    handshake_timeout_s: float = Field(
+        5.0,
+        gt=0.0,
+        le=600.0,
+        description="A new connection to any port of the coordinator (gRPC, model download, "
+        "health) must finish its handshake within this many seconds (the model download: "
+        "TLS and its first request), or it is closed (seconds).",
+    )
+    max_connections_per_address: int | None = Field(
+        None,
+        ge=2,
+        le=65536,
+        description="Connections one peer address may hold at once on each of the "
+        "coordinator's ports (gRPC, model download, health; count); its newest connections "
+        "beyond it are closed. Unset: 2 x the participants + 8, enough for every participant "
+        "on one host. Each port's total derives from the open-file limit "
+        "(docs/operations.md#file-descriptors).",
     )
     max_connection_idle_s: float = Field(
-        300.0,
+        10.0,
         gt=0.0,
         description="The coordinator closes a connection that carried no call for this long "
-        "(seconds).",
+        "(seconds; a joined participant always holds one), and a model download connection "
+        "that waits this long for its next request.",
     )
     max_connection_age_s: float = Field(
         3600.0,

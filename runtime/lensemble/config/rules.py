@@ -167,6 +167,25 @@ RULES: tuple[Rule, ...] = (
         "{c.federation.join_timeout_s} s must be at least federation.round_timeout_s "
         "({c.federation.round_timeout_s} s); raise it.",
     ),
+    # A frozen or cut-off participant is noticed before its round would time out.
+    Rule(
+        "liveness-above-keepalive",
+        "config",
+        "network.liveness_timeout_s",
+        "c.network.keepalive_s < c.network.liveness_timeout_s",
+        "{c.network.liveness_timeout_s} s must exceed network.keepalive_s "
+        "({c.network.keepalive_s} s), which leaves a ping no time to be answered; raise it or "
+        "lower keepalive_s.",
+    ),
+    Rule(
+        "liveness-within-round",
+        "config",
+        "network.liveness_timeout_s",
+        "c.network.liveness_timeout_s < c.federation.round_timeout_s",
+        "{c.network.liveness_timeout_s} s must be below federation.round_timeout_s "
+        "({c.federation.round_timeout_s} s) so that a frozen participant is noticed before "
+        "its round times out; lower it.",
+    ),
     # ---------------------------------------------------------------------- data
     Rule(
         "holdout-leaves-both",

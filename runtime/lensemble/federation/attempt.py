@@ -81,6 +81,8 @@ class Attempt:
         guard: The divergence guard's verdict (the ledger's ``guard``; empty when off).
         judgement: The same verdict, to apply should the attempt commit.
         scores: The suspicion scores after this attempt, to apply should it commit.
+        collect_s: Transport-clock seconds from its opening to its last accepted update
+            (None before one; the ledger's ``extra.collect_s``, see ``stragglers``).
     """
 
     machine: RoundMachine
@@ -92,6 +94,7 @@ class Attempt:
     guard: dict[str, object] = field(default_factory=dict)
     judgement: Judgement | None = None
     scores: dict[str, float] | None = None
+    collect_s: float | None = None
 
     def screen(self, robustness: RobustnessConfig) -> Screening:
         """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
@@ -177,7 +180,7 @@ def attempt_record(
         compute_s=round(traffic.compute_s, 6),
         non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
         config_hash=context.config_hash,
-        extra={} if commit_s is None else {"previous_commit_s": round(commit_s, 6)},
+        extra=_extra(attempt, commit_s),
         updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
         aggregator=f"canonical-{context.aggregator}",
         software=f"lensemble {__version__}",
@@ -187,3 +190,11 @@ def attempt_record(
         self_reported=reported,
         guard=dict(attempt.guard) if committed else {},
     )
+
+
+def _extra(attempt: Attempt, commit_s: float | None) -> dict[str, float]:
+    """The record's ``extra``: the previous commit's write time, this one's collection time."""
+    extra = {} if commit_s is None else {"previous_commit_s": round(commit_s, 6)}
+    if attempt.collect_s is not None:
+        extra["collect_s"] = round(attempt.collect_s, 6)
+    return extra

@@ -5,7 +5,8 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
 1. OPEN: publish ``theta_t`` (a safetensors payload) and its hash.
 2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`,
    :mod:`lensemble.federation.admission`) until every configured participant has one accepted,
-   or ``round_timeout_s`` passes.
+   or ``round_timeout_s`` passes, or quorum has submitted and the rest are stragglers
+   (:mod:`lensemble.federation.stragglers`).
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
 4. AGGREGATING: each update's norm is bounded (clipped or rejected), then the updates are
@@ -56,6 +57,7 @@ from lensemble.federation.robustness import Screening, aggregate_spooled, lift_t
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
+from lensemble.federation.stragglers import Stragglers
 from lensemble.federation.transport import CoordinatorTransport
 from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
@@ -401,21 +403,22 @@ class Coordinator:
         The previous commit written behind is settled before the attempt closes.
         """
         fed = self.config.federation
+        stragglers = Stragglers(fed, transport.now(), self.history)
         opening = RoundOpening(
             round_index=current.machine.round_index,
             attempt=current.machine.attempt,
             model_version=self.version,
             model_hash=self.model_hash,
-            deadline_s=transport.now() + fed.round_timeout_s,
+            deadline_s=stragglers.opened_at + fed.round_timeout_s,
         )
         col = self.admission.open(opening)
         transport.open_round(opening, self.model_payload())
         self._advance(current.machine, RoundState.COLLECTING)
         while not col.complete:
-            submission = transport.receive(opening.deadline_s)
+            submission = transport.receive(stragglers.wait_until(col))
             if submission is None:
                 break
-            transport.reply(submission, self.accept(submission))
+            transport.reply(submission, stragglers.judged(self.accept(submission), transport.now()))
             del submission  # its payload is spilled: let it go before the next one arrives
             if self.committer.failed():
                 break  # the previous round is not durable: _settle raises why
@@ -425,6 +428,7 @@ class Coordinator:
         # sent an oversized stream): the ledger names that instead of "timeout".
         for pid, why in transport.absence_reasons().items():
             col.rejected.setdefault(pid, why)
+        current.collect_s = stragglers.close(col, transport.now())
         current.collection = self.admission.close()
         current.traffic = transport.take_traffic()
         current.defences = {"aggregator": fed.robustness.aggregator}

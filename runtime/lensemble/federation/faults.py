@@ -7,8 +7,9 @@ inclusive range (``@3-7``); rounds are 0-based::
 
     drop:alpine@3          alpine submits nothing in round 3 (every attempt)
     drop:alpine@3.0        ... only in attempt 0 of round 3
-    delay:coastal@5        coastal's submission arrives after round 5's deadline (a late message)
-    delay:coastal@5=12.5   ... arrives 12.5 virtual seconds after the round opened
+    delay:coastal@5        coastal's submission arrives after round 5 closed (a late message)
+    delay:coastal@5=12.5   ... arrives 12.5 virtual seconds after the round opened (in time
+                           unless the round closed before: its deadline, a straggler cutoff)
     reorder@2              submissions of round 2 arrive in reverse order
     duplicate:delta@4      delta's submission of round 4 arrives twice
     corrupt:delta@4        delta's submission of round 4 arrives with damaged bytes

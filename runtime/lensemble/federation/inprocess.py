@@ -4,8 +4,10 @@ When the coordinator opens a round, every participant that is not dropped trains
 (sequentially, in sorted id order) and its submission is scheduled to arrive at a virtual time:
 ``1 + 0.01 * rank`` seconds after opening, or a fault's delay. :meth:`InProcessTransport.receive`
 pops arrivals in time order and advances the virtual clock; a timeout costs no wall time. A
-submission scheduled after the deadline stays queued and reaches the coordinator in a later
-attempt, where the coordinator rejects it as late (never counts it in that attempt).
+submission scheduled after the attempt closed (by its deadline, or by the straggler cutoff)
+stays queued and reaches the coordinator in a later attempt, where the coordinator rejects it as
+late (never counts it in that attempt). A ``delay`` without seconds makes a submission miss its
+attempt whenever that closes: it arrives one virtual second after the close.
 
 Participants behave as over the network: one update in flight at a time (a participant whose
 late update is still on its way trains the next attempt only once that update was answered), and
@@ -69,6 +71,8 @@ class Delivery:
 
 BASE_ARRIVAL_S = 1.0
 ARRIVAL_STEP_S = 0.01
+#: When a submission delayed without seconds arrives: this long after its attempt closed.
+LATE_ARRIVAL_S = 1.0
 
 
 class InProcessTransport(CoordinatorTransport):
@@ -92,6 +96,9 @@ class InProcessTransport(CoordinatorTransport):
         self.faults = faults or FaultPlan()
         self.clock = 0.0
         self._queue: list[tuple[float, int, Submission]] = []
+        # Submissions that miss the open attempt whenever it closes: (offset, seq, submission),
+        # queued at the close plus LATE_ARRIVAL_S plus the offset (round_closed).
+        self._late: list[tuple[float, int, Submission]] = []
         self._seq = itertools.count()
         self._down = self._up = 0
         self._compute = 0.0
@@ -171,7 +178,8 @@ class InProcessTransport(CoordinatorTransport):
         return peers
 
     def _in_flight(self, pid: str) -> bool:
-        return any(submission.sender == pid for _, _, submission in self._queue)
+        queued = itertools.chain(self._queue, self._late)
+        return any(submission.sender == pid for _, _, submission in queued)
 
     def _contribute(self, pid: str, rank: int) -> None:
         """Train ``pid`` on the open attempt now and schedule its update's arrival."""
@@ -203,23 +211,30 @@ class InProcessTransport(CoordinatorTransport):
             self._released[pid] = contribution.payload
         self._down += len(model_payload)
         self._compute += contribution.compute_s
-        payload, payload_hash = contribution.payload, contribution.payload_hash
+        self._send(pid, rank, contribution.payload, contribution.payload_hash)
+
+    def _send(self, pid: str, rank: int, payload: bytes, payload_hash: str) -> None:
+        """Put ``pid``'s update on the wire: the plan's faults, then its arrival time."""
+        assert self._opening is not None
+        t, a = self._opening[0].round_index, self._opening[0].attempt
         poison = self.faults.hits("poison", pid, t, a)
         if poison is not None and poison.value is not None:
             payload, payload_hash = poison_payload(payload, poison.value)
         if self.faults.hits("corrupt", pid, t, a):
             payload = damage(payload)
-        arrival = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
+        arrival: float | None = self.clock + BASE_ARRIVAL_S + ARRIVAL_STEP_S * rank
         delay = self.faults.hits("delay", pid, t, a)
-        if delay is not None:
-            span = opening.deadline_s - self.clock
-            arrival = self.clock + (delay.seconds if delay.seconds is not None else span + 1)
+        if delay is not None:  # without seconds: after the attempt closed, whenever it does
+            arrival = None if delay.seconds is None else self.clock + delay.seconds
         submission = Submission(pid, t, payload, payload_hash, a)
         copies = 2 if self.faults.hits("duplicate", pid, t, a) else 1
         for copy in range(copies):
             # A resend lands right behind the original, inside the same round.
-            resend = arrival + copy * ARRIVAL_STEP_S / 10
-            heapq.heappush(self._queue, (resend, next(self._seq), submission))
+            offset = copy * ARRIVAL_STEP_S / 10
+            if arrival is None:
+                self._late.append((offset, next(self._seq), submission))
+            else:
+                heapq.heappush(self._queue, (arrival + offset, next(self._seq), submission))
 
     def absence_reasons(self) -> dict[str, str]:
         """Why participants missing from the open attempt are missing (``rank_failure``)."""
@@ -252,10 +267,17 @@ class InProcessTransport(CoordinatorTransport):
             self._contribute(pid, self._waiting.pop(pid))
 
     def round_closed(self, record: RoundRecord) -> None:
-        """The attempt is over: participants still waiting sit it out."""
+        """The attempt is over: participants still waiting sit it out.
+
+        Submissions delayed past it are now on their way: they arrive :data:`LATE_ARRIVAL_S`
+        after the close, in the next attempt.
+        """
         self._opening = None
         self._waiting = {}
         self._released = {}
+        for offset, seq, submission in self._late:
+            heapq.heappush(self._queue, (self.clock + LATE_ARRIVAL_S + offset, seq, submission))
+        self._late = []
 
     def take_traffic(self) -> Traffic:
         """Bytes moved and compute time (sequential, so summed) since the last call."""
@@ -267,4 +289,5 @@ class InProcessTransport(CoordinatorTransport):
     def finish(self) -> None:
         """Drop late submissions still queued; the run is over."""
         self._queue.clear()
+        self._late.clear()
         self.finished = True

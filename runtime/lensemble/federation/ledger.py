@@ -51,8 +51,8 @@ class RoundRecord:
         attempt: Attempt number (0-based).
         state: ``closed`` or ``aborted``.
         contributors: Participant ids whose pseudo-gradients were averaged, sorted.
-        excluded: Participant id -> why it did not contribute (``timeout``, ``rank_failure``, a
-            transport's absence reason, a rejection reason).
+        excluded: Participant id -> why it did not contribute (``timeout``, ``straggler``,
+            ``rank_failure``, a transport's absence reason, a rejection reason).
         parent_hash: Hash of the model the round started from.
         model_hash: Hash of the committed model (equals ``parent_hash`` when aborted).
         mean_inner_loss: Mean of the contributors' self-reported mean inner losses (unitless),
@@ -69,7 +69,10 @@ class RoundRecord:
         config_hash: Hash of the config that produced the line.
         extra: More numbers (free-form). ``previous_commit_s``: seconds the coordinator
             spent writing the previous committed round's checkpoint and appending its ledger
-            line (absent on the first line a coordinator process writes).
+            line (absent on the first line a coordinator process writes). ``collect_s``:
+            transport-clock seconds from the opening to the attempt's last accepted update
+            (absent when none was accepted); the straggler cutoff of later rounds derives
+            from it (``federation.stragglers``).
         updates: Contributor id -> ``{"hash": "sha256:...", "bytes": n}`` of its accepted
             pseudo-gradient payload.
         aggregator: How the contributions were combined (``canonical-mean``).

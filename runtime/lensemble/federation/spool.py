@@ -138,8 +138,11 @@ class UpdateSpool:
         self._entries.clear()
         self._count = 0
         if self.folder is not None and self.folder.is_dir():
-            for path in self.folder.glob("update-*.safetensors"):
-                path.unlink(missing_ok=True)
+            try:
+                for path in self.folder.glob("update-*.safetensors"):
+                    path.unlink(missing_ok=True)
+            except OSError as exc:  # out of descriptors, say: the next reset deletes them
+                _log.warning("could not clear the spool folder %s (%s)", self.folder, exc)
 
     def close(self) -> None:
         """Forget every entry and close every unnamed file, kept ones included (idempotent).

@@ -163,6 +163,11 @@ def render_readme(chart: Path) -> str:
             "dropped, seccomp `RuntimeDefault`; namespaces labelled for Pod Security Admission "
             "`restricted`; default-deny NetworkPolicies; TLS only from Secrets.",
             "- A `helm test` pod that asks the coordinator's gRPC health service for readiness.",
+            "- **Open files**: Kubernetes has no pod setting for `nofile`. Every process raises "
+            "its soft limit to the hard limit the container runtime gives (Docker and containerd: "
+            "often 524,288 or more) and logs both (`file_limit`); the coordinator caps its "
+            "connections below it. Where the runtime's hard limit is low, raise it on the nodes "
+            "(containerd's or Docker's `LimitNOFILE`).",
             "",
             "## Install",
             "",

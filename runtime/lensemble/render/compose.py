@@ -99,6 +99,10 @@ HEALTH_RETRIES = 5
 HEALTH_START_PERIOD = "60s"
 #: Extra seconds after the longest RPC for a graceful SIGTERM shutdown (checkpoint, leave).
 STOP_GRACE_MARGIN_S = 10
+#: Open-file limit (soft and hard) of every container: each connection a coordinator holds is
+#: a descriptor, and Docker's default soft limit can be 1,024. The coordinator budgets its
+#: ports below it (docs/operations.md#file-descriptors).
+NOFILE = 65536
 
 #: Kubernetes pull policy -> Compose. 'if_not_present' rather than v2's 'missing': Compose v2
 #: accepts both, docker-compose 1.29 only the former.
@@ -386,6 +390,7 @@ def _service(
         "tmpfs": [SCRATCH_DIR],
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
+        "ulimits": {"nofile": {"soft": NOFILE, "hard": NOFILE}},
         # tini as PID 1 forwards SIGTERM and reaps children.
         "init": True,
         "volumes": mounts,

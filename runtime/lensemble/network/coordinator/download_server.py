@@ -5,9 +5,10 @@ The wire format, and why this port exists beside gRPC, are in
 order: the caller's identity (:class:`~lensemble.network.coordinator.authenticator.Authenticator`:
 the client certificate, and the bearer token with ``auth: token``), the coordinator session,
 then the model hash must be the open round's. A participant may hold one download at a time and
-two connections; the coordinator serves at most ``max_connections`` at once (connections beyond
-it are closed at once, before the handshake). The handshake and first request must arrive within
-``network.rpc_timeout_s``, and every chunk written has that deadline, so a peer that stalls or
+two connections; the coordinator serves at most ``max_connections`` at once, and at most
+``per_address`` from one peer address (connections beyond either are closed at once, before the
+handshake). The handshake and first request must arrive within ``network.handshake_timeout_s``,
+and every chunk written has a deadline of ``network.rpc_timeout_s``, so a peer that stalls or
 trickles holds one slot for a bounded time and never a round. A connection that served a
 download stays open for the next (within ``network.max_connection_idle_s``), as gRPC's channel
 does; a refused one is closed.
@@ -29,6 +30,7 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import UsageError
 from lensemble.federation.messages import Reason
 from lensemble.network.coordinator.authenticator import Authenticator
+from lensemble.network.coordinator.connection_budget import ConnectionBudget, plan_budget
 from lensemble.network.shared import transport_errors as nerr
 from lensemble.network.shared.download_protocol import (
     BAD_REQUEST,
@@ -51,6 +53,8 @@ _log = logging.getLogger("lensemble.network.model_download")
 CONNECTIONS_PER_PARTICIPANT = 2
 #: The metric label of refusals here (``refused_calls_total{rpc}``).
 RPC_LABEL = "ModelDownload"
+#: Pause of the accept loop after a failed accept (out of descriptors), so it never spins.
+ACCEPT_BACKOFF_S = 0.05
 
 
 def certificate_names(peer: Mapping[str, Any] | None) -> dict[str, Collection[bytes]]:
@@ -78,11 +82,13 @@ class _Link:
     Attributes:
         conn: The accepted socket.
         stream: What requests are read from: ``conn`` itself, or its TLS stream.
+        address: The peer's address (IP, no port).
         holder: The participant this connection serves, once it asked; None before.
     """
 
     conn: socket.socket
     stream: socket.socket
+    address: str
     holder: str | None = None
 
 
@@ -97,8 +103,11 @@ class ModelDownloadServer:
         host: Bind address (``network.listen_host``).
         port: TCP port; 0 picks a free one.
         max_connections: Connections served at once (count); one more is closed at once.
-        timeout_s: Bound of the handshake plus the first request, of every later request once
-            its first byte arrived, and of every chunk written (seconds).
+        per_address: Connections served at once from one peer address (count).
+        handshake_s: Bound of the handshake plus the first request
+            (``network.handshake_timeout_s``; seconds).
+        timeout_s: Bound of every later request once its first byte arrived, and of every
+            chunk written (seconds).
         idle_s: How long a connection that served a download may wait for the next request
             (``network.max_connection_idle_s``; seconds).
         chunk_bytes: Bytes per write (``network.chunk_bytes``).
@@ -116,6 +125,8 @@ class ModelDownloadServer:
         host: str,
         port: int,
         max_connections: int,
+        per_address: int,
+        handshake_s: float,
         timeout_s: float,
         idle_s: float,
         chunk_bytes: int,
@@ -123,6 +134,8 @@ class ModelDownloadServer:
         self.transport = transport
         self.auth = authenticator
         self.context = context
+        self.per_address = per_address
+        self.handshake_s = handshake_s
         self.timeout_s = timeout_s
         self.idle_s = idle_s
         self.chunk_bytes = chunk_bytes
@@ -142,6 +155,7 @@ class ModelDownloadServer:
         self._open: set[socket.socket] = set()
         self._busy: set[str] = set()  # participants with a download in flight
         self._held: dict[str, int] = {}  # participant -> connections that served it
+        self._from: dict[str, int] = {}  # peer address -> connections open
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="download", daemon=True)
 
@@ -166,31 +180,42 @@ class ModelDownloadServer:
     def _accept(self) -> None:
         while not self._stopping.is_set():
             try:
-                conn, _address = self._listener.accept()
+                conn, address = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                if self._stopping.is_set():
+            except OSError:  # out of descriptors (EMFILE) or a connection reset in the queue
+                if self._stopping.wait(ACCEPT_BACKOFF_S):
                     return
                 continue
-            if not self._slots.acquire(blocking=False):
+            peer = str(address[0])
+            if not self._admit_address(peer):
                 self._refuse(nerr.BUSY)
                 conn.close()
                 continue
             threading.Thread(
-                target=self._serve, args=(conn,), name="download-conn", daemon=True
+                target=self._serve, args=(conn, peer), name="download-conn", daemon=True
             ).start()
+
+    def _admit_address(self, peer: str) -> bool:
+        """Take a slot for one more connection from ``peer``; False when a cap is reached."""
+        with self._lock:
+            if self._from.get(peer, 0) >= self.per_address:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._from[peer] = self._from.get(peer, 0) + 1
+        return True
 
     def _track(self, sock: socket.socket, add: bool) -> None:
         with self._lock:
             (self._open.add if add else self._open.discard)(sock)
 
-    def _serve(self, conn: socket.socket) -> None:
-        link = _Link(conn, conn)
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        link = _Link(conn, conn, peer)
         self._track(conn, True)
         try:
             # The handshake and the first request share one deadline.
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + self.handshake_s
             stream = self._handshake(conn)
             if stream is None:
                 return
@@ -206,7 +231,7 @@ class ModelDownloadServer:
     def _handshake(self, conn: socket.socket) -> socket.socket | None:
         """The stream to read requests from, or None when the TLS handshake was refused."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(self.timeout_s)
+        conn.settimeout(self.handshake_s)
         if self.context is None:
             return conn
         try:
@@ -256,10 +281,15 @@ class ModelDownloadServer:
         return None
 
     def _release(self, link: _Link) -> None:
-        """Give back what a connection held: its count against its holder, its slot."""
-        if link.holder is not None:
-            with self._lock:
+        """Give back what a connection held: its counts against its holder and address, its slot."""
+        with self._lock:
+            if link.holder is not None:
                 self._held[link.holder] -= 1
+            left = self._from[link.address] - 1
+            if left:
+                self._from[link.address] = left
+            else:
+                del self._from[link.address]
         self._track(link.stream, False)
         self._track(link.conn, False)
         link.stream.close()
@@ -353,11 +383,21 @@ def server_context(config: LensembleConfig) -> ssl.SSLContext | None:
 
 
 def start_model_download(
-    transport: Any, authenticator: Authenticator, config: LensembleConfig, *, port: int | None
+    transport: Any,
+    authenticator: Authenticator,
+    config: LensembleConfig,
+    *,
+    port: int | None,
+    budget: ConnectionBudget | None = None,
 ) -> ModelDownloadServer | None:
     """Serve the download port when ``port`` (``network.download_port``) is set, else None.
 
-    At most two connections per participant of the run, plus four, are served at once.
+    Args:
+        transport: The coordinator transport.
+        authenticator: Who callers are.
+        config: The run's config.
+        port: ``network.download_port`` (or an override); None serves nothing.
+        budget: The port's connection caps (default: planned from this process's limit).
 
     Raises:
         UsageError: The port cannot be bound.
@@ -366,13 +406,16 @@ def start_model_download(
     if port is None:
         return None
     net = config.network
+    budget = budget or plan_budget(config)
     server = ModelDownloadServer(
         transport,
         authenticator,
         server_context(config),
         host=net.listen_host,
         port=port,
-        max_connections=2 * len(config.participant_ids) + 4,
+        max_connections=budget.download,
+        per_address=budget.per_address,
+        handshake_s=net.handshake_timeout_s,
         timeout_s=net.rpc_timeout_s,
         idle_s=net.max_connection_idle_s,
         chunk_bytes=net.chunk_bytes,

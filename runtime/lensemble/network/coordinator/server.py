@@ -4,7 +4,9 @@ Every method is registered as the generated code registers it, except the two pa
 whose frames skip protobuf's copies (:mod:`lensemble.network.shared.frames`). The server's
 thread pool holds every participant's allowance plus a few spare threads
 (:func:`~lensemble.network.coordinator.call_guard.pool_size`), and the call guard sets each
-call's server-side deadline (:func:`call_policy`).
+call's server-side deadline (:func:`call_policy`). The server holds at most the connections its
+share of the open-file budget allows
+(:mod:`~lensemble.network.coordinator.connection_budget`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lensemble.config import LensembleConfig
 from lensemble.federation.payload import TensorSpec
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import CallGuard, CallPolicy, pool_size
+from lensemble.network.coordinator.connection_budget import ConnectionBudget, plan_budget
 from lensemble.network.coordinator.service import CoordinatorService
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared.frames import SERVICE_NAME, parse_update_frame, passthrough
@@ -94,6 +97,7 @@ def start_coordinator_server(
     host: str,
     port: int,
     architecture: Mapping[str, TensorSpec],
+    budget: ConnectionBudget | None = None,
 ) -> tuple[Any, int]:
     """Serve :class:`CoordinatorService` on ``host:port`` behind the call guard.
 
@@ -104,6 +108,7 @@ def start_coordinator_server(
         host: Bind address (``network.listen_host``).
         port: TCP port; 0 picks a free one.
         architecture: The global model's parameters (name -> spec): sets the update cap.
+        budget: The port's connection cap (default: planned from this process's limit).
 
     Returns:
         ``(server, bound port)``; the server is started.
@@ -127,7 +132,7 @@ def start_coordinator_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=size, thread_name_prefix="rpc"),
         interceptors=[guard],
-        options=server_options(config),
+        options=server_options(config, (budget or plan_budget(config)).grpc),
         maximum_concurrent_rpcs=size,
     )
     add_service(service, server)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.network.shared import logs
 from lensemble.network.shared.certs import check_tls_files
+from lensemble.network.shared.file_limits import FileLimit, raise_open_file_limit
 from lensemble.network.shared.health import HealthServer
 from lensemble.network.shared.logs import event
 from lensemble.network.shared.metrics import Metrics
@@ -56,6 +57,9 @@ class ProcessHarness:
         role: ``coordinator`` or ``participant``.
         participant_id: The participant's id (participants only).
         ports: Command-line port overrides.
+
+    Attributes:
+        file_limit: The open-file limit, raised to its hard ceiling at start.
     """
 
     def __init__(
@@ -75,10 +79,15 @@ class ProcessHarness:
         self._previous: dict[int, Any] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        # Before any server accepts: every connection is a descriptor (file_limits.py).
+        self.file_limit: FileLimit = raise_open_file_limit()
         net = config.network
         self.metrics = Metrics()
         self.health = HealthServer(
-            net.listen_host, net.health_port if ports.health_port is None else ports.health_port
+            net.listen_host,
+            net.health_port if ports.health_port is None else ports.health_port,
+            handshake_timeout_s=net.handshake_timeout_s,
+            idle_s=net.max_connection_idle_s,
         )
         try:
             self.metrics_server = MetricsServer(

@@ -31,7 +31,12 @@ from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.learner import Learner
 from lensemble.network.coordinator.authenticator import Authenticator
-from lensemble.network.coordinator.download_server import start_model_download
+from lensemble.network.coordinator.connection_budget import ConnectionBudget, plan_budget
+from lensemble.network.coordinator.connection_warden import ConnectionWarden
+from lensemble.network.coordinator.download_server import (
+    ModelDownloadServer,
+    start_model_download,
+)
 from lensemble.network.coordinator.round_events import CoordinatorEvents
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
@@ -39,6 +44,7 @@ from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.loop import ParticipantLoop
 from lensemble.network.shared.certs import check_own_certificate
+from lensemble.network.shared.health import HEALTH_PER_ADDRESS
 from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
 from lensemble.network.shared.logs import event
 from lensemble.network.shared.payload_limits import payload_limits
@@ -115,7 +121,7 @@ def _serve_coordinator(
     verified: VerifiedRecord,
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
-    server = download = None
+    server = download = warden = None
     torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
@@ -133,19 +139,12 @@ def _serve_coordinator(
             observer=CoordinatorEvents(harness.metrics, fed.quorum),
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now
-        if coordinator.version > 0:
-            event(
-                _log,
-                "resumed",
-                f"resumed from the checkpoint of model version {coordinator.version} "
-                f"({coordinator.model_hash[:19]}...), outer momentum included.",
-                version=coordinator.version,
-                model_hash=coordinator.model_hash,
-            )
+        _say_if_resumed(coordinator)
         transport = GrpcCoordinatorTransport(
             config, next_round=coordinator.version, metrics=harness.metrics
         )
         authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
+        budget = _connection_budget(config, harness)
         server, port = start_coordinator_server(
             transport,
             authenticator,
@@ -153,8 +152,12 @@ def _serve_coordinator(
             host=net.listen_host,
             port=net.port if ports.port is None else ports.port,
             architecture=coordinator.architecture,
+            budget=budget,
         )
-        download = start_model_download(transport, authenticator, config, port=net.download_port)
+        download = start_model_download(
+            transport, authenticator, config, port=net.download_port, budget=budget
+        )
+        warden = _warden(budget, harness, port, download)
         harness.health.set_ready(True)
         harness.announce_ready(f"{net.listen_host}:{port}")
         summary = harness.supervise(
@@ -175,11 +178,78 @@ def _serve_coordinator(
         return summary
     finally:
         harness.health.set_ready(False)
+        if warden is not None:
+            warden.stop()
         if download is not None:
             download.stop()
         if server is not None:
             server.stop(grace=1.0).wait(2.0)
         harness.close()
+
+
+def _say_if_resumed(coordinator: Coordinator) -> None:
+    """Log the ``resumed`` event when the coordinator starts from a checkpoint."""
+    if coordinator.version > 0:
+        event(
+            _log,
+            "resumed",
+            f"resumed from the checkpoint of model version {coordinator.version} "
+            f"({coordinator.model_hash[:19]}...), outer momentum included.",
+            version=coordinator.version,
+            model_hash=coordinator.model_hash,
+        )
+
+
+def _connection_budget(config: LensembleConfig, harness: ProcessHarness) -> ConnectionBudget:
+    """Plan the ports' connection caps below the open-file limit, and say what they are."""
+    budget = plan_budget(config)
+    limit = harness.file_limit
+    metrics = harness.metrics
+    metrics.open_files_limit.set(limit.soft)
+    for label in ("grpc", "download", "health", "metrics"):
+        metrics.connection_limit.labels(port=label).set(getattr(budget, label))
+    event(
+        _log,
+        "file_limit",
+        f"open-file limit {limit.soft} (hard {limit.hard}, was {limit.before}); "
+        f"{budget.reserve} descriptors kept for the coordinator's files; connections: gRPC "
+        f"{budget.grpc}, model download {budget.download}, health {budget.health}, metrics "
+        f"{budget.metrics}, at most {budget.per_address} per peer address.",
+        soft=limit.soft,
+        hard=limit.hard,
+        before=limit.before,
+        reserve=budget.reserve,
+        grpc=budget.grpc,
+        download=budget.download,
+        per_address=budget.per_address,
+    )
+    if budget.short:
+        event(
+            _log,
+            "file_limit_low",
+            f"the open-file limit {limit.soft} is below the {budget.minimum_limit()} "
+            f"descriptors {len(config.participant_ids)} participants need: a flood of "
+            "connections can exhaust it; raise the hard limit (ulimit -Hn, Compose ulimits, "
+            "the container runtime's default).",
+            logging.WARNING,
+            soft=limit.soft,
+            needed=budget.minimum_limit(),
+        )
+    return budget
+
+
+def _warden(
+    budget: ConnectionBudget,
+    harness: ProcessHarness,
+    port: int,
+    download: ModelDownloadServer | None,
+) -> ConnectionWarden:
+    """Start capping connections per peer address on the gRPC and health ports."""
+    ports = {port: "grpc", harness.health.port: "health", harness.metrics_server.port: "metrics"}
+    if download is not None:
+        ports[download.port] = "download"
+    caps = {port: budget.per_address, harness.health.port: HEALTH_PER_ADDRESS}
+    return ConnectionWarden(ports, caps, harness.metrics).start()
 
 
 def run_participant(

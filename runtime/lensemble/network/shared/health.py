@@ -2,7 +2,11 @@
 
 Kubernetes' native gRPC probes cannot speak TLS, so this port is plaintext and tells nothing but
 serving status. Service ``""`` is liveness (the process serves); service ``lensemble.Readiness``
-is readiness: the coordinator accepts rounds, a participant is joined.
+is readiness: the coordinator accepts rounds, a participant is joined. Anyone who reaches the
+port may connect, so it holds at most :data:`HEALTH_CONNECTIONS` connections (one more is
+closed at once; on the coordinator, at most :data:`HEALTH_PER_ADDRESS` per peer address), and
+closes one that has not finished its HTTP/2 handshake within ``network.handshake_timeout_s`` or
+carries no call for ``network.max_connection_idle_s``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,12 @@ from lensemble.errors import UsageError
 LIVENESS_SERVICE = ""
 READINESS_SERVICE = "lensemble.Readiness"
 NO_REUSEPORT = ("grpc.so_reuseport", 0)
+#: Connections the health port holds at once: probes connect, ask, and leave.
+HEALTH_CONNECTIONS = 64
+#: Connections one address may hold on the coordinator's health port (its warden closes the
+#: newest beyond): a kubelet's probes, or a container's healthcheck, hold one or two at once,
+#: so one flooding host cannot fill the port and fail the probes that keep the pod alive.
+HEALTH_PER_ADDRESS = 4
 
 
 def bind_port(server: Any, address: str, credentials: Any, what: str) -> int:
@@ -49,16 +59,27 @@ class HealthServer:
     Args:
         host: Bind address.
         port: TCP port; 0 picks a free one (see :attr:`port`).
+        handshake_timeout_s: A connection's HTTP/2 handshake must be done within this long
+            (``network.handshake_timeout_s``; seconds).
+        idle_s: A connection without a call is closed after this long
+            (``network.max_connection_idle_s``; seconds).
 
     Raises:
         UsageError: The port cannot be bound.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(
+        self, host: str, port: int, *, handshake_timeout_s: float = 5.0, idle_s: float = 10.0
+    ) -> None:
         self._servicer = health.HealthServicer()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
-            options=[NO_REUSEPORT],
+            options=[
+                NO_REUSEPORT,
+                ("grpc.max_allowed_incoming_connections", HEALTH_CONNECTIONS),
+                ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(idle_s * 1000)),
+            ],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
         self.port = bind_port(self._server, f"{host}:{port}", None, "the health service")

@@ -39,6 +39,10 @@ says what each is for and which alert reads it):
 ``rejected_submissions_total{reason}``              submissions rejected, by reason (every call)
 ``refused_calls_total{rpc,reason}``                 other calls refused (Join, WatchRounds, ...;
                                                     ``ModelDownload``: the download port)
+``open_files_limit``                                soft open-file limit (descriptors)
+``connection_limit{port}``                          connections a port may hold (coordinator)
+``connections{port}``                               connections open on each port (coordinator)
+``connections_closed_total{port,reason}``           connections closed by a cap (``per_address``)
 ==================================================  ===========================================
 """
 
@@ -76,6 +80,7 @@ class Metrics:
         self._define_time_metrics(self.registry)
         self._define_learning_metrics(self.registry)
         self._define_judging_metrics(self.registry)
+        self._define_connection_metrics(self.registry)
         self._quorum = 0
         self._opening_at: float | None = None
         self._cpu_mark: tuple[float, float] | None = None
@@ -235,6 +240,32 @@ class Metrics:
             "lensemble_participant_missed_rounds",
             "Consecutive round attempts each participant did not contribute to.",
             ["participant"],
+            registry=r,
+        )
+
+    def _define_connection_metrics(self, r: CollectorRegistry) -> None:
+        """What the coordinator's ports hold (connection_budget.py, connection_warden.py)."""
+        self.open_files_limit = Gauge(
+            "lensemble_open_files_limit",
+            "Soft open-file limit of the process (descriptors), raised to the hard one at start.",
+            registry=r,
+        )
+        self.connection_limit = Gauge(
+            "lensemble_connection_limit",
+            "Connections a port may hold at once (coordinator).",
+            ["port"],
+            registry=r,
+        )
+        self.connections = Gauge(
+            "lensemble_connections",
+            "Connections open on a port of the coordinator.",
+            ["port"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "lensemble_connections_closed",
+            "Connections the coordinator closed because a cap was reached, by port and cap.",
+            ["port", "reason"],
             registry=r,
         )
 
