@@ -57,6 +57,11 @@ BREAKING: dict[str, Breaking] = {
     "supported-aggregation": Breaking(
         STAGING, (("federation.aggregation", "tee"),), "federation.aggregation"
     ),
+    "reject-needs-headroom": Breaking(
+        STAGING,
+        (("federation.robustness.norm_bound_mode", "reject"),),
+        "federation.robustness.norm_bound_mode",
+    ),
     "int8-chunk-needs-int8": Breaking(
         STAGING,
         (("federation.quantization", "fp16"), ("federation.int8_chunk", 64)),

@@ -96,6 +96,10 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (and (ne $c.federation.quantization "int8") (not (eq (float64 $c.federation.int8_chunk) 0.0))) -}}
 {{- fail (printf "config.federation.int8_chunk: %v only applies to int8; set federation.quantization: int8 or federation.int8_chunk: 0." $c.federation.int8_chunk) -}}
 {{- end -}}
+{{- /* reject-needs-headroom */ -}}
+{{- if (and (eq $c.federation.robustness.norm_bound_mode "reject") (not (or (kindIs "invalid" $c.federation.robustness.median_factor) (ge (float64 $c.federation.robustness.median_factor) 2.0)))) -}}
+{{- fail (printf "config.federation.robustness.norm_bound_mode: 'reject' with median_factor %v leaves every update above that multiple of the median norm out of the round (about half of them at 1); set federation.robustness.median_factor to 2 or more, or use norm_bound_mode 'clip'." $c.federation.robustness.median_factor) -}}
+{{- end -}}
 {{- /* residency-over-network */ -}}
 {{- if (and (eq $c.federation.transport "network") (not (eq $c.data.residency_enforced true))) -}}
 {{- fail (printf "config.data.residency_enforced: false is not allowed with federation.transport 'network'; set data.residency_enforced: true.") -}}

@@ -140,6 +140,19 @@ RULES: tuple[Rule, ...] = (
         "federation.int8_chunk: 0.",
         when="c.federation.quantization != 'int8'",
     ),
+    # Rejecting at the median leaves about half of the honest updates out of every round.
+    Rule(
+        "reject-needs-headroom",
+        "config",
+        "federation.robustness.norm_bound_mode",
+        "c.federation.robustness.median_factor is None "
+        "or c.federation.robustness.median_factor >= 2",
+        "'reject' with median_factor {c.federation.robustness.median_factor} leaves every "
+        "update above that multiple of the median norm out of the round (about half of them "
+        "at 1); set federation.robustness.median_factor to 2 or more, or use norm_bound_mode "
+        "'clip'.",
+        when="c.federation.robustness.norm_bound_mode == 'reject'",
+    ),
     # Residency is mandatory across a real network boundary (docs/concepts.md#residency).
     Rule(
         "residency-over-network",
