@@ -61,7 +61,7 @@ _LAST = {
     DropAfter.NEVER: 4,
 }
 
-#: ``tamper(stage, recipient, message bytes) -> message bytes`` on what the coordinator sends.
+#: ``hook(stage, participant, message bytes) -> message bytes``: alters a message in transit.
 Tamper = Callable[[str, str, bytes], bytes]
 
 
@@ -102,13 +102,16 @@ class _Run:
         parties: dict[str, ParticipantSession],
         drop: Mapping[str, DropAfter],
         rng: random.Random,
+        *,
         tamper: Tamper | None,
+        forge: Tamper | None,
     ) -> None:
         self.server = server
         self.parties = parties
         self.drop = drop
         self.rng = rng
         self.tamper = tamper
+        self.forge = forge
         self.traffic = Traffic()
         self.refusals: dict[str, SecAggRefusal] = {}
 
@@ -134,15 +137,22 @@ class _Run:
             self.traffic.client_s[name] += time.perf_counter() - start
 
     def upload(
-        self, message: Any, decode: Callable[[bytes], Any], receive: Callable[[Any], None]
+        self,
+        stage: str,
+        message: Any,
+        decode: Callable[[bytes], Any],
+        receive: Callable[[Any], None],
     ) -> None:
         data = message.encode()
+        if self.forge is not None:
+            data = self.forge(stage, message.sender, data)
         self.traffic.bytes[type(message).__name__].append(len(data))
         start = time.perf_counter()
         try:
             receive(decode(data))
-        except SecAggRefusal:
-            pass  # kept in the server's refusals; the sender counts as dropped
+        except SecAggRefusal as refusal:  # the sender counts as dropped
+            if refusal not in self.server.refusals:  # a parser's refusal, not the session's
+                self.server.refusals.append(refusal)
         finally:
             self.traffic.server_s += time.perf_counter() - start
 
@@ -177,7 +187,7 @@ class _Run:
             party = self.parties[name]
             answer = self.client(name, functools.partial(act, party, message))
             if answer is not None:
-                self.upload(answer, decode, receive)
+                self.upload(stage, answer, decode, receive)
 
 
 def run_session(
@@ -189,6 +199,7 @@ def run_session(
     drop: Mapping[str, DropAfter] | None = None,
     order_seed: int = 0,
     tamper: Tamper | None = None,
+    forge: Tamper | None = None,
 ) -> LocalResult:
     """Run one session to its end, in one process.
 
@@ -201,6 +212,7 @@ def run_session(
         drop: After which stage each participant drops out (default: none do).
         order_seed: Seeds the arrival order of every stage.
         tamper: Alters what the coordinator sends (tests of a malicious coordinator).
+        forge: Alters what participants send (tests of malicious participants).
 
     Returns:
         The coordinator's sum, the participants' refusals, and the traffic.
@@ -216,12 +228,12 @@ def run_session(
         if drop.get(p) is not DropAfter.START
     }
     server = ServerSession(context, verifiers)
-    run = _Run(server, parties, drop, random.Random(order_seed), tamper)
+    run = _Run(server, parties, drop, random.Random(order_seed), tamper=tamper, forge=forge)
     get = updates if callable(updates) else updates.__getitem__
     for name in run.active("advertise"):
         advert = run.client(name, parties[name].advertise)
         if advert is not None:
-            run.upload(advert, KeyAdvert.decode, server.receive_advert)
+            run.upload("advertise", advert, KeyAdvert.decode, server.receive_advert)
     roster: KeyRoster = run.server_step(server.close_advertising)
     u1 = {a.sender for a in roster.adverts}
     run.stage(

@@ -106,7 +106,7 @@ class ParticipantSession:
             f"participant {self.me} refuses: {message}",
             stage=stage,
             participant=peer,
-            remediation="the session is closed; nothing more is revealed.",
+            remediation="The session is closed; nothing more is revealed.",
         )
 
     def _enter(self, expected: Step, stage: str, context: bytes) -> None:

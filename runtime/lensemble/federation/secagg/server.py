@@ -122,7 +122,7 @@ class ServerSession:
             f"the coordinator refuses {sender}'s message: {message}",
             stage=_NAMES[self._stage],
             participant=sender,
-            remediation="the sender is treated as dropped from this session.",
+            remediation="The sender is treated as dropped from this session.",
         )
         self.refusals.append(refusal)
         return refusal
@@ -163,7 +163,7 @@ class ServerSession:
             message,
             stage=stage,
             participants=participants,
-            remediation="the round does not commit; it is retried as a fresh attempt.",
+            remediation="The round does not commit; it is retried as a fresh attempt.",
         )
 
     def _enough(self, members: tuple[str, ...], needed: int, what: str) -> tuple[str, ...]:

@@ -91,7 +91,7 @@ class Reader:
             Reason.BAD_MESSAGE,
             f"a {self._what} message is malformed: {why}.",
             stage=self._stage,
-            remediation="the sender runs an incompatible or faulty version; it is left out.",
+            remediation="The sender runs an incompatible or faulty version; it is left out.",
         )
 
     def _take(self, count: int, field: str) -> memoryview:
