@@ -365,6 +365,9 @@ def test_a_masked_vector_of_the_wrong_length_is_refused() -> None:
     masked = s.parties[p].mask(deliveries[p], s.ups[p])
     short = dataclasses.replace(masked, vector=masked.vector[:-1])
     assert refused(lambda: s.server.receive_masked(short), Reason.WRONG_DIMENSION).participant == p
+    floats = dataclasses.replace(masked, vector=masked.vector.astype(np.float64))
+    refused(lambda: s.server.receive_masked(floats), Reason.WRONG_DIMENSION)
+    s.server.receive_masked(masked)  # the refusals changed nothing: the real one is accepted
 
 
 def test_a_participant_refuses_to_mask_a_bad_update() -> None:

@@ -260,7 +260,7 @@ class ServerSession:
             SecAggRefusal: ``wrong_dimension`` and the usual stage checks.
         """
         self._enter(Stage.MASK, masked.context, masked.sender, self._u2, self._masked)
-        if masked.vector.shape != (self.context.words,):
+        if masked.vector.dtype != np.dtype("<u8") or masked.vector.shape != (self.context.words,):
             raise self._refuse(
                 Reason.WRONG_DIMENSION,
                 masked.sender,
