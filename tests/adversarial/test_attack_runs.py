@@ -148,6 +148,7 @@ def test_the_same_check_fails_without_the_defence(
 
 
 @pytest.mark.slow
+@pytest.mark.full
 def test_the_five_seed_grid_meets_the_targets(tmp_path: Path) -> None:
     """``bench/attacks.py`` over 5 seeds (about 2 hours on 2 busy cores): issue 36's targets.
 

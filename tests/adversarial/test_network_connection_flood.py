@@ -57,7 +57,9 @@ def _is(name: str, **fields: Any) -> Any:
     [
         pytest.param(Scale(600, 200, 512, 14), id="800-connections-nofile-512"),
         pytest.param(
-            Scale(5000, 2000, 1024, 18), id="7000-connections-nofile-1024", marks=pytest.mark.slow
+            Scale(5000, 2000, 1024, 18),
+            id="7000-connections-nofile-1024",
+            marks=[pytest.mark.slow, pytest.mark.full],
         ),
     ],
 )

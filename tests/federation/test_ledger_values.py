@@ -211,6 +211,7 @@ def test_any_value_in_any_field_is_a_named_break_never_an_exception(
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.full
 @settings(max_examples=5_000, deadline=None)
 @given(**EDITS)
 def test_any_value_in_any_field_long(

@@ -208,6 +208,7 @@ def test_we_accept_only_what_the_reference_accepts() -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.full
 def test_we_accept_only_what_the_reference_accepts_long() -> None:
     accepted, looser = _looser(200_000, seed=7)
     assert not looser, _report(looser)
