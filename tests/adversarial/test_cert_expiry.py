@@ -145,8 +145,8 @@ def test_the_cli_says_it_renewed_the_ca(tmp_path: Path) -> None:
     )
     result = run_cli("certs", "init", str(tmp_path), "--config", str(REPO / "config/local.yaml"))
     assert result.code == 0, result.err
-    assert "renewed the development CA (it expired on" in result.out
-    assert "reused" not in result.out
+    assert "renewed the development CA (it expired on" in result.err  # status: stderr
+    assert "reused" not in result.err
 
 
 def test_an_expired_own_certificate_is_refused_at_start_naming_field_and_date(

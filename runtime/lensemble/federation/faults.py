@@ -1,6 +1,7 @@
 """Fault plans for the in-process transport: drop, delay, reorder, duplicate, corrupt, ...
 
-The kinds are drop, delay, reorder, duplicate, corrupt, poison and rank_kill.
+The kinds are drop, delay, reorder, duplicate, corrupt, poison and rank_kill
+(:mod:`lensemble.federation.fault_kinds`, where help text finds them too).
 
 A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
 
@@ -16,7 +17,7 @@ A plan is a comma-separated list (``--faults`` on ``lensemble simulate``)::
     rank_kill:alpine@2=3   ... rank 3 dies
 
 Rounds are 0-based. ``rank_kill`` is the one kind a participant process applies to itself
-(:data:`PARTICIPANT_KINDS`), so it also reaches the processes of a network run
+(``fault_kinds.PARTICIPANT_KINDS``), so it also reaches the processes of a network run
 (``lensemble participant --faults``); every other kind is the in-process transport's.
 Faults change which participants contribute (and ``poison`` what one of
 them sends, as a compromised participant would); they never change how the coordinator reduces
@@ -31,20 +32,24 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import UsageError
+from lensemble.federation.fault_kinds import (
+    ALIASES,
+    FAULT_KINDS,
+    PARTICIPANT_KINDS,
+    examples,
+    kind_names,
+)
 from lensemble.federation.payload import bytes_hash, decode, encode
 from lensemble.federation.quantization import SCALE_SUFFIX
 
 _FAULT = re.compile(
-    r"^(?P<kind>drop|delay|late|duplicate|corrupt|reorder|poison|rank_kill)"
+    rf"^(?P<kind>{'|'.join(kind_names())})"
     r"(?::(?P<pid>[a-z0-9]([-a-z0-9]*[a-z0-9])?))?"
     r"@(?P<round>\d+)(?:\.(?P<attempt>\d+))?(?:=(?P<value>[^,=@]+))?$"
 )
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
-_NEEDS_PARTICIPANT = {"drop", "delay", "late", "duplicate", "corrupt", "poison", "rank_kill"}
+_NEEDS_PARTICIPANT = {kind.name for kind in FAULT_KINDS if kind.participant}
 _RANK = re.compile(r"^\d+$")
-#: Fault kinds a participant applies to itself (over the network too); the others happen in
-#: the in-process transport.
-PARTICIPANT_KINDS = frozenset({"rank_kill"})
 
 
 @dataclass(frozen=True)
@@ -157,11 +162,9 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
         if m is None:
             raise UsageError(
                 f"--faults entry '{raw}' is not valid;",
-                remediation="write e.g. drop:alpine@3, delay:coastal@5, reorder@2, "
-                "duplicate:delta@4, corrupt:delta@4, poison:delta@4=1e4 or rank_kill:alpine@2 "
-                "(rounds are 0-based).",
+                remediation=f"write e.g. {examples()} (rounds are 0-based).",
             )
-        kind = "delay" if m["kind"] == "late" else m["kind"]
+        kind = ALIASES.get(m["kind"], m["kind"])
         pid = m["pid"]
         if (kind in _NEEDS_PARTICIPANT) != (pid is not None):
             need = "needs a participant, as in" if pid is None else "takes no participant, as in"

@@ -123,7 +123,8 @@ class RankGroupLearner:
             self.failures += 1
             if self.failures > self.layout.max_restarts:
                 raise RankGroupExhausted(
-                    f"participant '{self.participant_id}' lost {self.failures} rounds to dead "
+                    f"participant '{self.participant_id}' lost {self.failures} "
+                    f"{'round' if self.failures == 1 else 'rounds'} to dead "
                     f"ranks, more than max_restarts={self.layout.max_restarts};",
                     remediation="look at the ranks' errors, then raise max_restarts of its "
                     "rank layout or fix the node.",

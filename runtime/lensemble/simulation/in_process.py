@@ -27,7 +27,12 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.participant import Participant
 from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
-from lensemble.simulation.output import append_metrics, fresh_output, recover_metrics
+from lensemble.simulation.output import (
+    append_metrics,
+    fresh_output,
+    read_round_metrics,
+    recover_metrics,
+)
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
 
 
@@ -155,6 +160,7 @@ def _run(
         output_dir=out,
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
+        history=read_round_metrics(out),  # with the rounds before a resume: the best rounds
     )
 
 
