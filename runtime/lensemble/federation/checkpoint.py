@@ -29,6 +29,7 @@ from lensemble.durable import atomic_write, check_free_space
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.checkpoint_audit import (
     MOMENTUM_PREFIX,
+    mac_refusal,
     recorded_version_of,
     require_momentum,
     require_recorded_version,
@@ -241,11 +242,7 @@ class CheckpointStore:
                 remediation="restore it from a backup or start a new run folder.",
             )
         if self.signer is not None and not self.signer.verify(recomputed, meta.get("mac", "")):
-            raise IntegrityError(
-                f"checkpoint {path} is not signed by the run's key ({self.signer.key_id});",
-                remediation="it was written by someone without the key: restore it from a "
-                "backup or start a new run folder.",
-            )
+            raise mac_refusal(path, meta, self.signer)
         return ckpt
 
 
