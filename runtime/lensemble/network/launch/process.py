@@ -32,6 +32,7 @@ from lensemble.learner import Learner
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.download_server import start_model_download
 from lensemble.network.coordinator.round_events import CoordinatorEvents
+from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_certificates
@@ -114,6 +115,7 @@ def _serve_coordinator(
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = download = None
+    round_log = RoundLog()  # round events in causal order, though commits are written behind
     torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
@@ -128,7 +130,7 @@ def _serve_coordinator(
             theta0,
             output_dir=Path(config.run.output_dir),
             resume=True,
-            observer=CoordinatorEvents(harness.metrics, fed.quorum),
+            observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now
         if coordinator.version > 0:
@@ -141,7 +143,7 @@ def _serve_coordinator(
                 model_hash=coordinator.model_hash,
             )
         transport = GrpcCoordinatorTransport(
-            config, next_round=coordinator.version, metrics=harness.metrics
+            config, next_round=coordinator.version, metrics=harness.metrics, round_log=round_log
         )
         authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
         server, port = start_coordinator_server(
@@ -171,6 +173,7 @@ def _serve_coordinator(
             harness.linger()
         return summary
     finally:
+        round_log.release()  # a failed commit's successors, after the error that ended the run
         harness.health.set_ready(False)
         if download is not None:
             download.stop()
