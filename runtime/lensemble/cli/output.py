@@ -80,8 +80,7 @@ def require_folder(path: Path | None, flag: str) -> None:
         return
     if str(path) == STDOUT or is_stream(path):
         raise UsageError(
-            f"{flag} {path} names a stream, but this command writes several files into a "
-            "folder;",
+            f"{flag} {path} names a stream, but this command writes several files into a folder;",
             remediation=f"pass a folder to {flag}.",
         )
 

@@ -110,12 +110,16 @@ class NetworkConfig(_Section):
     )
     rpc_timeout_s: float = Field(
         30.0,
-        gt=0.0,
-        description="Deadline of every unary RPC and of each streamed chunk (seconds). Must be "
-        "below federation.round_timeout_s.",
+        ge=0.5,
+        description="Deadline of every unary RPC and of each streamed chunk (seconds); at least "
+        "0.5 s (a TLS handshake alone can take longer than a shorter one, and every call would "
+        "fail). Must be below federation.round_timeout_s.",
     )
     connect_backoff_max_s: float = Field(
-        10.0, gt=0.0, description="Cap of the exponential reconnect backoff (seconds)."
+        10.0,
+        gt=0.0,
+        description="Cap of the exponential reconnect backoff (seconds); at most "
+        "federation.join_timeout_s.",
     )
     metrics_port: int = Field(
         9090, ge=1, le=65535, description="Prometheus /metrics HTTP port (TCP)."

@@ -5,6 +5,10 @@ The participant command (``lensemble participant`` or the in-process simulation)
 on this node, meets the other nodes at the c10d rendezvous
 (``LENSEMBLE_RENDEZVOUS_HOST:rendezvous_port``; node rank ``LENSEMBLE_NODE_RANK`` 0 hosts it),
 restarts the group within ``max_restarts`` when a rank dies, and returns when every rank has.
+A one-node group has no other node to meet: its rendezvous takes a free loopback port for each
+launch (as ``torchrun --standalone`` does), so several multi-rank participants on one host
+(the local network launcher, processes started by hand) never compete for ``rendezvous_port``,
+which only a multi-node group uses.
 
 Every launch has its own rendezvous id. On one node it is made up on the spot; on several,
 node 0 names it on its :class:`LaunchBoard` and the other nodes read it there. A rendezvous id
@@ -236,7 +240,7 @@ def launch_round(
         nproc_per_node=layout.processes_per_node,
         run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
+        rdzv_endpoint=f"{host}:{rendezvous_port(layout)}",
         rdzv_configs={"is_host": node_rank(layout) == 0},
         rdzv_timeout=max(1, math.ceil(rendezvous_timeout_s)),
         max_restarts=layout.max_restarts,
@@ -272,6 +276,16 @@ def launch_round(
         # in a reference cycle and keep the port: free it now rather than at some later time.
         gc.collect()
     return deaths.deaths
+
+
+def rendezvous_port(layout: RankLayout) -> int:
+    """The TCP port a launch's c10d rendezvous listens on: ``rendezvous_port`` across nodes.
+
+    A one-node group's ranks all run on this host, so it takes a free port (0: the store
+    binds one) and no two groups on one host can clash; the other nodes of a multi-node group
+    must know the port, so it is the layout's.
+    """
+    return layout.rendezvous_port if layout.nodes > 1 else 0
 
 
 def _restore(saved: dict[signal.Signals, Any]) -> None:
