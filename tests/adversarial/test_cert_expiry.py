@@ -195,3 +195,20 @@ def test_a_certificate_not_yet_valid_is_refused(tmp_path: Path) -> None:
 def test_tls_off_checks_nothing(tmp_path: Path) -> None:
     config = validate_mapping({"network": {"tls": {"enabled": False}}})
     assert check_tls_files(config, "coordinator") == []
+
+
+def test_development_certificates_accept_a_clock_a_few_hours_behind(tmp_path: Path) -> None:
+    # Issue 41, item 16: backdated 5 minutes only, they were "not valid before" on a machine
+    # whose clock was a little behind the one that issued them.
+    from lensemble.network.shared.certs import CLOCK_SKEW, check_validity
+
+    init_certs(tmp_path, _config(tmp_path))
+    now = dt.datetime.now(dt.UTC)
+    behind = now - dt.timedelta(hours=12)
+    for identity in ("coordinator", "alpha"):
+        leaf = _leaf(tmp_path / identity / "tls.crt")
+        assert leaf.not_valid_before_utc <= now - CLOCK_SKEW + dt.timedelta(minutes=1)
+        leaf.verify_directly_issued_by(_leaf(tmp_path / "ca.crt"))
+        for name, field in (("tls.crt", "cert_file"), ("ca.crt", "ca_file")):
+            path = tmp_path / identity / name
+            assert check_validity(path, field, warn_within_days=30, now=behind) == []

@@ -639,7 +639,11 @@ class Coordinator:
         }
         for key, value in expected_meta.items():
             if meta.get(key) != value:
-                reason = Reason.CLOSED_ROUND if key in ("round", "attempt") else Reason.BAD_PAYLOAD
+                # Only a well-formed other round or attempt is a closed one; missing or garbled
+                # round metadata is a malformed payload (issue 41).
+                number = meta.get(key, "")
+                other = key in ("round", "attempt") and number.isascii() and number.isdigit()
+                reason = Reason.CLOSED_ROUND if other else Reason.BAD_PAYLOAD
                 return self._verdict(
                     reason, f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}."
                 )
