@@ -67,7 +67,7 @@ class NetworkConfig(_Section):
         le=65535,
         description="Coordinator port (TCP) of the model download: each round's model payload "
         "over a TLS socket of its own, beside gRPC, with the same certificates, authentication "
-        "and limits (gRPC's FetchModel ran at 0.7x a raw TLS socket on loopback). Participants "
+        "and limits, faster than gRPC's FetchModel (docs/performance.md). Participants "
         "fall back to gRPC FetchModel when it cannot be reached; null serves and uses FetchModel "
         "only.",
     )

@@ -156,7 +156,9 @@ def _serve_coordinator(
         )
         download = start_model_download(transport, authenticator, config, port=net.download_port)
         harness.health.set_ready(True)
-        harness.announce_ready(f"{net.listen_host}:{port}")
+        harness.announce_ready(
+            f"{net.listen_host}:{port}", download.port if download is not None else None
+        )
         summary = harness.supervise(
             lambda: coordinator.run(transport), transport.request_stop, net.rpc_timeout_s
         )
@@ -238,7 +240,7 @@ def run_participant(
         def on_ready(ready: bool) -> None:
             harness.health.set_ready(ready)
             if ready:
-                harness.announce_ready(client.target)
+                harness.announce_ready(client.target, client.download_port)
 
         loop = ParticipantLoop(
             config, participant, client, stop=harness.stop, on_ready=on_ready, faults=own
