@@ -48,6 +48,39 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+#: How the elastic agent starts a round's ranks. ``forkserver``: from a server process that
+#: imported torch and the rank code once (:data:`PRELOAD`), so a rank starts in a fork instead
+#: of a fresh interpreter importing torch every round, which ``spawn`` did (seconds per rank and
+#: round, tens of seconds under load: docs/performance.md#rank-groups-in-process). The server
+#: is a clean interpreter, never a fork of this process and its threads. It keeps the
+#: environment of the process at its first launch; the variables the ranks read
+#: (``LENSEMBLE_NODE_RANK``, ``LENSEMBLE_RENDEZVOUS_HOST``) are set before a process starts.
+START_METHOD = "forkserver"
+
+#: Modules the fork server imports once, before it forks any rank (a missing one is skipped).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.elastic.multiprocessing.api",
+    # What a rank's first FSDP2 wrap and optimizer step import lazily (about 280 modules, 2 to
+    # 5 s a rank under load when each fork imported them again), and the environments the
+    # participant's data cache names.
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.onnx",
+    "gymnasium",
+    "gymnasium.envs.classic_control",
+    "safetensors.torch",
+    "lensemble.config",
+    "lensemble.data.trajectories",
+    "lensemble.model.worldmodel",
+    "lensemble.model.inner_loop",
+    "lensemble.ranks.sharded_loss",
+    "lensemble.ranks.worker",
+)
 #: Key on node 0's board: the rendezvous id of the launch node 0 is about to make.
 _NEXT_LAUNCH = "lensemble/next-launch"
 #: What :func:`new_run_id` makes (participant ids are short slugs).
@@ -234,6 +267,8 @@ def launch_round(
     from lensemble.ranks.worker import rank_main
 
     host = rendezvous_host()
+    if START_METHOD == "forkserver":
+        _preload_fork_server()
     config = LaunchConfig(
         min_nodes=layout.nodes,
         max_nodes=layout.nodes,
@@ -245,7 +280,7 @@ def launch_round(
         rdzv_timeout=max(1, math.ceil(rendezvous_timeout_s)),
         max_restarts=layout.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
     # The agent installs its own handlers for these signals in the main thread and leaves them
     # there: put ours back, and hand a signal that arrived during the launch to them.
@@ -272,10 +307,34 @@ def launch_round(
         for logger in loggers:
             logger.removeFilter(deaths)
         _restore(saved)
-        # The agent's rendezvous store (a server thread in this process) can outlive the launch
-        # in a reference cycle and keep the port: free it now rather than at some later time.
-        gc.collect()
+        if layout.nodes > 1:
+            # The agent's rendezvous store (a server thread in this process) can outlive the
+            # launch in a reference cycle and keep the port the next launch needs: free it now
+            # rather than at some later time. A one-node group's store took a free port and no
+            # launch needs it again; a full collection of a large process costs 0.5 to 0.9 s
+            # (docs/performance.md#rank-groups-in-process).
+            gc.collect()
     return deaths.deaths
+
+
+def _preload_fork_server() -> None:
+    """Name what the fork server imports; it takes effect when the server first starts."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap the participant's other work.
+
+    Idempotent; the first launch waits for the server's imports only if they are not done.
+    """
+    if START_METHOD != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    _preload_fork_server()
+    forkserver.ensure_running()
 
 
 def rendezvous_port(layout: RankLayout) -> int:
