@@ -132,6 +132,7 @@ class AwsStack(pulumi.ComponentResource):
         if record_key is not None:
             self.deployment.extra["runRecordKeyArn"] = record_key.key_arn
             self.deployment.extra["runRecordAuditorRoleArn"] = record_key.auditor_role_arn
+            self.deployment.extra["runRecordBreakGlassRoleArn"] = record_key.break_glass_role_arn
         self.register_outputs({"clusterName": cluster.name, "region": target.region})
 
     def _child(self, **more: Any) -> pulumi.ResourceOptions:

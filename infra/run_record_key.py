@@ -5,7 +5,11 @@ coordinator's environment names it (``LENSEMBLE_LEDGER_KMS_KEY_ID``; docs/run-re
 key policy splits the two uses: only the coordinator's Pod Identity role may call
 ``kms:GenerateMac`` (it re-computes a MAC to check its own ledger on resume, HMAC being
 deterministic), and only the auditor role may call ``kms:VerifyMac``; explicit denies keep every
-other principal, grants included, from either. The account keeps administering the key.
+other principal, grants included, from either. The account keeps administering the key, except
+for its policy: only a break-glass role, assumed with MFA, may change it (``kms:PutKeyPolicy``),
+so no key administrator can quietly give itself the right to sign. KMS refuses to create a key
+whose policy its creator could not change afterwards unless told to bypass that check, which
+this key does on purpose; a later change of the policy runs with the break-glass role.
 """
 
 from __future__ import annotations
@@ -21,11 +25,23 @@ from infra.trust_domain import KEY_ADMIN_ACTIONS, pod_identity_trust_policy
 
 __all__ = ["RunRecordKey", "RunRecordKeyArgs", "mac_key_policy"]
 
+#: What the account's key administrators may do: everything they do on other keys but change
+#: the key policy, which is the break-glass role's alone.
+RECORD_KEY_ADMIN_ACTIONS = tuple(a for a in KEY_ADMIN_ACTIONS if a != "kms:PutKeyPolicy")
+#: What the break-glass role may do on the key: read and replace its policy.
+BREAK_GLASS_ACTIONS = ("kms:DescribeKey", "kms:GetKeyPolicy", "kms:PutKeyPolicy")
+
 
 def mac_key_policy(
-    account_id: str, coordinator_role_arn: str, auditor_role_arn: str, partition: Partition
+    account_id: str,
+    coordinator_role_arn: str,
+    auditor_role_arn: str,
+    partition: Partition,
+    break_glass_role_arn: str,
 ) -> str:
     """Key policy: coordinator GenerateMac only, auditors VerifyMac only, the account administers.
+
+    Only the break-glass role may change the policy itself (``kms:PutKeyPolicy``).
 
     Returns:
         The policy document (JSON).
@@ -38,8 +54,23 @@ def mac_key_policy(
                     "Sid": "AccountAdministersKey",
                     "Effect": "Allow",
                     "Principal": {"AWS": partition.account_root(account_id)},
-                    "Action": list(KEY_ADMIN_ACTIONS),
+                    "Action": list(RECORD_KEY_ADMIN_ACTIONS),
                     "Resource": "*",
+                },
+                {
+                    "Sid": "BreakGlassChangesThePolicy",
+                    "Effect": "Allow",
+                    "Principal": {"AWS": break_glass_role_arn},
+                    "Action": list(BREAK_GLASS_ACTIONS),
+                    "Resource": "*",
+                },
+                {
+                    "Sid": "NobodyElseChangesThePolicy",
+                    "Effect": "Deny",
+                    "Principal": {"AWS": "*"},
+                    "Action": ["kms:PutKeyPolicy"],
+                    "Resource": "*",
+                    "Condition": {"ArnNotEquals": {"aws:PrincipalArn": break_glass_role_arn}},
                 },
                 {
                     "Sid": "CoordinatorSignsTheRunRecord",
@@ -87,6 +118,8 @@ class RunRecordKeyArgs:
         namespace: The coordinator's namespace.
         service_account: The coordinator's service account.
         auditor_principals: ARNs that may assume the auditor role (default: the account root).
+        break_glass_principals: ARNs that may assume the break-glass role, with MFA (default:
+            the account root, i.e. whoever its IAM policies allow).
         tags: Tags of every resource.
     """
 
@@ -96,6 +129,7 @@ class RunRecordKeyArgs:
     namespace: str
     service_account: str
     auditor_principals: tuple[str, ...] = ()
+    break_glass_principals: tuple[str, ...] = ()
     tags: dict[str, str] | None = None
 
 
@@ -106,6 +140,7 @@ class RunRecordKey(pulumi.ComponentResource):
         key_arn: The key (``LENSEMBLE_LEDGER_KMS_KEY_ID`` of the coordinator and auditors).
         coordinator_role_arn: Role the coordinator's Pod Identity assumes.
         auditor_role_arn: Role auditors assume to run ``lensemble verify``.
+        break_glass_role_arn: The only role that may change the key's policy (with MFA).
     """
 
     def __init__(
@@ -125,28 +160,23 @@ class RunRecordKey(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-        auditors = caller.account_id.apply(
-            lambda account: list(args.auditor_principals) or [args.partition.account_root(account)]
-        )
-        auditor = aws.iam.Role(
+        auditor = _assumable_role(
             f"{name}-auditor",
-            description=f"Auditors of run {args.run_name}: verify its run record",
-            assume_role_policy=auditors.apply(
-                lambda principals: json.dumps(
-                    {
-                        "Version": "2012-10-17",
-                        "Statement": [
-                            {
-                                "Effect": "Allow",
-                                "Principal": {"AWS": principals},
-                                "Action": "sts:AssumeRole",
-                            }
-                        ],
-                    }
-                )
-            ),
-            tags=args.tags,
+            f"Auditors of run {args.run_name}: verify its run record",
+            args.auditor_principals,
+            args,
+            account_id=caller.account_id,
             opts=child,
+        )
+        break_glass = _assumable_role(
+            f"{name}-break-glass",
+            f"Break glass of run {args.run_name}: the only role that may change the run-record "
+            "key's policy",
+            args.break_glass_principals,
+            args,
+            account_id=caller.account_id,
+            opts=child,
+            mfa=True,
         )
         key = aws.kms.Key(
             f"{name}-mac",
@@ -154,9 +184,16 @@ class RunRecordKey(pulumi.ComponentResource):
             key_usage="GENERATE_VERIFY_MAC",
             customer_master_key_spec="HMAC_256",
             deletion_window_in_days=30,
-            policy=pulumi.Output.all(caller.account_id, coordinator.arn, auditor.arn).apply(
-                lambda parts: mac_key_policy(parts[0], parts[1], parts[2], args.partition)
+            policy=pulumi.Output.all(
+                caller.account_id, coordinator.arn, auditor.arn, break_glass.arn
+            ).apply(
+                lambda parts: mac_key_policy(
+                    parts[0], parts[1], parts[2], args.partition, break_glass_role_arn=parts[3]
+                )
             ),
+            # The creator is not the break-glass role, so it cannot change this policy after:
+            # that is the point, and KMS creates such a key only when told to.
+            bypass_policy_lockout_safety_check=True,
             tags=args.tags,
             opts=child,
         )
@@ -171,10 +208,47 @@ class RunRecordKey(pulumi.ComponentResource):
         self.key_arn = key.arn
         self.coordinator_role_arn = coordinator.arn
         self.auditor_role_arn = auditor.arn
+        self.break_glass_role_arn = break_glass.arn
         self.register_outputs(
             {
                 "key_arn": self.key_arn,
                 "coordinator_role_arn": self.coordinator_role_arn,
                 "auditor_role_arn": self.auditor_role_arn,
+                "break_glass_role_arn": self.break_glass_role_arn,
             }
         )
+
+
+def _assumable_role(
+    name: str,
+    description: str,
+    principals: tuple[str, ...],
+    args: RunRecordKeyArgs,
+    *,
+    account_id: pulumi.Output[str],
+    opts: pulumi.ResourceOptions,
+    mfa: bool = False,
+) -> aws.iam.Role:
+    """A role ``principals`` may assume (the account root when none), with MFA when ``mfa``."""
+    trusted = account_id.apply(
+        lambda account: list(principals) or [args.partition.account_root(account)]
+    )
+    return aws.iam.Role(
+        name,
+        description=description,
+        assume_role_policy=trusted.apply(lambda arns: _assumable_by(arns, mfa=mfa)),
+        tags=args.tags,
+        opts=opts,
+    )
+
+
+def _assumable_by(principals: list[str], *, mfa: bool = False) -> str:
+    """A role trust policy: ``principals`` may assume it (with MFA when ``mfa``)."""
+    statement: dict[str, object] = {
+        "Effect": "Allow",
+        "Principal": {"AWS": principals},
+        "Action": "sts:AssumeRole",
+    }
+    if mfa:
+        statement["Condition"] = {"Bool": {"aws:MultiFactorAuthPresent": "true"}}
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})

@@ -14,16 +14,27 @@ and plain ``pytest`` (CI) runs all of them:
 A test's tier comes from an explicit ``@pytest.mark.<tier>`` (on the test, class or module), else
 from :data:`TIER_BY_PATH`, else ``unit``. A file whose default tier is not ``unit`` holds no unit
 test, so ``-m unit`` does not even import it. The engine markers (docker, kind, netns, online,
-worldmodel) and ``slow`` say what else a test needs; none of them is allowed in the unit tier.
-``tests/test_tiers.py`` checks all of this.
+worldmodel), ``slow`` and ``full`` say what else a test needs; none of them is allowed in the
+unit tier. ``tests/test_tiers.py`` checks all of this.
+
+Tests run in parallel (pytest-xdist, ``-n auto --dist loadscope`` in ``pyproject.toml``) on
+:func:`pytest_xdist_auto_num_workers` workers. Each test file runs on one worker (its module
+fixtures and caches are built once), and the files holding the slowest tests go out first
+(:func:`run_order`), so no long file starts last. Every test holds a share of the machine; a
+test that needs it alone (a Compose stack) waits for the others (:mod:`tests.support.machine`).
+``full`` marks the full form of a suite that every run has in a smaller form; it runs only with
+``LENSEMBLE_FULL_SUITES=1`` (:data:`FULL_SUITES_ENV`).
 """
 
 from __future__ import annotations
 
+import os
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+
+from tests.support import machine
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -59,7 +70,15 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
 )
 
 #: Markers that never go with the unit tier: what they need is not in a quick loop.
-NOT_UNIT = ("slow", "docker", "kind", "netns", "online", "gpu")
+NOT_UNIT = ("slow", "full", "docker", "kind", "netns", "online", "gpu")
+
+#: Set to 1 to run the ``full`` tests: the full forms of suites every run has in a smaller form.
+FULL_SUITES_ENV = "LENSEMBLE_FULL_SUITES"
+
+#: Parallel workers per CPU core under ``-n auto``: most heavy tests wait on child processes,
+#: sockets or sleeps, so more workers than cores keep the cores busy (docs/performance.md). The
+#: unit tier alone computes in this process: one worker per core.
+WORKERS_PER_CORE = 2
 
 #: Node id -> (its tier markers, its file's default tier, its NOT_UNIT markers) for the whole
 #: collection, kept before ``-m`` deselects anything (checked by ``tests/test_tiers.py``).
@@ -89,9 +108,61 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def full_suites() -> bool:
+    """Whether this run includes the ``full`` tests (``LENSEMBLE_FULL_SUITES=1``)."""
+    return os.environ.get(FULL_SUITES_ENV, "") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On a parallel worker, share the machine with the other workers (:mod:`tests.support.machine`)."""
+    if hasattr(config, "workerinput") and config.option.basetemp:
+        # The workers' temp folders are subfolders of the run's: the lock files go there.
+        machine.open_locks(Path(config.option.basetemp).parent)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Run every test (setup, call, teardown) holding its worker's share of the machine."""
+    with machine.shared():
+        return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers of ``-n auto``: :data:`WORKERS_PER_CORE` per core this process may use."""
+    cores = len(os.sched_getaffinity(0))
+    return cores if config.option.markexpr.strip() == "unit" else WORKERS_PER_CORE * cores
+
+
+def run_order(item: pytest.Item) -> tuple[int, int]:
+    """Sort key that puts slow tests first, then e2e, integration and unit (lowest first)."""
+    names = {m.name for m in item.iter_markers()}
+    tier = next((i for i, t in enumerate(reversed(TIERS)) if t in names), len(TIERS))
+    return (0 if "slow" in names else 1, tier)
+
+
+def scope_of(item: pytest.Item) -> str:
+    """What ``--dist loadscope`` hands to one worker: the test's file, or its class."""
+    return item.nodeid.rsplit("::", 1)[0]
+
+
+def sort_scopes(items: list[pytest.Item]) -> None:
+    """Order ``items`` by the :func:`run_order` of their scope's first test, file order within."""
+    first: dict[str, tuple[int, int]] = {}
+    for item in items:
+        scope = scope_of(item)
+        first[scope] = min(first.get(scope, run_order(item)), run_order(item))
+    items.sort(key=lambda item: first[scope_of(item)])
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test without an explicit tier its file's default tier, before ``-m`` runs."""
+    """Give every test without an explicit tier its file's default tier, before ``-m`` runs.
+
+    Also skips the ``full`` tests unless :func:`full_suites`, and on a parallel worker puts the
+    files of the heaviest tests first (:func:`sort_scopes`): the scheduler hands them out in
+    this order.
+    """
     collected: Collected = {}
     for item in items:
         if not any(m.name in TIERS for m in item.iter_markers()):
@@ -102,7 +173,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             default_tier(item.path),
             tuple(m for m in NOT_UNIT if m in names),
         )
+        if "full" in names and not full_suites():
+            reason = f"the full form of a suite run here in a smaller form: {FULL_SUITES_ENV}=1"
+            item.add_marker(pytest.mark.skip(reason=reason))
     config.stash[COLLECTED] = collected
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike
+        sort_scopes(items)
 
 
 @pytest.fixture

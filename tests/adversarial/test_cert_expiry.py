@@ -77,9 +77,10 @@ def _leaf(path: Path) -> x509.Certificate:
 def _verifies(root: Path, identity: str) -> None:
     ca, leaf = _leaf(root / "ca.crt"), _leaf(root / identity / "tls.crt")
     leaf.verify_directly_issued_by(ca)
+    now = dt.datetime.now(dt.UTC)  # not NOW: the test may run long after this file was imported
     for cert in (ca, leaf):
-        assert cert.not_valid_before_utc <= NOW + dt.timedelta(minutes=1)
-        assert cert.not_valid_after_utc > NOW
+        assert cert.not_valid_before_utc <= now + dt.timedelta(minutes=1)
+        assert cert.not_valid_after_utc > now
     assert leaf.not_valid_after_utc <= ca.not_valid_after_utc
 
 

@@ -14,7 +14,7 @@ import struct
 import pytest
 import torch
 
-from lensemble.federation import coordinator as coordinator_module
+from lensemble.federation import admission as admission_module
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.messages import Reason, RoundOpening, Submission
 from lensemble.federation.payload import bytes_hash, encode, manifest
@@ -26,7 +26,7 @@ def open_coordinator(**federation: object) -> Coordinator:
     """A coordinator collecting round 0 (as ``run_attempt`` opens it)."""
     coordinator = Coordinator(small_config(**federation), initial_params())
     opening = RoundOpening(0, 0, 0, coordinator.model_hash, 1e9)
-    coordinator._collection = coordinator_module._Collection(opening, coordinator.expected)
+    coordinator.admission.open(opening)
     return coordinator
 
 
@@ -118,11 +118,11 @@ def test_an_unforeseen_exception_is_rejected_not_raised(
     def broken(*args: object, **kwargs: object) -> None:
         raise RecursionError("a parser bug nobody foresaw")
 
-    monkeypatch.setattr(coordinator_module, "decode", broken)
+    monkeypatch.setattr(admission_module, "decode", broken)
     verdict = coordinator.accept(Submission("alpha", 0, b"x" * 16, bytes_hash(b"x" * 16), 0))
     assert verdict.reason == Reason.BAD_PAYLOAD
     assert "RecursionError" in verdict.message
-    assert coordinator.rejections["bad_payload"] == 1
+    assert coordinator.admission.rejections["bad_payload"] == 1
     assert "a bug" in caplog.text
 
 
@@ -156,8 +156,8 @@ def test_self_reported_statistics_are_bounded(
     coordinator = open_coordinator()
     payload = valid_payload(coordinator, mean_loss=mean_loss, compute_s=compute_s)
     assert judge(coordinator, payload) == Reason.ACCEPTED
-    assert coordinator._collection is not None
-    assert coordinator._collection.reported["alpha"] == expected
+    assert coordinator.admission.collection is not None
+    assert coordinator.admission.collection.reported["alpha"] == expected
 
 
 def test_an_int8_scale_above_the_bound_is_out_of_bounds() -> None:
@@ -170,7 +170,11 @@ def test_an_int8_scale_above_the_bound_is_out_of_bounds() -> None:
     payload = encode(wire, metadata(coordinator))
     assert judge(coordinator, payload) == Reason.OUT_OF_BOUNDS
     assert fed.robustness.max_int8_scale < 2.6e36
-    details = coordinator._collection.details["alpha"] if coordinator._collection else ""
+    details = (
+        coordinator.admission.collection.details["alpha"]
+        if coordinator.admission.collection
+        else ""
+    )
     assert "max_int8_scale" in details
 
 
@@ -179,7 +183,7 @@ def test_headers_are_bounded_relative_to_the_model() -> None:
     padded = valid_payload(coordinator)
     (length,) = struct.unpack("<Q", padded[:8])
     header = json.loads(padded[8 : 8 + length])
-    text = json.dumps(header).encode() + b" " * coordinator.max_header_bytes
+    text = json.dumps(header).encode() + b" " * coordinator.admission.max_header_bytes
     assert judge(coordinator, raw(text, padded[8 + length :])) == Reason.BAD_PAYLOAD
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.render.chart_values import NetworkPolicyValues
-from lensemble.render.k8s_policy import covers_every_address, violations
+from lensemble.render.k8s_policy import violations
+from lensemble.render.policy_reach import covers_every_address
 from tests.k8s.renders import config_of, render
 
 CONFIG = validate_mapping({})
@@ -132,3 +133,140 @@ def test_the_download_port_is_admitted_only_where_grpc_is(case: str) -> None:
     assert with_download == (with_grpc if net.download_port is not None else [])
     for rule in with_grpc:
         assert len(rule["ports"]) == (1 if net.download_port is None else 2)
+
+
+# ------------------------------------------------------------------ the union of all policies
+def _pod(name: str, labels: dict[str, str], namespace: str = "ns") -> dict[str, Any]:
+    return {
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"metadata": {"labels": labels}, "spec": {"containers": []}}},
+    }
+
+
+def _selecting(
+    name: str, selector: dict[str, Any], *peers: dict[str, Any], direction: str = "egress"
+) -> dict[str, Any]:
+    doc = _policy(*peers, direction=direction)
+    doc["metadata"]["name"] = name
+    doc["spec"]["podSelector"] = selector
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("halves", "direction"),
+    [
+        (("0.0.0.0/1", "128.0.0.0/1"), "egress"),
+        (("0.0.0.0/1", "128.0.0.0/1"), "ingress"),
+        (("::/1", "8000::/1"), "egress"),
+    ],
+)
+def test_ranges_split_over_two_policies_that_select_one_pod_are_open(
+    halves: tuple[str, str], direction: str
+) -> None:
+    pod = _pod("coordinator", {"app": "lensemble", "role": "coordinator"})
+    first = _selecting(
+        "a",
+        {"matchLabels": {"role": "coordinator"}},
+        {"ipBlock": {"cidr": halves[0]}},
+        direction=direction,
+    )
+    second = _selecting("b", {}, {"ipBlock": {"cidr": halves[1]}}, direction=direction)
+    assert _open_rules(first) == [] and _open_rules(second) == []  # each alone is narrow
+    found = [
+        v
+        for v in violations([pod, first, second], CONFIG)
+        if v.startswith("no-open-networkpolicy-rule")
+    ]
+    assert len(found) == 1, found
+    assert "Deployment/coordinator in ns" in found[0] and direction in found[0]
+    assert "NetworkPolicy/a in ns" in found[0] and "NetworkPolicy/b in ns" in found[0]
+
+
+def test_ranges_split_over_policies_that_select_different_pods_are_not_open() -> None:
+    docs = [
+        _pod("coordinator", {"role": "coordinator"}),
+        _pod("participant", {"role": "participant"}),
+        _selecting(
+            "a", {"matchLabels": {"role": "coordinator"}}, {"ipBlock": {"cidr": "0.0.0.0/1"}}
+        ),
+        _selecting(
+            "b", {"matchLabels": {"role": "participant"}}, {"ipBlock": {"cidr": "128.0.0.0/1"}}
+        ),
+        # Another namespace's policy never selects these pods.
+        _selecting("c", {}, {"ipBlock": {"cidr": "128.0.0.0/1"}})
+        | {"metadata": {"name": "c", "namespace": "other"}},
+    ]
+    assert [v for v in violations(docs, CONFIG) if v.startswith("no-open-networkpolicy-rule")] == []
+
+
+def test_a_pod_selector_with_expressions_is_matched_as_kubernetes_does() -> None:
+    pod = _pod("coordinator", {"role": "coordinator", "tier": "core"})
+    exists = {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}
+    not_in = {"matchExpressions": [{"key": "role", "operator": "NotIn", "values": ["participant"]}]}
+    elsewhere = {"matchExpressions": [{"key": "role", "operator": "In", "values": ["participant"]}]}
+    first = _selecting("a", exists, {"ipBlock": {"cidr": "0.0.0.0/1"}})
+    second = _selecting("b", not_in, {"ipBlock": {"cidr": "128.0.0.0/1"}})
+    assert _union_problems([pod, first, second])
+    second["spec"]["podSelector"] = elsewhere
+    assert _union_problems([pod, first, second]) == []
+
+
+def _union_problems(docs: list[dict[str, Any]]) -> list[str]:
+    return [v for v in violations(docs, CONFIG) if v.startswith("no-open-networkpolicy-rule")]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "Exists"}]},
+        {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]},
+        {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system"],
+                }
+            ]
+        },
+        {
+            "matchExpressions": [{"key": "team", "operator": "In", "values": []}]
+        },  # invalid: no value
+        {"matchLabels": {}, "matchExpressions": []},
+    ],
+)
+def test_a_namespace_selector_that_names_no_namespace_is_every_namespace(
+    selector: dict[str, Any],
+) -> None:
+    for peer in (
+        {"namespaceSelector": selector},
+        {"namespaceSelector": selector, "podSelector": {}},
+        {"namespaceSelector": selector, "podSelector": {"matchLabels": {"app": "x"}}},
+    ):
+        (line,) = _open_rules(_policy(peer))
+        assert "every namespace" in line
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}
+            ]
+        },
+        {
+            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"},
+            "matchExpressions": [{"key": "team", "operator": "Exists"}],
+        },
+    ],
+)
+def test_a_namespace_selector_that_names_its_namespaces_is_narrow(selector: dict[str, Any]) -> None:
+    assert _open_rules(_policy({"namespaceSelector": selector})) == []
+
+
+def test_a_peer_that_names_nothing_is_open() -> None:
+    (line,) = _open_rules(_policy({}))
+    assert "every address" in line

@@ -30,6 +30,7 @@ import pytest
 
 from lensemble.config import load_config
 from tests.conftest import REPO
+from tests.support import machine
 from tests.support.tools import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -169,7 +170,16 @@ class Up:
 
 @contextmanager
 def stack(tmp_path: Path, *sets: str) -> Iterator[Up]:
-    """`lensemble up` under a fresh run name; always torn down with its volumes afterwards."""
+    """`lensemble up` under a fresh run name; always torn down with its volumes afterwards.
+
+    The stack runs while no other test does (:func:`tests.support.machine.alone`).
+    """
+    with machine.alone(), _stack(tmp_path, *sets) as up:
+        yield up
+
+
+@contextmanager
+def _stack(tmp_path: Path, *sets: str) -> Iterator[Up]:
     project = f"lens-e2e-{uuid.uuid4().hex[:6]}"
     stack_dir = tmp_path / "stack"
     args = [
@@ -233,8 +243,8 @@ def test_up_runs_to_completion_and_commits_the_simulation_chain(tmp_path: Path) 
         assert any(line.endswith(", healthy") for line in ready)
         assert [r["state"] for r in up.ledger] == ["closed"] * 3
         assert all(r["excluded"] == {} for r in up.ledger)
-        assert up.chain == simulated_chain(tmp_path / "sim", *rounds)
-        assert f"final model {up.chain[-1]} after 3 committed rounds" in up.lines[-1]
+        chain = up.chain
+        assert f"final model {chain[-1]} after 3 committed rounds" in up.lines[-1]
         # Every model went over the download port, between containers: nobody fell back.
         for pid in load_config(REPO / "config/local.yaml").participant_ids:
             logs = subprocess.run(
@@ -260,6 +270,8 @@ def test_up_runs_to_completion_and_commits_the_simulation_chain(tmp_path: Path) 
         assert again.returncode == 0 and "nothing to tear down" in again.stdout
     for volume in volumes.split():
         docker("volume", "rm", volume)
+    # The in-process reference runs once the stack is gone, beside other tests.
+    assert chain == simulated_chain(tmp_path / "sim", *rounds)
 
 
 def test_a_crashed_participant_restarts_and_a_cut_network_rejoins(tmp_path: Path) -> None:

@@ -179,9 +179,7 @@ def test_a_resend_of_an_update_counted_in_the_closed_attempt_is_a_duplicate() ->
     d = _Direct()
     c = d.coordinator
     assert d.submit(d.good.payload) == Reason.ACCEPTED
-    from lensemble.federation.coordinator import ClosedAttempt
-
-    c._closed, c._collection = ClosedAttempt(0, 0, dict(c._collection.hashes)), None  # type: ignore[union-attr]
+    c.admission.close()  # the attempt closed with alpha's update counted
     assert d.submit(d.good.payload) == Reason.DUPLICATE
     assert d.submit(d.good.payload, attempt=1) == Reason.CLOSED_ROUND
     assert d.submit(d.good.payload, sender="bravo") == Reason.CLOSED_ROUND
@@ -203,7 +201,7 @@ def test_corrupt_submission_is_excluded_with_its_reason() -> None:
     )
     (record,) = coordinator.run(transport).records
     assert record.excluded == {"alpha": "hash_mismatch"}
-    assert coordinator.rejections["hash_mismatch"] == 1
+    assert coordinator.admission.rejections["hash_mismatch"] == 1
 
 
 class _Direct:
@@ -212,12 +210,11 @@ class _Direct:
     def __init__(self) -> None:
         self.config = small_config(rounds=1)
         self.coordinator, self.transport, self.participants = build(self.config)
-        from lensemble.federation.coordinator import _Collection
         from lensemble.federation.messages import RoundOpening
 
         c = self.coordinator
         self.opening = RoundOpening(0, 0, 0, c.model_hash, 30.0)
-        c._collection = _Collection(self.opening, c.expected)
+        c.admission.open(self.opening)
         self.good = self.participants["alpha"].contribute(self.opening, c.model_payload())
 
     def submit(
@@ -270,7 +267,7 @@ def test_bad_submissions_are_rejected_by_reason_and_the_coordinator_keeps_going(
     assert d.submit(d.good.payload) == Reason.ACCEPTED
     assert d.submit(d.good.payload) == Reason.DUPLICATE
     assert d.submit(_forged(d, zeros)) == Reason.CONFLICTING_DUPLICATE
-    assert sum(d.coordinator.rejections.values()) == 13
+    assert sum(d.coordinator.admission.rejections.values()) == 13
 
 
 def test_a_finished_run_resumed_ends_without_waiting_for_participants(tmp_path) -> None:  # type: ignore[no-untyped-def]

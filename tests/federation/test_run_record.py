@@ -15,8 +15,9 @@ from lensemble.errors import IntegrityError, UsageError
 from lensemble.federation.checkpoint import MOMENTUM_PREFIX, CheckpointStore, state_hash
 from lensemble.federation.ledger import Ledger, canonical, line_digest
 from lensemble.federation.payload import decode, encode, model_hash
+from lensemble.federation.record_keys import require_matching_key
 from lensemble.federation.signing import HmacSigner
-from lensemble.federation.verify import require_matching_key, verify_run
+from lensemble.federation.verify import verify_run
 from tests.support.cli import run_cli
 from tests.support.federation import build, small_config
 
@@ -658,3 +659,141 @@ def test_a_checkpoint_hash_break_gives_both_hashes_as_fields_and_its_line(tmp_pa
     assert HASH.fullmatch(brk["expected"]) and HASH.fullmatch(brk["found"])
     assert brk["expected"] != brk["found"]
     assert "recorded state hash" in brk["what"] and "ledger line 3" in brk["what"]
+
+
+# ------------------------------------------------------------------------ the config a resume uses
+def _forge_config_view(out: Path, version: int, config: object) -> None:
+    """Rewrite checkpoint ``version``'s recorded config view to ``config``'s, keeping its MAC."""
+    from lensemble.config.hashing import canonical_json, hashed_view
+
+    path = CheckpointStore(out).path(version)
+    decoded = decode(path.read_bytes())
+    meta = dict(decoded.metadata)
+    meta["config_view"] = canonical_json(hashed_view(config)).decode()  # type: ignore[arg-type]
+    path.write_bytes(encode(decoded.tensors, meta))
+
+
+def test_a_signed_run_never_resumes_under_an_edited_config_view(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    signer = HmacSigner(KEY)
+    _run(tmp_path, signer=signer)
+    no_key.setenv("LENSEMBLE_LEDGER_KEY", KEY.hex())
+    # The config an attacker wants the resume to run: it differs from the signed one in more
+    # than federation.rounds, and the checkpoint's view is edited to match it.
+    edited = small_config(rounds=5, inner_steps=5, quorum=2)
+    _forge_config_view(tmp_path, 3, edited)
+    checkpoint = str(CheckpointStore(tmp_path).path(3))
+    report = verify_run(tmp_path, signer=signer)
+    assert report.first_break is not None and report.first_break.file == checkpoint
+    assert "config" in report.first_break.what
+    key = tmp_path.parent / "key"
+    key.write_bytes(KEY)
+    result = run_cli("verify", str(tmp_path), "--key-file", str(key))
+    assert result.code == 3 and checkpoint in result.out
+    message = _resume_refused_with(tmp_path, edited)
+    assert checkpoint in message and "config" in message
+
+
+def _resume_refused_with(out: Path, config: object) -> str:
+    """Resume under ``config`` must refuse before any training or write; returns the error."""
+    before = _snapshot(out)
+    with pytest.raises(IntegrityError) as caught:
+        build(config, output_dir=out, resume=True)  # type: ignore[arg-type]
+    assert caught.value.exit_code == 3
+    assert _snapshot(out) == before
+    return caught.value.message
+
+
+def test_an_unsigned_run_never_resumes_under_an_edited_config_view(tmp_path: Path) -> None:
+    from lensemble.config.hashing import HASH_ALGORITHM
+    from lensemble.federation.checkpoint_audit import CONFIG_HASH_ALGORITHM
+
+    assert CONFIG_HASH_ALGORITHM == HASH_ALGORITHM
+    _run(tmp_path)
+    edited = small_config(rounds=5, inner_steps=5)
+    _forge_config_view(tmp_path, 3, edited)
+    checkpoint = str(CheckpointStore(tmp_path).path(3))
+    assert checkpoint in _resume_refused_with(tmp_path, edited)
+    # The honest config still resumes once the view is the one the state hash vouches for.
+    _forge_config_view(tmp_path, 3, small_config(rounds=3))
+    coordinator, transport, _ = build(small_config(rounds=5), output_dir=tmp_path, resume=True)
+    coordinator.run(transport)
+    assert verify_run(tmp_path).ok
+
+
+# ------------------------------------------------------------------------ malformed values
+def _rechain(out: Path, lines: list[dict]) -> None:
+    """Write ``lines`` with every link and line hash recomputed (an unsigned forger's edit)."""
+    prev = ""
+    for body in lines:
+        body["prev"] = prev
+        body["line_hash"] = prev = line_digest(body)
+    _write_lines(out, lines)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("round", None), ("round", "2"), ("attempt", {"nested": [["junk"]]}), ("excluded", [1])],
+)
+def test_a_malformed_ledger_value_is_named_with_its_line_never_a_traceback(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    _run(tmp_path, rounds=5)  # checkpoints v3-v5 kept: only the ledger speaks for line 2
+    lines = _lines(tmp_path)
+    lines[1]["record"][field] = value
+    _rechain(tmp_path, lines)
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3, result.err
+    assert "ledger.jsonl:2" in result.out and field in result.out
+    assert "Traceback" not in result.err + result.out
+    message = _resume_refused(tmp_path, rounds=6)
+    assert "ledger.jsonl:2" in message and field in message
+
+
+def test_a_checkpoint_record_that_is_not_a_record_is_no_repair(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    record = lines[2]["record"]
+    _write_lines(tmp_path, lines[:2])  # line 3 lost in a crash: checkpoint v3 would restore it
+    forged = _rewrite_checkpoint_text(tmp_path, 3, json.dumps([record]))
+    assert forged
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3 and "Traceback" not in result.err + result.out
+    assert "model-v000003" in result.out
+    _resume_refused(tmp_path)
+
+
+def _rewrite_checkpoint_text(out: Path, version: int, record_text: str) -> str:
+    """Forge checkpoint ``version`` to hold ``record_text`` as its record; its state hash."""
+    path = CheckpointStore(out).path(version)
+    decoded = decode(path.read_bytes())
+    meta = {k: v for k, v in decoded.metadata.items() if not k.startswith("mac")}
+    meta["record"] = record_text
+    params = {k: v for k, v in decoded.tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
+    momentum = {
+        k.removeprefix(MOMENTUM_PREFIX): v
+        for k, v in decoded.tensors.items()
+        if k.startswith(MOMENTUM_PREFIX)
+    }
+    meta["state_hash"] = state_hash(
+        params,
+        momentum,
+        version=version,
+        model_hash_=meta["model_hash"],
+        parent_hash=meta["parent_hash"],
+        config_hash=meta["config_hash"],
+        record_json=record_text,
+    )
+    path.write_bytes(encode(decoded.tensors, meta))
+    return meta["state_hash"]
+
+
+def test_a_control_character_in_a_ledger_value_is_printed_escaped(tmp_path: Path) -> None:
+    _run(tmp_path)
+    lines = _lines(tmp_path)
+    lines[1]["ledger"] = "v2\x1b[2J\ud800"  # a terminal escape and a lone surrogate
+    _write_lines(tmp_path, lines)
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 3 and "Traceback" not in result.err + result.out
+    assert "ledger.jsonl:2" in result.out and "\x1b" not in result.out

@@ -1,7 +1,8 @@
 """The update spool: streamed reduction equal to the in-memory one, hostile spilled bytes refused.
 
-Spilled files are unnamed where the file system allows it (nothing else can reach them) and
-named elsewhere (re-hashed when read back); ``named_files`` forces the second kind.
+Spilled files are unnamed where the file system allows it and named elsewhere; both are re-hashed
+when read back (another process of the same user can reach either); ``named_files`` forces the
+second kind.
 """
 
 from __future__ import annotations
@@ -290,11 +291,9 @@ def test_the_mean_starts_from_positive_zero_as_a_sum_from_zeros_does() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["none", "int8"])
-@pytest.mark.parametrize("window", [1, 4096, 3 * 4096 + 5])
-def test_an_unnamed_file_read_window_by_window_gives_the_same_blocks(
-    window: int, scheme: str
-) -> None:
-    """Windows of one page (smaller than a block), and ones that end mid-tensor."""
+@pytest.mark.parametrize("block", [7, 1024, 5000])
+def test_an_unnamed_file_read_back_gives_the_same_blocks(block: int, scheme: str) -> None:
+    """Blocks of a few elements, of a page, and ones that end mid-tensor."""
     g = torch.Generator().manual_seed(3)
     payloads = {
         pid: payload({"w": torch.randn(20_000, generator=g), "b": torch.randn(3, 5)}, scheme, pid)
@@ -306,13 +305,16 @@ def test_an_unnamed_file_read_window_by_window_gives_the_same_blocks(
     for pid, data in payloads.items():
         for spool in (mapped, held):
             spool.add(pid, data, bytes_hash(data), decode(data, copy=False))
-    assert all(entry.fd is not None for entry in mapped._entries.values())  # mapped, not named
+    assert all(entry.fd is not None for entry in mapped._entries.values())  # unnamed
     assert all(len(p) > 6 * 4096 for p in payloads.values())
     for pid in payloads:
-        a = mapped.reader(pid, scheme=scheme, chunk=CHUNK, block=5000, window=window)
-        b = held.reader(pid, scheme=scheme, chunk=CHUNK, block=5000)
-        pairs = list(zip(a.blocks(), b.blocks(), strict=True))
-        assert pairs and all(x[:2] == y[:2] and torch.equal(x[2], y[2]) for x, y in pairs)
+        a = mapped.reader(pid, scheme=scheme, chunk=CHUNK, block=block)
+        b = held.reader(pid, scheme=scheme, chunk=CHUNK, block=block)
+        compared = 0
+        for x, y in zip(a.blocks(), b.blocks(), strict=True):  # a block is valid until the next
+            assert x[:2] == y[:2] and torch.equal(x[2], y[2])
+            compared += 1
+        assert compared
         a.finish()
         b.finish()
     mapped.close()
@@ -320,8 +322,8 @@ def test_an_unnamed_file_read_window_by_window_gives_the_same_blocks(
     mapped.folder.rmdir()  # empty: no path ever led to an update
 
 
-def test_an_unnamed_file_whose_length_changed_fails_closed_before_it_is_mapped() -> None:
-    """Mapping a file shorter than the payload would turn a read into SIGBUS: it is refused."""
+def test_an_unnamed_file_whose_length_changed_fails_closed_before_it_is_read() -> None:
+    """A file shorter than the payload is refused before any block is read."""
     payloads = {pid: payload(d, "none", pid) for pid, d in updates(2).items()}
     folder = Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}"
     spool, _ = spool_of(folder, payloads, sorted(payloads))
@@ -438,3 +440,97 @@ def test_no_folder_no_room_or_no_unnamed_files_land_nothing(
         assert UpdateSpool(shm_folder("full")).land(1000) is None
     assert "holding it in memory" in caplog.text and "no room for 1000 bytes" in caplog.text
     shm_folder("full").rmdir()
+
+
+# --------------------------------------------- rewritten by another process of the same user
+def _rewrite_through_proc(fd: int, offset: int, byte: bytes) -> None:
+    """Another process of this user writes ``byte`` at ``offset`` of our descriptor ``fd``.
+
+    ``/proc/<pid>/fd/<fd>`` leads to an unnamed file too; opening it needs only the rights
+    to read this process's state (same user), not to write its memory.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys; pid, fd, at, value = sys.argv[1:]; "
+        "f = os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY); "
+        "os.pwrite(f, bytes.fromhex(value), int(at)); os.close(f)"
+    )
+    args = [sys.executable, "-c", code, str(os.getpid()), str(fd), str(offset), byte.hex()]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if "PermissionError" in done.stderr:  # a hardened kernel (Yama ptrace_scope 2 or 3)
+        pytest.skip("this kernel keeps /proc/<pid>/fd from other processes of the same user")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("where", ["data", "header"])
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+def test_an_unnamed_spilled_update_rewritten_by_another_process_fails_closed(
+    where: str, aggregator: str
+) -> None:
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    folder = shm_folder("rewritten")
+    try:
+        spool, norms = spool_of(folder, payloads, sorted(payloads))
+        victim = sorted(payloads)[1]
+        entry = spool._entries[victim]
+        assert entry.fd is not None and entry.path is None  # unnamed
+        at = len(payloads[victim]) - 3 if where == "data" else 20
+        _rewrite_through_proc(entry.fd, at, bytes([payloads[victim][at] ^ 0x40]))
+        config = RobustnessConfig(aggregator=aggregator)
+        with pytest.raises(IntegrityError, match=f"{victim}.*changed after it was accepted"):
+            aggregate_spooled(
+                spool, decide(norms, config), SHAPES, config, scheme="none", chunk=CHUNK
+            )
+        spool.close()
+    finally:
+        folder.rmdir()
+
+
+def test_a_landed_stream_rewritten_before_it_is_judged_is_not_accepted() -> None:
+    """The stream was hashed as it arrived; its file changed before the coordinator judged it:
+    the judge sees exactly the bytes received, or nothing."""
+    from lensemble.federation.messages import Reason, Submission
+    from tests.support.federation import build, small_config
+
+    folder = shm_folder("judged")
+    try:
+        coordinator, _, participants = build(small_config(rounds=1))
+        coordinator.admission.spool = UpdateSpool(folder)
+        from lensemble.federation.messages import RoundOpening
+
+        opening = RoundOpening(0, 0, 0, coordinator.model_hash, 30.0)
+        coordinator.admission.open(opening)
+        good = participants["alpha"].contribute(opening, coordinator.model_payload())
+        landing = coordinator.admission.spool.land(len(good.payload))
+        assert landing is not None
+        landing.write(good.payload)
+        view = landing.finish()
+        # Another process rewrites one value of the landed file (say, to hide a huge update).
+        at = len(good.payload) - 2
+        _rewrite_through_proc(landing._fd, at, bytes([good.payload[at] ^ 0x40]))
+        assert bytes(view) != good.payload
+        sub = Submission("alpha", 0, view, good.payload_hash, 0, hash_checked=True, landed=landing)
+        del view, landing
+        verdict = coordinator.accept(sub)
+        assert verdict.reason == Reason.HASH_MISMATCH
+        assert "alpha" not in coordinator.admission.spool
+        coordinator.admission.spool.close()
+    finally:
+        folder.rmdir()
+
+
+def test_spilled_files_are_0600_in_a_0700_folder(tmp_path: Path, named_files: None) -> None:
+    folder = tmp_path / "spool"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)  # left by someone else with a wider mode
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(2).items()}
+    old = os.umask(0o022)
+    try:
+        spool_of(folder, payloads, sorted(payloads))
+    finally:
+        os.umask(old)
+    assert folder.stat().st_mode & 0o777 == 0o700
+    files = sorted(folder.glob("update-*.safetensors"))
+    assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files)

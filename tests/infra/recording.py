@@ -9,6 +9,7 @@ and data-source results, so the program's ``apply`` chains run as they would in 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import runpy
 from collections.abc import Iterator, Mapping
@@ -238,6 +239,14 @@ def run_stack(
     """
     capture = Capture(stack)
     mocks = PlausibleCloud(partition, capture, sev_snp_offered=sev_snp_offered)
+    # Pulumi runs on the main thread's event loop; an earlier test in this process that used
+    # asyncio.run() left none behind (asyncio.run ends with set_event_loop(None)).
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
     # set_mocks reuses an existing root stack (and its exports); every run starts clean.
     pulumi.runtime.settings.ROOT.set(None)
     pulumi.runtime.set_mocks(

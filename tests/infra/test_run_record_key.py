@@ -92,3 +92,27 @@ def test_staging_coordinator_is_not_given_a_kms_key(captured):
     overrides = yaml.safe_load(release.inputs["valueYamlFiles"][1].text) or {}
     assert "runRecord" not in overrides.get("coordinator", {})
     assert "LENSEMBLE_LEDGER_KMS_KEY_ID" not in _coordinator_env(capture)
+
+
+def test_only_a_break_glass_role_may_change_the_mac_key_policy(captured):
+    """Key administrators keep everything but PutKeyPolicy; a deny backs that for everyone but
+    the break-glass role, which needs MFA to assume."""
+    capture = captured("sovereign-prod")
+    [component] = capture.of_type(COMPONENT)
+    [key] = capture.children(component, KEY)
+    outputs = capture.component_outputs[component.urn]
+    break_glass_arn = outputs["break_glass_role_arn"]
+    policy = key.inputs["policy"]
+    assert _allowed(policy, "kms:PutKeyPolicy") == [break_glass_arn]
+    assert _denied_to_all_but(policy, "kms:PutKeyPolicy") == break_glass_arn
+    (admin,) = [s for s in statements(policy) if s.get("Sid") == "AccountAdministersKey"]
+    assert "kms:PutKeyPolicy" not in as_list(admin["Action"])
+    assert "kms:DescribeKey" in as_list(admin["Action"])  # administration otherwise stays
+    roles = {r.name: r for r in capture.children(component, ROLE)}
+    break_glass = next(r for n, r in roles.items() if n.endswith("-break-glass"))
+    [trust] = statements(break_glass.inputs["assumeRolePolicy"])
+    assert trust["Condition"] == {"Bool": {"aws:MultiFactorAuthPresent": "true"}}
+    # KMS would refuse a policy its creator cannot change afterwards: the check is bypassed on
+    # purpose, and only for this key.
+    assert key.inputs["bypassPolicyLockoutSafetyCheck"] is True
+    assert capture.exports["runRecordBreakGlassRoleArn"] == break_glass_arn

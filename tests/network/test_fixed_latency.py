@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lensemble.config.load import validate_mapping
-from lensemble.federation import coordinator as coordinator_module
+from lensemble.federation import admission as admission_module
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
@@ -181,12 +181,12 @@ def test_an_update_hashed_by_the_transport_is_not_hashed_again(
     pid = config.participant_ids[0]
     participant = Participant(config, pid, _Scale(), manifest(theta))
     opening = RoundOpening(0, 0, 0, coordinator.model_hash, 1e12)
-    coordinator._collection = coordinator_module._Collection(opening, coordinator.expected)
+    coordinator.admission.open(opening)
     contribution = participant.contribute(opening, coordinator.model_payload())
     calls: list[int] = []
-    real = coordinator_module.bytes_hash
+    real = admission_module.bytes_hash
     monkeypatch.setattr(
-        coordinator_module, "bytes_hash", lambda data: calls.append(len(data)) or real(data)
+        admission_module, "bytes_hash", lambda data: calls.append(len(data)) or real(data)
     )
     submission = Submission(
         pid, 0, contribution.payload, contribution.payload_hash, 0, hash_checked=checked

@@ -262,7 +262,13 @@ def test_ten_thousand_malformed_streams_are_refused_and_change_nothing(tmp_path:
             rng = random.Random(20261129)
             rss_before = _rss_bytes()
             start = time.perf_counter()
-            seen = asyncio.run(_fuzz(config, mutator, rng))
+            # A loop of its own, not asyncio.run: that leaves the process with no current loop,
+            # and the Pulumi mocks a later test of the same process runs need one.
+            loop = asyncio.new_event_loop()
+            try:
+                seen = loop.run_until_complete(_fuzz(config, mutator, rng))
+            finally:
+                loop.close()
             elapsed = time.perf_counter() - start
             rss_growth = _rss_bytes() - rss_before
             print(

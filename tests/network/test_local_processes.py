@@ -119,7 +119,8 @@ def test_network_simulate_commits_the_in_process_chain_of_local_yaml(
     assert in_process.code == 0, in_process.err
     expected = json.loads(in_process.out)
     audit = tmp_path / "audit.jsonl"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(AUDIT_PATH), str(REPO)]))
+    imports = [str(AUDIT_PATH), str(REPO), os.environ.get("PYTHONPATH", "")]  # and runtime/
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in imports if p))
     monkeypatch.setenv("LENSEMBLE_AUDIT_FILE", str(audit))
     network = run_cli(
         "simulate",

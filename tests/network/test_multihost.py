@@ -10,6 +10,7 @@ connection attempt; the only one allowed is the participant's channel to the coo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -111,7 +112,12 @@ def test_cut_link_round_completes_elastically_then_the_participant_returns(
     markers = tmp_path / "markers"
     markers.mkdir()
     audit = tmp_path / "audit.jsonl"
-    env = {"PYTHONPATH": f"{AUDIT_PATH}:{REPO}", "LENSEMBLE_AUDIT_FILE": str(audit)}
+    # The audit hook first, then what this process imports from (a checkout's runtime/ too).
+    imports = [str(AUDIT_PATH), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in imports if p),
+        "LENSEMBLE_AUDIT_FILE": str(audit),
+    }
     cut, holder = "charlie", "alpha"
     blocks = {cut: "1", holder: "3"}
     with LocalFederation(path, [], tmp_path / "logs", program=NETPROC, cwd=REPO, env=env) as fed:

@@ -1,7 +1,7 @@
 """Parity: the in-process and gRPC transports run the same fault schedule to the same ledger.
 
 Every (round, attempt) admission rule lives in the coordinator
-(``lensemble.federation.coordinator.admit_attempt``), so no transport may count an update that
+(``lensemble.federation.admission.admit_attempt``), so no transport may count an update that
 another refuses. Each schedule runs once in process and once over gRPC with mTLS (participants
 in threads, faults applied by ``tests.support.faulty_network``); the committed hash chains, every
 attempt's contributors and exclusion reasons, and how the run ended must be equal.

@@ -107,7 +107,7 @@ class _Scores:
 
 def test_a_rebuilt_line_carries_every_baseline_a_written_line_has(tmp_path: Path) -> None:
     from lensemble.federation.checkpoint import CheckpointStore
-    from lensemble.simulation.in_process import rebuild_metrics
+    from lensemble.simulation.scoring import rebuild_metrics
 
     records = _committed_run(tmp_path, rounds=5)  # checkpoints v3, v4, v5 kept
     config = validate_mapping(

@@ -131,8 +131,8 @@ def _run(
     # One run per folder, held for the run's life; a second run exits 2 at once.
     with run_folder_lock(Path(cfg.run.output_dir)):
         if resume:  # a signed run without its key (or the reverse): refused before anything
+            from lensemble.federation.record_keys import require_matching_key
             from lensemble.federation.signing import signer_from_env
-            from lensemble.federation.verify import require_matching_key
 
             require_matching_key(
                 Path(cfg.run.output_dir), cfg.observability.ledger_path, signer_from_env()

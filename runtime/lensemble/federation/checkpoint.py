@@ -31,6 +31,7 @@ from lensemble.federation.checkpoint_audit import (
     MOMENTUM_PREFIX,
     mac_refusal,
     recorded_version_of,
+    require_config_view,
     require_momentum,
     require_recorded_version,
 )
@@ -243,6 +244,7 @@ class CheckpointStore:
             )
         if self.signer is not None and not self.signer.verify(recomputed, meta.get("mac", "")):
             raise mac_refusal(path, meta, self.signer)
+        require_config_view(path, ckpt.config_hash, ckpt.config_view)
         return ckpt
 
 

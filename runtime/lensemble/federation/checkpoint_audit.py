@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ MOMENTUM_PREFIX = "momentum::"
 MODEL_HASH_DOMAIN = b"lensemble/global-model/v1\x00"
 STATE_DOMAIN = b"lensemble/coordinator-state/v1\x00"
 PAYLOAD_FORMAT = "lensemble-payload-v1"
+#: :data:`lensemble.config.hashing.HASH_ALGORITHM`, the config hash's algorithm id (not imported:
+#: verification starts without the config schema).
+CONFIG_HASH_ALGORITHM = "sha256-canon-v1"
 MODEL_FILE = re.compile(r"^model-v(\d{6})\.safetensors$")
 _TOKENS = {"float32": "F32", "float16": "F16", "float64": "F64", "int8": "I8", "int32": "I32"}
 _TOKENS.update({"int64": "I64", "uint8": "U8"})
@@ -40,6 +43,10 @@ class AuditedCheckpoint:
         parent_hash: The parent model's hash.
         record: Canonical JSON of the round record it commits (``""`` for v0).
         state_hash: Its state hash (recomputed and equal).
+        config_hash: The config hash it records.
+        config_view: The hashed config it records, as canonical JSON (``""`` when absent).
+        tensors: Name -> numpy array of every tensor (parameters, and the outer momentum
+            under ``momentum::<name>``) when asked to keep them, else None.
     """
 
     version: int
@@ -47,6 +54,9 @@ class AuditedCheckpoint:
     parent_hash: str
     record: str
     state_hash: str
+    config_hash: str = ""
+    config_view: str = ""
+    tensors: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 class HashMismatch(IntegrityError):
@@ -112,29 +122,22 @@ def _state_suffix(version: int, *texts: str) -> bytes:
     return suffix
 
 
-def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> AuditedCheckpoint:
+def audit_checkpoint(
+    path: Path, version: int, signer: Signer | None, *, keep_tensors: bool = False
+) -> AuditedCheckpoint:
     """Read checkpoint ``version`` and check it like ``CheckpointStore.load`` does.
+
+    Args:
+        path: The checkpoint file.
+        version: The version its name says.
+        signer: Checks its MAC when given.
+        keep_tensors: Return its tensors too (a resume continues from them).
 
     Raises:
         IntegrityError: Unreadable, momentum missing, a hash that does not recompute, or a MAC
             that does not verify (the messages are ``CheckpointStore.load``'s).
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load as np_load
-
-    try:
-        data = path.read_bytes()
-        (header_len,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + header_len])
-        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-        if meta.get("format") != PAYLOAD_FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
-        tensors = np_load(data)
-    except (OSError, SafetensorError, ValueError, KeyError, struct.error) as exc:
-        raise IntegrityError(
-            f"checkpoint {path} cannot be read ({exc});",
-            remediation="delete it to resume from the previous checkpoint.",
-        ) from None
+    meta, tensors = _read(path)
     params = {k: v for k, v in tensors.items() if not k.startswith(MOMENTUM_PREFIX)}
     momentum = {k: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
     require_momentum(path, set(params), {k.removeprefix(MOMENTUM_PREFIX) for k in momentum})
@@ -167,7 +170,49 @@ def audit_checkpoint(path: Path, version: int, signer: Signer | None) -> Audited
         )
     if signer is not None and not signer.verify(recomputed, meta.get("mac", "")):
         raise mac_refusal(path, meta, signer)
-    return AuditedCheckpoint(version, expected, parent, record, recorded_state)
+    require_config_view(path, meta.get("config_hash", ""), meta.get("config_view", ""))
+    return AuditedCheckpoint(
+        version,
+        expected,
+        parent,
+        record,
+        recorded_state,
+        meta.get("config_hash", ""),
+        meta.get("config_view", ""),
+        dict(tensors) if keep_tensors else None,
+    )
+
+
+def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """A checkpoint's metadata and tensors (numpy arrays), read without torch.
+
+    Raises:
+        IntegrityError: The file cannot be read, is not safetensors, or has another format.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load as np_load
+
+    try:
+        data = path.read_bytes()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + header_len])
+        meta = {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
+        if meta.get("format") != PAYLOAD_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, expected {PAYLOAD_FORMAT!r}")
+        return meta, np_load(data)
+    except (
+        OSError,
+        SafetensorError,
+        ValueError,
+        KeyError,
+        AttributeError,  # a header that is JSON but not an object
+        RecursionError,  # a header nested deeper than the JSON parser goes
+        struct.error,
+    ) as exc:
+        raise IntegrityError(
+            f"checkpoint {path} cannot be read ({exc});",
+            remediation="delete it to resume from the previous checkpoint.",
+        ) from None
 
 
 def mac_refusal(path: Path, meta: dict[str, str], signer: Signer) -> IntegrityError:
@@ -225,6 +270,37 @@ def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:
         )
 
 
+def require_config_view(path: Path, config_hash: str, config_view: str) -> None:
+    """Refuse a checkpoint whose recorded config view is not the config its state hash names.
+
+    The state hash (and its MAC) covers the config hash, not the view; the view is what a
+    resume compares its own config with (only ``federation.rounds`` may differ), so it must be
+    the config the hash names: ``config_hash`` is SHA-256 of exactly these canonical JSON
+    bytes (:func:`lensemble.config.hashing.config_hash`). An empty view (none recorded) is
+    no claim: a resume then needs the very same config hash.
+
+    Args:
+        path: The checkpoint (named in the error).
+        config_hash: The config hash it records (``sha256-canon-v1:<64 hex>``).
+        config_view: The config view it records, canonical JSON.
+
+    Raises:
+        HashMismatch: The view does not hash to the config hash (the view was edited).
+    """
+    if not config_view:
+        return
+    recomputed = f"{CONFIG_HASH_ALGORITHM}:{hashlib.sha256(config_view.encode()).hexdigest()}"
+    if recomputed != config_hash:
+        raise HashMismatch(
+            path,
+            "records a config view that does not hash to its recorded config hash (the config "
+            "a resume would be checked against was edited)",
+            config_hash or "(none)",
+            recomputed,
+            remediation="restore the checkpoint from a backup or start a new run folder.",
+        )
+
+
 def require_recorded_version(path: Path, version: int, recorded: int) -> None:
     """Refuse a checkpoint whose file name and contents disagree on its model version.
 
@@ -271,7 +347,7 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
                 return {}
             header = json.loads(f.read(header_len))
         return {str(k): str(v) for k, v in (header.get("__metadata__") or {}).items()}
-    except (OSError, ValueError, AttributeError, struct.error):
+    except (OSError, ValueError, AttributeError, RecursionError, struct.error):
         return {}
 
 

@@ -3,119 +3,60 @@
 Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm 1):
 
 1. OPEN: publish ``theta_t`` (a safetensors payload) and its hash.
-2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`) until every
-   configured participant has one accepted, or ``round_timeout_s`` passes. A submission is
-   rejected, never crashing the coordinator, when it comes from an unknown sender, targets another
-   round or another attempt of this round (:func:`admit_attempt`, the one rule every transport
-   applies), is corrupt, has another architecture, carries NaN/Inf, or conflicts with an earlier
-   one.
+2. COLLECTING: validate each submission as it arrives (:meth:`Coordinator.accept`,
+   :mod:`lensemble.federation.admission`) until every configured participant has one accepted,
+   or ``round_timeout_s`` passes.
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
 4. AGGREGATING: each update's norm is bounded (clipped or rejected), then the updates are
    combined in sorted id order: float32 mean, or a coordinate-wise trimmed mean or median
    (``federation.robustness``, :mod:`lensemble.federation.robustness`, docs/security.md).
-5. COMMITTING: the outer Nesterov SGD step and the pre-commit check of the new model (finite,
-   bounded change; a failure aborts the attempt), the new model's hash (chained to its parent),
-   an atomic checkpoint, then the ledger line. This is the only place global state changes.
-   Under :meth:`Coordinator.run` the checkpoint and the ledger line are written behind: the
-   next round opens while they are made durable on a commit thread, and that round cannot
-   aggregate, abort or end the run before they are (docs/performance.md#write-behind-commits).
+5. COMMITTING: the outer Nesterov SGD step behind the pre-commit check of the new model (finite,
+   bounded change; a failure aborts the attempt; :mod:`lensemble.federation.commit`), the new
+   model's hash (chained to its parent), an atomic checkpoint, then the ledger line
+   (:mod:`lensemble.federation.coordinator_store`). This is the only place global state
+   changes. Under :meth:`Coordinator.run` the checkpoint and the ledger line are written
+   behind: the next round opens while they are made durable on a commit thread, and that round
+   cannot aggregate, abort or end the run before they are
+   (docs/performance.md#write-behind-commits).
 
-The coordinator judges submissions on one thread: transports hand them over one at a time.
+:meth:`Coordinator.run` is the one round loop: every run (the in-process simulation, the network
+coordinator) drives it, and differs only in its transport and what it does after each commit.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import threading
 import time
-from collections import Counter
-from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
 
-from lensemble import __version__
-from lensemble.config import LensembleConfig, config_hash
-from lensemble.config.hashing import canonical_json, differing_paths, hashed_view
-from lensemble.errors import (
-    ArchitectureMismatch,
-    ConfigError,
-    IntegrityError,
-    PayloadError,
-    PrecommitCheckFailed,
-    QuorumNotReached,
-    ScaleOutOfRange,
-)
-from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
+from lensemble.config import LensembleConfig
+from lensemble.errors import ConfigError, PrecommitCheckFailed, QuorumNotReached
+from lensemble.federation.admission import Admission
+from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
+from lensemble.federation.commit import Committer, outer_step
+from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
-from lensemble.federation.ledger import Ledger, RoundRecord
+from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission, Verdict
-from lensemble.federation.payload import (
-    TensorSpec,
-    bytes_hash,
-    decode,
-    encode,
-    manifest,
-    model_hash,
-    model_hash_behind,
-)
-from lensemble.federation.quantization import dequantize, wire_specs
-from lensemble.federation.residency import ALLOWED_METADATA, MAX_METADATA_VALUE
-from lensemble.federation.robustness import (
-    aggregate_spooled,
-    decide,
-    precommit_problem,
-    update_norm,
-)
+from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
+from lensemble.federation.robustness import aggregate_spooled, decide
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer, signer_from_env
 from lensemble.federation.spool import UpdateSpool
-from lensemble.federation.transport import CoordinatorTransport, Traffic
-from lensemble.federation.verify import require_valid
+from lensemble.federation.transport import CoordinatorTransport
+from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
 
 Params = dict[str, torch.Tensor]
 
 _log = logging.getLogger("lensemble.federation.coordinator")
-
-#: Header bytes a pseudo-gradient payload may use: a base plus this much per tensor.
-HEADER_BASE_BYTES = 8192
-HEADER_BYTES_PER_TENSOR = 1024
-#: Self-reported statistics the ledger keeps, with the range each must lie in (inclusive);
-#: a value outside it, unparseable or not finite is recorded as null.
-SELF_REPORTED_RANGES: dict[str, tuple[float, float]] = {
-    "mean_loss": (-1e6, 1e6),
-    "compute_s": (0.0, 1e6),
-}
-#: Longest rejection detail kept in the ledger (characters).
-MAX_DETAIL = 240
-
-
-def self_reported(metadata: Mapping[str, str]) -> dict[str, float | None]:
-    """The statistics a participant reported about itself, bounded by :data:`SELF_REPORTED_RANGES`.
-
-    Args:
-        metadata: Payload metadata (strings, at most ``MAX_METADATA_VALUE`` characters each).
-
-    Returns:
-        Key -> value, or None when missing, unparseable, not finite or out of range.
-    """
-    out: dict[str, float | None] = {}
-    for key, (low, high) in SELF_REPORTED_RANGES.items():
-        try:
-            value = float(metadata.get(key, "nan"))
-        except ValueError:
-            value = math.nan
-        out[key] = value if math.isfinite(value) and low <= value <= high else None
-    return out
 
 
 class CoordinatorObserver(Protocol):
@@ -147,106 +88,6 @@ def global_architecture(initial_params: Mapping[str, torch.Tensor]) -> dict[str,
 
 
 @dataclass(frozen=True)
-class ClosedAttempt:
-    """The round attempt that closed last (committed or aborted) and what it counted.
-
-    Attributes:
-        round_index: Its round.
-        attempt: Its attempt.
-        accepted: Participant id -> ``sha256:<hex>`` payload hash of each update it accepted.
-    """
-
-    round_index: int
-    attempt: int
-    accepted: Mapping[str, str]
-
-
-def admit_attempt(
-    sender: str,
-    round_index: int,
-    attempt: int,
-    payload_hash: str,
-    *,
-    opening: RoundOpening | None,
-    closed: ClosedAttempt | None,
-    current_round: int,
-) -> Verdict | None:
-    """The ``(round, attempt)`` admission rule, judged from a submission's header alone.
-
-    The coordinator applies it to every submission; the network transport applies the same
-    function before buffering a payload, so no transport admits what another refuses. An update
-    trained for an attempt that is no longer open (an aborted attempt's late update included)
-    is never counted in another attempt, even of the same round with the same base model.
-
-    Args:
-        sender: The authenticated participant id.
-        round_index: Round the submission says it is for.
-        attempt: Attempt the submission says it is for.
-        payload_hash: ``sha256:<hex>`` the sender declared.
-        opening: The attempt being collected, or None between attempts.
-        closed: The attempt that closed last, or None.
-        current_round: The round the coordinator is collecting (for the verdict).
-
-    Returns:
-        None when the submission targets the open attempt (its content is judged next); an
-        accepted ``DUPLICATE`` verdict for a resend of an update already counted in the attempt
-        that just closed (its reply was lost); otherwise a ``CLOSED_ROUND`` rejection.
-    """
-    key = (round_index, attempt)
-    if opening is not None and key == (opening.round_index, opening.attempt):
-        return None
-    if (
-        closed is not None
-        and key == (closed.round_index, closed.attempt)
-        and closed.accepted.get(sender) == payload_hash
-    ):
-        return Verdict(Reason.DUPLICATE, f"already counted in round {round_index}.", current_round)
-    state = (
-        f"round {opening.round_index} attempt {opening.attempt} is open"
-        if opening is not None
-        else "no round is open"
-    )
-    return Verdict(
-        Reason.CLOSED_ROUND,
-        f"round {round_index} attempt {attempt} is not being collected; {state}.",
-        current_round,
-    )
-
-
-@dataclass
-class _Collection:
-    opening: RoundOpening
-    expected: frozenset[str]
-    # Accepted updates' L2 norms; the updates themselves wait in the coordinator's spool.
-    norms: dict[str, float] = field(default_factory=dict)
-    hashes: dict[str, str] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)
-    reported: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    rejected: dict[str, str] = field(default_factory=dict)
-    details: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        return self.expected <= set(self.norms)
-
-    def targets(self, submission: Submission) -> bool:
-        """True when ``submission`` is for this very attempt (not a stale or future one)."""
-        key = (submission.round_index, submission.attempt)
-        return key == (self.opening.round_index, self.opening.attempt)
-
-
-@dataclass
-class _PendingCommit:
-    """A committed attempt whose checkpoint and ledger line are still being written."""
-
-    machine: RoundMachine
-    # Resolves to the seconds the checkpoint and the ledger append took; raises their error.
-    written: Future[float]
-    # Set once the durable line has been announced (or its failure logged).
-    announced: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(frozen=True)
 class RunSummary:
     """The outcome of :meth:`Coordinator.run`.
 
@@ -271,18 +112,23 @@ class Coordinator:
         initial_params: ``theta_0`` (name -> float32 tensor); also defines the architecture
             every submission must match.
         output_dir: Where checkpoints and the ledger go (None keeps everything in memory).
-        resume: Continue from the latest checkpoint in ``output_dir`` when there is one.
+        resume: Continue from the latest checkpoint in ``output_dir`` when there is one: True
+            verifies the run record first, a :class:`~lensemble.federation.verify.
+            VerifiedRecord` is the record the caller verified (nothing is read or checked
+            again).
         observer: Progress/metrics callbacks.
         signer: Signs ledger lines and checkpoints; ``"env"`` (default) takes the key the
-            environment names (:func:`lensemble.federation.signing.signer_from_env`), None
-            writes an unsigned record.
+            verified record was checked with, else the one the environment names
+            (:func:`lensemble.federation.signing.signer_from_env`); None writes an unsigned
+            record.
 
-    A resume first verifies the whole run record (:func:`lensemble.federation.verify.
+    A resume verifies the whole run record once (:func:`lensemble.federation.verify.
     require_valid`) and writes nothing before it holds; the caller holds the folder's lock
     (:func:`lensemble.run_lock.coordinator_lock`).
 
     Raises:
-        ConfigError: Resuming a checkpoint written under a different config hash.
+        ConfigError: Resuming a checkpoint written under a different config hash, or a
+            verified record of another folder or key.
         IntegrityError: The run record to resume from is broken (names the line; exit 3), or
             ``signer`` is set and the record carries no MAC.
         UsageError: Resuming a signed record without a signer (exit 2; names the ledger and
@@ -296,220 +142,97 @@ class Coordinator:
         initial_params: Mapping[str, torch.Tensor],
         *,
         output_dir: Path | None = None,
-        resume: bool = False,
+        resume: bool | VerifiedRecord = False,
         observer: CoordinatorObserver | None = None,
         signer: Signer | Literal["env"] | None = "env",
     ) -> None:
         self.config = config
-        self.config_hash = config_hash(config)
         fed = config.federation
-        self.expected = frozenset(p.id for p in fed.participants)
         self.outer = OuterStep(
             fed.outer_optimizer.lr, fed.outer_optimizer.momentum, fed.outer_optimizer.nesterov
         )
         self.architecture = global_architecture(initial_params)
-        wire = wire_specs(self.architecture, fed.quantization, fed.int8_chunk)
-        self.max_header_bytes = HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(wire)
-        self.observer = observer
-        self.rejections: Counter[str] = Counter()
-        # Every attempt decided by this process, in order; under run() the last commit may
-        # still be being written until the next attempt (or run) settles it.
-        self.records: list[RoundRecord] = []
-        self._collection: _Collection | None = None
-        self._closed: ClosedAttempt | None = None
+        # The records of attempts before this process (a resume's ledger, up to its checkpoint).
+        self.earlier: list[RoundRecord] = []
         self._payload_cache: tuple[int, bytes] | None = None
         # The reduction's result, reused every round (allocated at the first aggregation).
         self._accumulator: Params | None = None
-        self._commit_s: float | None = None  # checkpoint + ledger line of the last commit
-        # Write-behind (run()): the commit being made durable while the next round collects.
-        self._pending: _PendingCommit | None = None
-        self._committer: ThreadPoolExecutor | None = None
         # Accepted updates wait on disk, not in memory, until their round closes (spool.py).
         self._spool = UpdateSpool(output_dir / "coordinator" / "spool" if output_dir else None)
         self._spool.reset()
-        self.signer = (signer_from_env() if output_dir else None) if signer == "env" else signer
-        self.checkpoints = CheckpointStore(output_dir, self.signer) if output_dir else None
-        ledger_name = config.observability.ledger_path
-        self.ledger = Ledger(output_dir / ledger_name, self.signer) if output_dir else None
+        self.admission = Admission(
+            fed, self.architecture, self._spool, lambda: self.version, observer
+        )
+        self.signer = _signer(signer, resume, output_dir)
+        self.store = CoordinatorStore(config, output_dir, self.signer)
+        self.config_hash = self.store.config_hash
+        self._context = RecordContext(self.config_hash, fed.quantization, fed.robustness.aggregator)
+        self.committer = Committer(self.store, observer)
+        # Every attempt decided by this process, in order; under run() the last commit may
+        # still be being written until the next attempt (or run) settles it.
+        self.records = self.committer.records
+        self.observer = observer
+        self._start(initial_params, output_dir, resume)
+
+    def _start(
+        self,
+        initial_params: Mapping[str, torch.Tensor],
+        output_dir: Path | None,
+        resume: bool | VerifiedRecord,
+    ) -> None:
+        """Resume from the verified newest checkpoint, or start from ``theta_0``."""
+        verified = None
         if output_dir is not None and resume:
-            require_valid(output_dir, ledger_name, self.signer)  # before any work or write
-        ckpt = self.checkpoints.load() if (self.checkpoints and resume) else None
-        if ckpt is not None:
-            self._restore(ckpt)
-        else:
-            # Model and momentum each live in one buffer (flat.py: huge pages, same values).
-            params = flat_copy(initial_params)
-            momentum = flat_zeros({k: v.shape for k, v in params.items()})
-            self._set_state(0, params, momentum, model_hash(params, 0, ""), "")
-            self._checkpoint_hash = self._save_checkpoint(record=None)
-
-    # ------------------------------------------------------------------ state and persistence
-    def _set_state(
-        self, version: int, params: Params, momentum: Params, hash_: str, parent: str
-    ) -> None:
-        self.version, self.params, self.momentum = version, params, momentum
-        self.model_hash, self.parent_hash = hash_, parent
-
-    def _restore(self, ckpt: CoordinatorCheckpoint) -> None:
-        if ckpt.config_hash != self.config_hash:
-            # Only the number of rounds may change on resume (run longer, or stop earlier).
-            try:
-                previous = json.loads(ckpt.config_view)
-            except ValueError:
-                previous = None
-            changed = (
-                differing_paths(previous, hashed_view(self.config))
-                if isinstance(previous, dict)
-                else ["(unknown: the checkpoint does not record its config)"]
-            )
-            changed = [path for path in changed if path != "federation.rounds"]
-            if changed:
-                raise ConfigError(
-                    f"the checkpoint in {self.checkpoints.folder if self.checkpoints else ''} "
-                    f"was written with another config (differing: {', '.join(changed)}); "
-                    "resume with the same config (only federation.rounds may change) or use a "
-                    "new run.output_dir."
-                )
-        self._set_state(
-            ckpt.version,
-            flat_copy(ckpt.params),
-            flat_copy(ckpt.momentum),
-            ckpt.model_hash,
-            ckpt.parent_hash,
-        )
-        if self.ledger is not None:
-            self._repair_ledger()
-
-    def _repair_ledger(self) -> None:
-        """Drop the lines of attempts after the checkpoint (the resume redoes that round).
-
-        The lost or torn line of the checkpoint's own round was restored by ``require_valid``.
-        """
-        assert self.ledger is not None
-        lines = self.ledger.lines()
-        kept = [line for line in lines if line.record.round < self.version]
-        if len(kept) != len(lines):
-            dropped = len(lines) - len(kept)
-            self.ledger.rewrite_texts(
-                (line.text for line in kept),
-                why=f"drops its last {dropped} line(s), attempts of round {self.version} after "
-                f"checkpoint v{self.version} (the resume redoes that round)",
-            )
-        if self.version > 0 and not any(
-            line.record.round == self.version - 1 and line.record.state == "closed" for line in kept
-        ):
-            raise IntegrityError(
-                f"the ledger lacks round {self.version - 1}, which the checkpoint commits;",
-                remediation="run `lensemble verify` on the folder; use a new run.output_dir.",
-            )
-
-    def _save_checkpoint(self, record: RoundRecord | None) -> str | None:
-        if self.checkpoints is None:
-            return None
-        return self.checkpoints.save(self._checkpoint_of(record))
-
-    def _checkpoint_of(self, record: RoundRecord | None) -> CoordinatorCheckpoint:
-        # The tensors are referenced, not copied: nothing changes them before the commit is
-        # settled (the next outer step waits for it).
-        return CoordinatorCheckpoint(
-            self.version,
-            self.params,
-            self.momentum,
-            self.model_hash,
-            self.parent_hash,
-            self.config_hash,
-            canonical_json(hashed_view(self.config)).decode(),
-            record.to_json() if record else "",
-        )
-
-    def _write_commit(self, record: RoundRecord, ckpt: CoordinatorCheckpoint | None) -> float:
-        """Checkpoint, then ledger line (the order a resume relies on); returns seconds."""
-        start = time.perf_counter()
-        checkpoint = self.checkpoints.save(ckpt) if (self.checkpoints and ckpt) else None
-        if self.ledger is not None:
-            self.ledger.append(record, checkpoint)
-        return time.perf_counter() - start
-
-    def _write_behind(
-        self, record: RoundRecord, machine: RoundMachine, transport: CoordinatorTransport
-    ) -> None:
-        """Hand a committed attempt's checkpoint and ledger line to the commit thread.
-
-        The transport stops collecting at once (as after a synchronous commit), so the next
-        round can open, and the record joins ``records`` (the attempts decided so far). The
-        transport's ``round_durable`` and the observer's ``on_round`` hear of it from the commit
-        thread once its line is durable; :meth:`_settle` waits for that.
-        """
-        if self._committer is None:
-            self._committer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-commit")
-        ckpt = self._checkpoint_of(record) if self.checkpoints else None
-        pending = _PendingCommit(machine, self._committer.submit(self._write_commit, record, ckpt))
-        self._pending = pending
-        self.records.append(record)
-        transport.round_closed(record)
-
-        def written(future: Future[float]) -> None:  # on the commit thread, once it is done
-            try:
-                if future.exception() is None:
-                    self._announce_durable(record, transport)
-                else:
-                    _log.error(
-                        "the checkpoint or ledger line of round %d failed (%s); the run stops "
-                        "once the round now collecting ends, and a resume redoes round %d.",
-                        record.round,
-                        future.exception(),
-                        record.round,
-                    )
-            finally:
-                pending.announced.set()
-
-        pending.written.add_done_callback(written)
-
-    def _announce_durable(self, record: RoundRecord, transport: CoordinatorTransport) -> None:
-        """Tell the transport and the observer that ``record``'s line is durable.
-
-        Under write-behind this runs on the commit thread (observers must be thread-safe;
-        the network coordinator's log and metrics are).
-        """
-        transport.round_durable(record)
-        if self.observer is not None:
-            self.observer.on_round(record)
-
-    def _commit_failed(self) -> bool:
-        """True once a commit written behind has failed (collection may stop early)."""
-        pending = self._pending
-        return (
-            pending is not None
-            and pending.written.done()
-            and (pending.written.exception() is not None)
-        )
-
-    def _settle(self, *, last: bool = False) -> None:
-        """Wait until the commit written behind is durable; re-raise its error.
-
-        Args:
-            last: No other attempt opened since, so the observer hears that it CLOSED (a
-                later round's state would be overwritten by a late CLOSED otherwise).
-
-        Raises:
-            DiskFull, OSError, IntegrityError: Whatever the checkpoint or the ledger append
-                raised; the round is then not committed and a resume redoes it.
-        """
-        pending, self._pending = self._pending, None
-        if pending is None:
+            verified = _verified(resume, output_dir, self.config, self.signer)
+        latest = verified.take_latest() if verified is not None else None
+        if verified is not None and latest is not None:
+            self.state, self.earlier = self.store.restore(latest, verified)
             return
-        self._commit_s = pending.written.result()
-        pending.announced.wait()  # the durable line's announcement, made on the commit thread
-        pending.machine.advance(RoundState.CLOSED)
-        if last:
-            self._notify(pending.machine)
+        # Model and momentum each live in one buffer (flat.py: huge pages, same values).
+        params = flat_copy(initial_params)
+        momentum = flat_zeros({k: v.shape for k, v in params.items()})
+        self.state = ModelState(0, params, momentum, model_hash(params, 0, ""), "")
+        self.store.save(self.state, record=None)
 
-    def _settle_after_failure(self) -> None:
-        """Wait for the commit behind while another error ends the run; log, never mask it."""
-        try:
-            self._settle(last=True)
-        except Exception as exc:  # the error already propagating is the one to report
-            _log.error("the commit of the previous round failed as well: %s", exc)
+    # ------------------------------------------------------------------------------ state
+    @property
+    def observer(self) -> CoordinatorObserver | None:
+        """Who hears of states, verdicts and durable lines (settable until a run starts)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: CoordinatorObserver | None) -> None:
+        self._observer = self.admission.observer = self.committer.observer = observer
+
+    @property
+    def version(self) -> int:
+        """The global model's version (= rounds committed)."""
+        return self.state.version
+
+    @property
+    def params(self) -> Params:
+        """The global model, name -> float32 tensor."""
+        return self.state.params
+
+    @property
+    def momentum(self) -> Params:
+        """The outer momentum, name -> float32 tensor."""
+        return self.state.momentum
+
+    @property
+    def model_hash(self) -> str:
+        """The global model's hash."""
+        return self.state.model_hash
+
+    @property
+    def parent_hash(self) -> str:
+        """The previous version's hash (``""`` at version 0)."""
+        return self.state.parent_hash
+
+    @property
+    def history(self) -> list[RoundRecord]:
+        """Every attempt of the run: those before a resume, then this process's."""
+        return self.earlier + self.records
 
     def model_payload(self) -> bytes:
         """The current global model as a safetensors payload (cached per version)."""
@@ -528,11 +251,6 @@ class Coordinator:
 
     # -------------------------------------------------------------------------- submissions
     @property
-    def collecting_round(self) -> int:
-        """The round being collected, or the next one when none is open."""
-        return self._collection.opening.round_index if self._collection else self.version
-
-    @property
     def intake(self) -> Intake:
         """The door a transport's receiving threads may use: spool files to land updates in.
 
@@ -542,139 +260,8 @@ class Coordinator:
         return Intake(self._spool.land)
 
     def accept(self, submission: Submission) -> Verdict:
-        """Validate one submission for the open round and keep it if valid.
-
-        Never raises on bad input: every problem becomes a rejection with a reason. Should
-        judging itself fail on some input nobody foresaw (a bug), a last-resort guard logs it
-        and rejects the submission as ``bad_payload`` instead of letting the coordinator die;
-        judging changes no state until the submission is accepted, so nothing is half-done. A
-        byte-identical resend of an accepted submission is accepted again without effect.
-
-        Returns:
-            The verdict (also counted in ``self.rejections`` when rejected).
-        """
-        try:
-            verdict = self._judge(submission)
-        except Exception as exc:  # the last-resort guard: reject, never die
-            _log.error(
-                "judging a submission raised %s; rejected as bad_payload (a bug, please report)",
-                type(exc).__name__,
-                exc_info=True,
-            )
-            verdict = self._verdict(
-                Reason.BAD_PAYLOAD, f"the payload could not be judged ({type(exc).__name__})."
-            )
-        if not verdict.accepted:
-            self.rejections[verdict.reason.value] += 1
-            col = self._collection
-            # Only a rejection of an update for this attempt explains an exclusion from it.
-            if col and submission.sender in col.expected and col.targets(submission):
-                col.rejected[submission.sender] = verdict.reason.value
-                col.details[submission.sender] = verdict.message[:MAX_DETAIL]
-        if self.observer is not None:
-            self.observer.on_verdict(submission, verdict)
-        return verdict
-
-    def _verdict(self, reason: Reason, message: str) -> Verdict:
-        return Verdict(reason, message, self.collecting_round)
-
-    def _judge(self, sub: Submission) -> Verdict:
-        col = self._collection
-        if sub.sender not in self.expected:
-            return self._verdict(
-                Reason.UNKNOWN_PARTICIPANT, f"'{sub.sender}' is not a participant of this run."
-            )
-        early = admit_attempt(
-            sub.sender,
-            sub.round_index,
-            sub.attempt,
-            sub.payload_hash,
-            opening=col.opening if col else None,
-            closed=self._closed,
-            current_round=self.collecting_round,
-        )
-        if early is not None:
-            return early
-        assert col is not None  # admit_attempt admits only into the open attempt
-        # The network transport hashed the bytes while they streamed in and compared them.
-        digest = sub.payload_hash if sub.hash_checked else bytes_hash(sub.payload)
-        if digest != sub.payload_hash:
-            return self._verdict(
-                Reason.HASH_MISMATCH,
-                f"payload hashes to {digest[:19]}..., the sender declared "
-                f"{sub.payload_hash[:19]}...",
-            )
-        if sub.sender in col.hashes:
-            if col.hashes[sub.sender] == digest:
-                return self._verdict(Reason.DUPLICATE, "duplicate of an accepted submission.")
-            return self._verdict(
-                Reason.CONFLICTING_DUPLICATE,
-                f"'{sub.sender}' already submitted different bytes for round {sub.round_index}.",
-            )
-        try:
-            # Views of the payload, no copy: judging only reads them.
-            decoded = decode(sub.payload, max_header_bytes=self.max_header_bytes, copy=False)
-        except PayloadError as exc:
-            return self._verdict(Reason.BAD_PAYLOAD, exc.message)
-        meta = decoded.metadata
-        for key in sorted(meta):
-            if key != "format" and key not in ALLOWED_METADATA:
-                return self._verdict(
-                    Reason.BAD_PAYLOAD, f"payload metadata '{key[:64]}' is not allowed."
-                )
-            if len(meta[key]) > MAX_METADATA_VALUE:
-                return self._verdict(
-                    Reason.BAD_PAYLOAD,
-                    f"payload metadata '{key}' is {len(meta[key])} characters long, more than "
-                    f"{MAX_METADATA_VALUE}.",
-                )
-        fed = self.config.federation
-        expected_meta = {
-            "kind": "pseudo-gradient",
-            "round": str(col.opening.round_index),
-            "attempt": str(col.opening.attempt),
-            "participant": sub.sender,
-            "quantization": fed.quantization,
-            "int8_chunk": str(fed.int8_chunk),
-        }
-        for key, value in expected_meta.items():
-            if meta.get(key) != value:
-                # Only a well-formed other round or attempt is a closed one; missing or garbled
-                # round metadata is a malformed payload (issue 41).
-                number = meta.get(key, "")
-                other = key in ("round", "attempt") and number.isascii() and number.isdigit()
-                reason = Reason.CLOSED_ROUND if other else Reason.BAD_PAYLOAD
-                return self._verdict(
-                    reason, f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}."
-                )
-        if meta.get("base_hash") != col.opening.model_hash:
-            return self._verdict(
-                Reason.STALE_BASE,
-                "the pseudo-gradient was computed from another global model; fetch the current "
-                "one.",
-            )
-        try:
-            delta = dequantize(
-                decoded.tensors,
-                self.architecture,
-                fed.quantization,
-                fed.int8_chunk,
-                max_scale=fed.robustness.max_int8_scale,
-            )
-        except ArchitectureMismatch as exc:
-            return self._verdict(Reason.ARCHITECTURE_MISMATCH, str(exc))
-        except ScaleOutOfRange as exc:
-            return self._verdict(Reason.OUT_OF_BOUNDS, exc.message)
-        except PayloadError as exc:
-            return self._verdict(Reason.NON_FINITE, exc.message)
-        col.norms[sub.sender] = update_norm(delta)
-        self._spool.add(sub.sender, sub.payload, digest, decoded, sub.landed)
-        col.hashes[sub.sender] = digest
-        col.sizes[sub.sender] = len(sub.payload)
-        col.reported[sub.sender] = self_reported(meta)
-        col.rejected.pop(sub.sender, None)
-        col.details.pop(sub.sender, None)
-        return self._verdict(Reason.ACCEPTED, "accepted.")
+        """Judge one submission for the open attempt (:meth:`Admission.accept`); never raises."""
+        return self.admission.accept(submission)
 
     # -------------------------------------------------------------------------------- rounds
     def _notify(self, machine: RoundMachine) -> None:
@@ -685,36 +272,40 @@ class Coordinator:
         machine.advance(state)
         self._notify(machine)
 
-    def run(self, transport: CoordinatorTransport) -> RunSummary:
-        """Run rounds until ``federation.rounds`` are committed.
+    def run(
+        self,
+        transport: CoordinatorTransport,
+        *,
+        after_commit: Callable[[RoundRecord], None] | None = None,
+    ) -> RunSummary:
+        """Run rounds until ``federation.rounds`` are committed: the one loop every run drives.
+
+        Args:
+            transport: Where each round's model goes and its updates come from.
+            after_commit: Called on this thread with each committed round's record, before the
+                next round opens, while ``params``, ``version`` and ``model_hash`` are that
+                round's model (they change only at the next outer step, after the commit
+                written behind is settled). The record's checkpoint and ledger line may still
+                be being written; an error it raises ends the run once they are durable.
 
         Raises:
             QuorumNotReached: Fewer than ``quorum`` participants joined within
                 ``join_timeout_s``, or a round stayed below quorum after every retry.
         """
         fed = self.config.federation
-        if self.version >= fed.rounds:  # resumed a finished run: nothing to wait for
-            transport.finish()
-            return RunSummary(list(self.records), self.model_hash, self.version, self.params)
-        joined = transport.wait_for_participants(fed.quorum, fed.join_timeout_s)
-        if len(joined) < fed.quorum:
-            raise QuorumNotReached(
-                f"only {len(joined)} of {len(self.expected)} participants joined within "
-                f"federation.join_timeout_s ({fed.join_timeout_s} s); quorum is {fed.quorum}.",
-                remediation="start more participants, check their logs, or lower "
-                "federation.quorum.",
-            )
-        try:
-            while self.version < fed.rounds:
-                self.run_round(transport, write_behind=True)
-            self._settle(last=True)
-        except BaseException:
-            self._settle_after_failure()
-            raise
-        finally:
-            if self._committer is not None:
-                self._committer.shutdown(wait=True)
-                self._committer = None
+        if self.version < fed.rounds:  # a resumed finished run has nothing to wait for
+            _wait_for_quorum(transport, self.config, len(self.admission.expected))
+            try:
+                while self.version < fed.rounds:
+                    record = self.run_round(transport, write_behind=True)
+                    if after_commit is not None:
+                        after_commit(record)
+                self._settle(last=True)
+            except BaseException:
+                self._settle_after_failure()
+                raise
+            finally:
+                self.committer.shutdown()
         transport.finish()
         return RunSummary(list(self.records), self.model_hash, self.version, self.params)
 
@@ -722,6 +313,8 @@ class Coordinator:
         self, transport: CoordinatorTransport, *, write_behind: bool = False
     ) -> RoundRecord:
         """Run round ``self.version`` with retries; returns its committed record.
+
+        One step of :meth:`run`.
 
         Args:
             transport: Where the round's model goes and its updates come from.
@@ -731,6 +324,7 @@ class Coordinator:
 
         Raises:
             QuorumNotReached: Still below quorum after ``max_round_retries`` retries.
+            PrecommitCheckFailed: The new model failed the pre-commit check in every attempt.
         """
         fed = self.config.federation
         transport.attach(self.intake)
@@ -740,55 +334,62 @@ class Coordinator:
             if record.state == RoundState.CLOSED:
                 return record
         assert record is not None
-        if record.defences.get("precommit"):
-            raise PrecommitCheckFailed(
-                f"round {record.round}'s new global model failed the pre-commit check in "
-                f"{fed.max_round_retries + 1} attempts: {record.defences['precommit']}",
-                remediation="see the ledger's defences field for the updates' norms; tighten "
-                "federation.robustness (norm_bound, median_factor, aggregator) or exclude the "
-                "participant.",
-            )
-        raise QuorumNotReached(
-            f"round {record.round} reached only {len(record.contributors)} of "
-            f"{fed.quorum} required contributors in {fed.max_round_retries + 1} attempts "
-            f"(excluded: {', '.join(f'{k}={v}' for k, v in sorted(record.excluded.items()))}).",
-            remediation="check the excluded participants' logs, raise "
-            "federation.round_timeout_s, or lower federation.quorum.",
-        )
+        raise _round_failed(record, fed.quorum, fed.max_round_retries + 1)
 
     def run_attempt(
         self, transport: CoordinatorTransport, attempt: int, *, write_behind: bool = False
     ) -> RoundRecord:
         """One attempt at round ``self.version``: open, collect, and commit or abort.
 
-        A commit written behind by the previous attempt is settled once collection ends,
-        before this attempt aggregates, aborts or writes anything (:meth:`_settle`).
+        One step of :meth:`run_round`. A commit written behind by the previous attempt is
+        settled once collection ends, before this attempt aggregates, aborts or writes anything
+        (:meth:`_settle`).
+        """
+        machine = RoundMachine(self.version, attempt)
+        self._notify(machine)
+        current = Attempt(machine)
+        self._collect(transport, current)
+        combined = self._aggregate(current)
+        new_hash = None
+        if combined is not None:
+            self._advance(machine, RoundState.COMMITTING)
+            new_hash = outer_step(
+                self.outer,
+                self.params,
+                self.momentum,
+                combined,
+                self.config.federation.robustness,
+                version=self.version,
+                parent=self.model_hash,
+                defences=current.defences,
+            )
+        if new_hash is None:
+            return self._abort(current, transport)
+        return self._commit(current, new_hash, transport, write_behind=write_behind)
+
+    def _collect(self, transport: CoordinatorTransport, current: Attempt) -> None:
+        """Open the attempt and judge submissions until every participant has one or time is up.
+
+        The previous commit written behind is settled before the attempt closes.
         """
         fed = self.config.federation
-        t = self.version
-        machine = RoundMachine(t, attempt)
-        self._notify(machine)
-        wall_start = time.perf_counter()
-        opened_at = _utc_now()
         opening = RoundOpening(
-            round_index=t,
-            attempt=attempt,
+            round_index=current.machine.round_index,
+            attempt=current.machine.attempt,
             model_version=self.version,
             model_hash=self.model_hash,
             deadline_s=transport.now() + fed.round_timeout_s,
         )
-        col = _Collection(opening, self.expected)
-        self._collection = col
-        self._spool.reset()
+        col = self.admission.open(opening)
         transport.open_round(opening, self.model_payload())
-        self._advance(machine, RoundState.COLLECTING)
+        self._advance(current.machine, RoundState.COLLECTING)
         while not col.complete:
             submission = transport.receive(opening.deadline_s)
             if submission is None:
                 break
             transport.reply(submission, self.accept(submission))
             del submission  # its payload is spilled: let it go before the next one arrives
-            if self._commit_failed():
+            if self.committer.failed():
                 break  # the previous round is not durable: _settle raises why
         # The previous round must be durable before this one can change anything.
         self._settle()
@@ -796,33 +397,34 @@ class Coordinator:
         # sent an oversized stream): the ledger names that instead of "timeout".
         for pid, why in transport.absence_reasons().items():
             col.rejected.setdefault(pid, why)
-        self._collection = None
-        self._closed = ClosedAttempt(t, attempt, dict(col.hashes))
-        traffic = transport.take_traffic()
-        parent = self.model_hash
-        defences: dict[str, object] = {"aggregator": fed.robustness.aggregator}
-        if len(col.norms) < fed.quorum:
-            self._spool.reset()
-            return self._abort(
-                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
-            )
-        self._advance(machine, RoundState.AGGREGATING)
-        screening = decide(col.norms, fed.robustness)
-        defences.update(screening.to_record())
-        for pid, why in screening.rejected.items():
-            col.norms.pop(pid)
-            col.rejected[pid] = Reason.NORM_BOUND.value
-            col.details[pid] = why
-        if len(col.norms) < fed.quorum:
-            self._spool.reset()
-            return self._abort(
-                machine, col, traffic, wall_start, opened_at, defences=defences, transport=transport
-            )
-        shapes = {name: spec.shape for name, spec in self.architecture.items()}
-        if self._accumulator is None:
-            self._accumulator = flat_empty(shapes)
+        current.collection = self.admission.close()
+        current.traffic = transport.take_traffic()
+        current.defences = {"aggregator": fed.robustness.aggregator}
+
+    def _aggregate(self, current: Attempt) -> Params | None:
+        """Screen the updates' norms and combine the rest; None when below quorum.
+
+        The spool is emptied either way.
+        """
+        fed = self.config.federation
+        col = current.collection
+        assert col is not None
+        screening = None
+        if len(col.norms) >= fed.quorum:
+            self._advance(current.machine, RoundState.AGGREGATING)
+            screening = decide(col.norms, fed.robustness)
+            current.defences.update(screening.to_record())
+            for pid, why in screening.rejected.items():
+                col.norms.pop(pid)
+                col.rejected[pid] = Reason.NORM_BOUND.value
+                col.details[pid] = why
         try:
-            combined = aggregate_spooled(
+            if screening is None or len(col.norms) < fed.quorum:
+                return None
+            shapes = {name: spec.shape for name, spec in self.architecture.items()}
+            if self._accumulator is None:
+                self._accumulator = flat_empty(shapes)
+            return aggregate_spooled(
                 self._spool,
                 screening,
                 shapes,
@@ -833,140 +435,138 @@ class Coordinator:
             )
         finally:
             self._spool.reset()
-        self._advance(machine, RoundState.COMMITTING)
-        # The check reads the new model tensor by tensor; only when it passes is the step
-        # taken, in place: no second copy of the model and its momentum is ever held. Each
-        # checked tensor is hashed on the hashing thread meanwhile, so the new model's hash is
-        # ready with the step; its tensors are the step's bit for bit (OuterStep.candidate).
-        params, momentum = self.params, self.momentum
-        with model_hash_behind(self.version + 1, parent) as hasher:
-            candidate = self.outer.candidate(params, combined, momentum)
-            change, problem = precommit_problem(
-                params, candidate, fed.robustness.max_relative_change, on_checked=hasher.add
-            )
-            defences["relative_change"] = float(f"{change:.6g}") if change is not None else None
-            if problem is not None:
-                defences["precommit"] = problem
-                return self._abort(
-                    machine,
-                    col,
-                    traffic,
-                    wall_start,
-                    opened_at,
-                    defences=defences,
-                    transport=transport,
-                )
-            self._payload_cache = None  # the committed model's payload replaces it
-            self.outer.apply_in_place(params, combined, momentum)
-            del combined
-            new_hash = hasher.result(sorted(params))
-        record = self._record(
-            machine,
-            col,
-            traffic,
-            wall_start,
-            opened_at=opened_at,
-            defences=defences,
+
+    def _record(self, current: Attempt, new_hash: str) -> RoundRecord:
+        """The attempt's ledger record; committed when ``new_hash`` is not the current model."""
+        return attempt_record(
+            current,
+            self._context,
+            parent_hash=self.model_hash,
             new_hash=new_hash,
+            commit_s=self.committer.commit_s,
         )
-        self._set_state(self.version + 1, params, momentum, new_hash, parent)
+
+    def _abort(self, current: Attempt, transport: CoordinatorTransport) -> RoundRecord:
+        """End an attempt without changing global state (below quorum, or pre-commit failed)."""
+        self._advance(current.machine, RoundState.ABORTED)
+        record = self._record(current, self.model_hash)
+        self.committer.close(record, transport, checkpoint=None)
+        return record
+
+    def _commit(
+        self,
+        current: Attempt,
+        new_hash: str,
+        transport: CoordinatorTransport,
+        *,
+        write_behind: bool,
+    ) -> RoundRecord:
+        """Make the stepped model the global one and write its checkpoint and ledger line."""
+        self._payload_cache = None  # the committed model's payload replaces it
+        record = self._record(current, new_hash)
+        state = self.state
+        self.state = ModelState(
+            state.version + 1, state.params, state.momentum, new_hash, state.model_hash
+        )
         if write_behind:
-            self._write_behind(record, machine, transport)
+            ckpt = self.store.checkpoint_of(self.state, record) if self.store.checkpoints else None
+            self.committer.write_behind(record, ckpt, current.machine, transport)
             return record
         commit_start = time.perf_counter()
-        checkpoint = self._save_checkpoint(record)
-        self._advance(machine, RoundState.CLOSED)
-        self._finish(record, transport, checkpoint=checkpoint)
+        checkpoint = self.store.save(self.state, record)
+        self._advance(current.machine, RoundState.CLOSED)
+        self.committer.close(record, transport, checkpoint=checkpoint)
         # The line cannot time its own checkpoint and append; the next line reports them.
-        self._commit_s = time.perf_counter() - commit_start
+        self.committer.commit_s = time.perf_counter() - commit_start
         return record
 
-    def _abort(
-        self,
-        machine: RoundMachine,
-        col: _Collection,
-        traffic: Traffic,
-        wall_start: float,
-        opened_at: str,
-        *,
-        defences: dict[str, object],
-        transport: CoordinatorTransport,
-    ) -> RoundRecord:
-        """End an attempt without changing global state (below quorum, or pre-commit failed)."""
-        self._advance(machine, RoundState.ABORTED)
-        record = self._record(
-            machine,
-            col,
-            traffic,
-            wall_start,
-            opened_at=opened_at,
-            defences=defences,
-            new_hash=self.model_hash,
-        )
-        self._finish(record, transport, checkpoint=None)
-        return record
+    def _settle(self, *, last: bool = False) -> None:
+        """Wait until the commit written behind is durable; re-raise its error.
 
-    def _record(
-        self,
-        machine: RoundMachine,
-        col: _Collection,
-        traffic: Traffic,
-        wall_start: float,
-        *,
-        opened_at: str,
-        defences: dict[str, object],
-        new_hash: str,
-    ) -> RoundRecord:
-        """The ledger line of an attempt; committed when ``new_hash`` differs from the parent."""
-        contributors = sorted(col.norms)
-        absent = sorted(self.expected - set(contributors))
-        committed = new_hash != self.model_hash
-        reported = {pid: col.reported[pid] for pid in contributors}
-        losses = [r["mean_loss"] for r in reported.values() if r["mean_loss"] is not None]
-        rejected = {
-            pid: {"reason": col.rejected[pid], "detail": col.details.get(pid, "")}
-            for pid in sorted(col.rejected)
-            if pid in absent
-        }
-        defences = {**defences, "rejected": rejected}
-        defences.setdefault("precommit", None)
-        wall = time.perf_counter() - wall_start
-        extra = {} if self._commit_s is None else {"previous_commit_s": round(self._commit_s, 6)}
-        return RoundRecord(
-            round=machine.round_index,
-            attempt=machine.attempt,
-            state=(RoundState.CLOSED if committed else RoundState.ABORTED).value,
-            contributors=contributors,
-            excluded={pid: col.rejected.get(pid, "timeout") for pid in absent},
-            parent_hash=self.model_hash,
-            model_hash=new_hash,
-            mean_inner_loss=sum(losses) / len(losses) if losses else None,
-            bytes_up=traffic.bytes_up,
-            bytes_down=traffic.bytes_down,
-            quantization=self.config.federation.quantization,
-            wall_s=round(wall, 6),
-            compute_s=round(traffic.compute_s, 6),
-            non_compute_s=round(max(0.0, wall - traffic.compute_s), 6),
-            config_hash=self.config_hash,
-            extra=extra,
-            updates={p: {"hash": col.hashes[p], "bytes": col.sizes[p]} for p in contributors},
-            aggregator=f"canonical-{self.config.federation.robustness.aggregator}",
-            software=f"lensemble {__version__}",
-            opened_at=opened_at,
-            closed_at=_utc_now(),
-            defences=defences,
-            self_reported=reported,
+        Args:
+            last: No other attempt opened since, so the observer hears that it CLOSED (a
+                later round's state would be overwritten by a late CLOSED otherwise).
+
+        Raises:
+            DiskFull, OSError, IntegrityError: Whatever the checkpoint or the ledger append
+                raised; the round is then not committed and a resume redoes it.
+        """
+        machine = self.committer.settle()
+        if machine is not None and last:
+            self._notify(machine)
+
+    def _settle_after_failure(self) -> None:
+        """Wait for the commit behind while another error ends the run; log, never mask it."""
+        try:
+            self._settle(last=True)
+        except Exception as exc:  # the error already propagating is the one to report
+            _log.error("the commit of the previous round failed as well: %s", exc)
+
+
+def _wait_for_quorum(transport: CoordinatorTransport, config: LensembleConfig, of: int) -> None:
+    """Wait for participants to join; refuse to start below quorum.
+
+    Raises:
+        QuorumNotReached: Fewer than ``quorum`` of the ``of`` participants joined in time.
+    """
+    fed = config.federation
+    joined = transport.wait_for_participants(fed.quorum, fed.join_timeout_s)
+    if len(joined) < fed.quorum:
+        raise QuorumNotReached(
+            f"only {len(joined)} of {of} participants joined within "
+            f"federation.join_timeout_s ({fed.join_timeout_s} s); quorum is {fed.quorum}.",
+            remediation="start more participants, check their logs, or lower federation.quorum.",
         )
 
-    def _finish(
-        self, record: RoundRecord, transport: CoordinatorTransport, *, checkpoint: str | None
-    ) -> None:
-        if self.ledger is not None:
-            self.ledger.append(record, checkpoint)
-        self.records.append(record)
-        transport.round_closed(record)
-        self._announce_durable(record, transport)
+
+def _round_failed(record: RoundRecord, quorum: int, attempts: int) -> Exception:
+    """Why a round's last attempt ended the run: the pre-commit check, or too few updates."""
+    if record.defences.get("precommit"):
+        return PrecommitCheckFailed(
+            f"round {record.round}'s new global model failed the pre-commit check in "
+            f"{attempts} attempts: {record.defences['precommit']}",
+            remediation="see the ledger's defences field for the updates' norms; tighten "
+            "federation.robustness (norm_bound, median_factor, aggregator) or exclude the "
+            "participant.",
+        )
+    return QuorumNotReached(
+        f"round {record.round} reached only {len(record.contributors)} of "
+        f"{quorum} required contributors in {attempts} attempts "
+        f"(excluded: {', '.join(f'{k}={v}' for k, v in sorted(record.excluded.items()))}).",
+        remediation="check the excluded participants' logs, raise "
+        "federation.round_timeout_s, or lower federation.quorum.",
+    )
 
 
-def _utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+def _signer(
+    signer: Signer | Literal["env"] | None, resume: bool | VerifiedRecord, output_dir: Path | None
+) -> Signer | None:
+    """The key to sign with: the one given, else the verified record's, else the environment's."""
+    if signer != "env":
+        return signer
+    if isinstance(resume, VerifiedRecord) and resume.signer is not None:
+        return resume.signer
+    return signer_from_env() if output_dir else None
+
+
+def _verified(
+    resume: bool | VerifiedRecord, output_dir: Path, config: LensembleConfig, signer: Signer | None
+) -> VerifiedRecord:
+    """The verified run record to resume: the one handed over, or verified now.
+
+    Raises:
+        ConfigError: The record handed over was verified for another ledger or another key.
+    """
+    ledger_name = config.observability.ledger_path
+    if not isinstance(resume, VerifiedRecord):
+        return require_valid(output_dir, ledger_name, signer)  # before any work or write
+    ledger_path = output_dir / ledger_name
+    key = (signer.algorithm, signer.key_id) if signer else None
+    checked = (resume.signer.algorithm, resume.signer.key_id) if resume.signer else None
+    if resume.ledger_path != ledger_path or key != checked:
+        raise ConfigError(
+            f"the run record handed to the coordinator was verified for {resume.ledger_path} "
+            f"with key {checked}, not for {ledger_path} with key {key}; verify the folder the "
+            "coordinator writes, with the key it signs with."
+        )
+    return resume

@@ -55,9 +55,9 @@ def pseudo_gradient(
 
 #: Elements per block of :func:`canonical_mean` and the spooled mean (1 MiB of float32): the
 #: accumulator's block stays in cache while every update adds into it, so each update is read
-#: from memory once and the accumulator written once. 256 KiB blocks paid more in per-block
-#: calls than they saved: the spooled mean at 100M parameters and N = 4 ran at 2.8 GB/s with
-#: them and 3.5 GB/s with these (process CPU time, best of 3). Any size gives the same bits.
+#: from memory once and the accumulator written once. Smaller blocks paid more in per-block
+#: calls than they saved (docs/performance.md#block-sizes-and-buffers-of-the-hot-path). Any
+#: size gives the same bits.
 MEAN_BLOCK = 1 << 18
 
 

@@ -154,56 +154,60 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
     Raises:
         UsageError: An entry is malformed or names an unknown participant.
     """
-    faults = []
-    for raw in (part.strip() for part in spec.split(",")):
-        if not raw:
-            continue
-        m = _FAULT.match(raw)
-        if m is None:
-            raise UsageError(
-                f"--faults entry '{raw}' is not valid;",
-                remediation=f"write e.g. {examples()} (rounds are 0-based).",
-            )
-        kind = ALIASES.get(m["kind"], m["kind"])
-        pid = m["pid"]
-        if (kind in _NEEDS_PARTICIPANT) != (pid is not None):
-            need = "needs a participant, as in" if pid is None else "takes no participant, as in"
-            example = f"{kind}:alpine@3" if pid is None else f"{kind}@3"
-            raise UsageError(f"--faults entry '{raw}' {need} {example}.")
-        if participants is not None and pid is not None and pid not in participants:
-            raise UsageError(
-                f"--faults entry '{raw}' names '{pid}', which is not a participant;",
-                remediation=f"use one of {', '.join(sorted(participants))}.",
-            )
-        seconds = value = None
-        if kind == "poison":
-            value = _poison_value(raw, m["value"])
-        elif kind == "rank_kill":
-            text = m["value"] or "1"
-            if not _RANK.match(text) or int(text) < 1:
-                raise UsageError(
-                    f"--faults entry '{raw}' needs a rank from 1 up after '=', as in "
-                    "rank_kill:alpine@2=1 (rank 0 talks to the coordinator)."
-                )
-            value = float(text)
-        elif m["value"] is not None:
-            if kind != "delay" or not _SECONDS.match(m["value"]):
-                raise UsageError(
-                    f"--faults entry '{raw}' has '={m['value']}', which only delay (seconds, "
-                    "as in delay:coastal@5=12.5) and poison (a number) take."
-                )
-            seconds = float(m["value"])
-        faults.append(
-            Fault(
-                kind=kind,
-                participant=pid,
-                round_index=int(m["round"]),
-                attempt=int(m["attempt"]) if m["attempt"] is not None else None,
-                seconds=seconds,
-                value=value,
-            )
+    entries = (part.strip() for part in spec.split(","))
+    return FaultPlan(tuple(_parse_fault(raw, participants) for raw in entries if raw))
+
+
+def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
+    """One ``--faults`` entry (see :func:`parse_faults`)."""
+    m = _FAULT.match(raw)
+    if m is None:
+        raise UsageError(
+            f"--faults entry '{raw}' is not valid;",
+            remediation=f"write e.g. {examples()} (rounds are 0-based).",
         )
-    return FaultPlan(tuple(faults))
+    kind = ALIASES.get(m["kind"], m["kind"])
+    pid = m["pid"]
+    if (kind in _NEEDS_PARTICIPANT) != (pid is not None):
+        need = "needs a participant, as in" if pid is None else "takes no participant, as in"
+        example = f"{kind}:alpine@3" if pid is None else f"{kind}@3"
+        raise UsageError(f"--faults entry '{raw}' {need} {example}.")
+    if participants is not None and pid is not None and pid not in participants:
+        raise UsageError(
+            f"--faults entry '{raw}' names '{pid}', which is not a participant;",
+            remediation=f"use one of {', '.join(sorted(participants))}.",
+        )
+    seconds, value = _fault_value(raw, kind, m["value"])
+    return Fault(
+        kind=kind,
+        participant=pid,
+        round_index=int(m["round"]),
+        attempt=int(m["attempt"]) if m["attempt"] is not None else None,
+        seconds=seconds,
+        value=value,
+    )
+
+
+def _fault_value(raw: str, kind: str, text: str | None) -> tuple[float | None, float | None]:
+    """``(seconds, value)`` of an entry's ``=...`` part: a delay, a poison value or a rank."""
+    if kind == "poison":
+        return None, _poison_value(raw, text)
+    if kind == "rank_kill":
+        rank = text or "1"
+        if not _RANK.match(rank) or int(rank) < 1:
+            raise UsageError(
+                f"--faults entry '{raw}' needs a rank from 1 up after '=', as in "
+                "rank_kill:alpine@2=1 (rank 0 talks to the coordinator)."
+            )
+        return None, float(rank)
+    if text is None:
+        return None, None
+    if kind != "delay" or not _SECONDS.match(text):
+        raise UsageError(
+            f"--faults entry '{raw}' has '={text}', which only delay (seconds, "
+            "as in delay:coastal@5=12.5) and poison (a number) take."
+        )
+    return float(text), None
 
 
 def participant_faults(spec: str, participants: list[str], participant: str) -> FaultPlan:

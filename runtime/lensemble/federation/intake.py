@@ -13,11 +13,14 @@ it is, without a second write (:mod:`lensemble.federation.spool`).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from lensemble.machinery.fresh_bytes import BytesBuilder
 
 #: Gives an unnamed file back to whoever lent it (the coordinator's spool).
 GiveBack = Callable[[int], None]
@@ -27,8 +30,9 @@ class Landing:
     """One incoming payload written into an unnamed file as its chunks arrive.
 
     :meth:`write` appends (one ``pwrite`` per chunk, nothing kept in memory); :meth:`finish`
-    maps the whole file read-only and returns a view of it, which the coordinator judges like
-    bytes in memory. When the coordinator keeps the update, its spool adopts the file
+    maps the whole file read-only and returns a view of it, the submission's payload (its
+    length is what the transport reads of it); the coordinator judges a private copy read back
+    with :meth:`read_back`. When the coordinator keeps the update, its spool adopts the file
     (:meth:`adopt`); otherwise the file goes back through ``give_back`` once the last view of
     its mapping is gone (never earlier: reusing it would change, or cut short, bytes still
     visible), or when the landing is dropped unfinished.
@@ -71,6 +75,30 @@ class Landing:
         self._release.detach()
         self._release = weakref.finalize(mapping, self._give_back, self._fd)
         return memoryview(mapping)
+
+    def read_back(self) -> bytes:
+        """A private copy of the ``size`` bytes written, read from the file with ``pread``.
+
+        The file is on disk from the first chunk on, where another process of the
+        coordinator's user can change it (``/proc/<pid>/fd``); the coordinator judges this copy
+        and checks its SHA-256, so what it judges is exactly what it hashed. Read with
+        ``pread``, not through the mapping: a file cut short makes a short read here, where a
+        mapping would raise ``SIGBUS``.
+
+        Raises:
+            OSError: The file cannot be read, or holds fewer than ``size`` bytes now.
+        """
+        builder = BytesBuilder(self.size, recycle=True)
+        while builder.written < self.size:
+            tail = builder.tail()
+            n = os.preadv(self._fd, [tail], builder.written)
+            del tail
+            if n == 0:
+                raise OSError(
+                    errno.EIO, f"the file holds {builder.written} of {self.size} bytes now"
+                )
+            builder.advance(n)
+        return builder.finish()
 
     def adopt(self) -> int:
         """Hand the file over to the spool entry that keeps it (which then owns it)."""

@@ -24,10 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -162,15 +164,141 @@ class LedgerLine:
 def record_from_dict(data: Any, where: str) -> RoundRecord:
     """A :class:`RoundRecord` from parsed JSON, ignoring fields this version does not know.
 
+    Every known field must hold the JSON its annotation declares (nested values included, an
+    integer never a boolean, a float any number), so no reader of a record meets a type it did
+    not expect; a few fields are narrower still (:data:`_NARROWER`).
+
     Raises:
-        IntegrityError: ``data`` is not an object with every required field.
+        IntegrityError: ``data`` is not an object with every required field, each of its type
+            (the message names ``where`` and the first field that is not).
     """
     if not isinstance(data, dict):
         raise IntegrityError(f"{where} carries no round record;")
-    try:
-        return RoundRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
-    except TypeError as exc:
-        raise IntegrityError(f"{where} is not a valid round record ({exc});") from None
+    known = {k: v for k, v in data.items() if k in _RECORD_FIELDS}
+    missing = sorted(
+        f.name
+        for f in fields(RoundRecord)
+        if f.name not in known and f.default is MISSING and f.default_factory is MISSING
+    )
+    if missing:
+        raise IntegrityError(
+            f"{where} is not a valid round record (it lacks {', '.join(missing)});"
+        )
+    for name, value in known.items():
+        expected = _field_problem(name, value)
+        if expected is not None:
+            raise IntegrityError(
+                f"{where} is not a valid round record (field {name} holds {_json_kind(value)}, "
+                f"expected {expected});"
+            )
+    return RoundRecord(**known)
+
+
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _update_entries(value: dict[str, Any]) -> bool:
+    return all(
+        isinstance(entry.get("hash"), str) and _index(entry.get("bytes"))
+        for entry in value.values()
+    )
+
+
+#: Fields narrower than their annotation: the check, and what it expects (in words).
+_NARROWER: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "round": (_index, "a non-negative integer"),
+    "attempt": (_index, "a non-negative integer"),
+    "state": (lambda v: v in ("closed", "aborted"), '"closed" or "aborted"'),
+    "bytes_up": (_index, "a non-negative integer"),
+    "bytes_down": (_index, "a non-negative integer"),
+    "updates": (_update_entries, 'objects {"hash": string, "bytes": non-negative integer}'),
+}
+
+
+@cache
+def _record_hints() -> dict[str, Any]:
+    return typing.get_type_hints(RoundRecord)
+
+
+def _field_problem(name: str, value: Any) -> str | None:
+    """What field ``name`` should hold, in words, when ``value`` is not that; else None."""
+    hint = _record_hints()[name]
+    if not _conforms(value, hint):
+        return _hint_text(hint)
+    narrower = _NARROWER.get(name)
+    if narrower is not None and not narrower[0](value):
+        return narrower[1]
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    # JSON has numbers: an integer is a float too, a boolean neither.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+#: How a scalar annotation of RoundRecord is checked on parsed JSON.
+_SCALAR_CHECKS: dict[Any, Callable[[Any], bool]] = {
+    float: _is_number,
+    int: lambda v: type(v) is int,
+    str: lambda v: type(v) is str,
+    bool: lambda v: type(v) is bool,
+    type(None): lambda v: v is None,
+}
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether parsed JSON ``value`` is of type ``hint`` (the annotations RoundRecord uses)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(key, str) and _conforms(item, args[1]) for key, item in value.items()
+        )
+    check = _SCALAR_CHECKS.get(hint)
+    if check is None:
+        raise TypeError(f"RoundRecord uses {hint}, which record_from_dict cannot check")
+    return check(value)
+
+
+def _hint_text(hint: Any) -> str:
+    """``hint`` in the words of JSON (``dict[str, float]`` -> ``an object of numbers``)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_hint_text(arg) for arg in args)
+    if origin is list:
+        return f"a list of {_plural(args[0])}"
+    if origin is dict:
+        return f"an object of {_plural(args[1])}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(
+        hint, "null" if hint is type(None) else "any JSON"
+    )
+
+
+def _plural(hint: Any) -> str:
+    text = _hint_text(hint)
+    for article in ("an ", "a "):
+        if text.startswith(article):
+            return text.removeprefix(article) + "s"
+    return text
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON type of a parsed value, in words (the value itself may be hostile and long)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value}" if len(repr(value)) <= 24 else "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 def build_line(
@@ -215,29 +343,33 @@ class ParsedLedger:
         torn: The final line's text when it is unterminated and not valid JSON (a crash tore it).
         bad: ``(line number, why)`` of the first unparseable line that is not a torn tail.
         legacy: The file is a version 1 ledger.
+        raw: The bytes parsed (the file's whole contents).
     """
 
     lines: list[LedgerLine] = field(default_factory=list)
     torn: str | None = None
     bad: tuple[int, str] | None = None
     legacy: bool = False
+    raw: bytes = b""
 
 
 def parse_ledger(path: Path) -> ParsedLedger:
     """Read a ledger file without judging it (see :mod:`lensemble.federation.verify`)."""
-    out = ParsedLedger()
     if not path.exists():
-        return out
-    raw = path.read_bytes()
+        return ParsedLedger()
+    return parse_ledger_bytes(path.read_bytes())
+
+
+def parse_ledger_bytes(raw: bytes) -> ParsedLedger:
+    """Split a ledger's contents into lines without judging them (:func:`parse_ledger`)."""
+    out = ParsedLedger(raw=raw)
     texts = raw.decode("utf-8", errors="replace").split("\n")
     complete = raw.endswith(b"\n")
     if complete:
         texts.pop()  # the empty string after the final newline
     for number, text in enumerate(texts, 1):
         try:
-            body = json.loads(text)
-            if not isinstance(body, dict):
-                raise ValueError("not a JSON object")
+            body = _json_object(text)
         except ValueError as exc:
             if number == len(texts) and not complete:
                 out.torn = text
@@ -249,6 +381,21 @@ def parse_ledger(path: Path) -> ParsedLedger:
             return out
         out.lines.append(LedgerLine(number, body, text))
     return out
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """One line's JSON object.
+
+    Raises:
+        ValueError: Not JSON, not an object, or nested deeper than the parser can go.
+    """
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested deeper than the JSON parser goes") from None
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    return body
 
 
 class Ledger:
@@ -264,6 +411,10 @@ class Ledger:
         self.signer = signer
         path.parent.mkdir(parents=True, exist_ok=True)
         self._tail: tuple[int, str] | None = None
+
+    def continue_after(self, lines: list[LedgerLine]) -> None:
+        """Append after ``lines``, the file's verified contents, without reading it again."""
+        self._tail = (lines[-1].number, lines[-1].line_hash) if lines else (0, "")
 
     def _tail_state(self) -> tuple[int, str]:
         if self._tail is None:
@@ -311,7 +462,9 @@ class Ledger:
         """Every line's round record, in order (same errors as :meth:`lines`)."""
         return [line.record for line in self.lines()]
 
-    def rewrite_texts(self, texts: Iterable[str], *, why: str) -> Path | None:
+    def rewrite_texts(
+        self, texts: Iterable[str], *, why: str, old: bytes | None = None
+    ) -> Path | None:
         """Replace the ledger atomically with these line texts (resume drops or repairs a tail).
 
         Nothing is lost and nothing happens quietly: when the contents change, the old ledger
@@ -321,6 +474,8 @@ class Ledger:
         Args:
             texts: The complete new contents, line by line.
             why: What the rewrite repairs, e.g. ``"drops the final line 5, torn by a crash"``.
+            old: The file's current contents when the caller read them already (under the
+                folder's lock); read from the file when None.
 
         Returns:
             The file keeping the old contents, or None when they were already these.
@@ -329,7 +484,8 @@ class Ledger:
             DiskFull: Not enough room (checked before anything is written).
         """
         data = "".join(t + "\n" for t in texts).encode()
-        old = self.path.read_bytes() if self.path.exists() else b""
+        if old is None:
+            old = self.path.read_bytes() if self.path.exists() else b""
         if old == data:
             return None
         check_free_space(self.path.parent, len(data) + len(old))

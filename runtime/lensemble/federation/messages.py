@@ -46,7 +46,7 @@ class Submission:
         payload: Safetensors bytes sealed by the participant's residency guard.
         payload_hash: ``sha256:<hex>`` of ``payload`` as the sender declared it.
         attempt: Attempt of that round the update was trained for (the coordinator admits
-            only the open ``(round_index, attempt)``, see ``coordinator.admit_attempt``).
+            only the open ``(round_index, attempt)``, see ``admission.admit_attempt``).
         hash_checked: True when the transport hashed ``payload`` as it arrived and found
             ``payload_hash`` (the network transport does, while streaming), so the coordinator
             does not hash the same bytes again.

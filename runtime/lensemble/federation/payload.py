@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import ArchitectureMismatch, PayloadError
+from lensemble.federation import strict_json
 from lensemble.machinery.fresh_bytes import LARGE, BytesBuilder
 from lensemble.machinery.hash_behind import HashBehind
 
@@ -181,7 +182,8 @@ def encode(
     here: metadata keys are sorted, so the same payload always has the same bytes (safetensors
     writes them in hash-map order, which varies between processes, and a resend must be
     byte-identical to count as a duplicate); and each tensor is copied once instead of twice,
-    which made safetensors' writer the slowest step of a round (``bench/runtime_overhead.py``).
+    which made safetensors' writer the slowest step of a round
+    (docs/performance.md#block-sizes-and-buffers-of-the-hot-path).
     Untrusted bytes are parsed by :func:`decode` under safetensors' layout rules.
 
     Args:
@@ -238,9 +240,10 @@ def _joined(parts: list[bytes | memoryview], total: int, *, recycle: bool = True
     """``b"".join(parts)`` (``total`` bytes), at memory bandwidth for large payloads.
 
     Built in place (:class:`~lensemble.machinery.fresh_bytes.BytesBuilder`): ``b"".join``
-    ran at about a seventh of ``numpy.copyto``'s speed in ``bench/runtime_overhead.py``, its
-    fresh buffer faulted in 4 KiB page by page. With ``recycle`` the previous payload of the
-    same size, once released (a round's model or update), is written over, not faulted in anew.
+    is several times slower, its fresh buffer faulted in 4 KiB page by page
+    (docs/performance.md#block-sizes-and-buffers-of-the-hot-path). With ``recycle`` the
+    previous payload of the same size, once released (a round's model or update), is written
+    over, not faulted in anew.
     """
     if total < LARGE:
         return b"".join(parts)
@@ -317,6 +320,25 @@ def _nesting_depth(header: bytes) -> int:
     return deepest
 
 
+#: Bits one tensor may span: torch's sizes are signed 64-bit (the reference allows unsigned).
+_EXTENT_LIMIT = 2**63
+
+
+def _parse_header(raw: bytes) -> object:
+    """The header's JSON, read as strictly as the reference parser reads it (:mod:`strict_json`).
+
+    Raises:
+        PayloadError: Not UTF-8, or not JSON the reference parser would read.
+    """
+    try:
+        return strict_json.loads(raw)
+    except UnicodeDecodeError as exc:
+        reason = f"{exc.reason} at byte {exc.start}"
+        raise PayloadError(f"payload header is not UTF-8 ({reason}).") from None
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+
+
 def _check_header(header: object) -> dict[str, str]:
     """Check a parsed header's structure; return its metadata.
 
@@ -331,29 +353,44 @@ def _check_header(header: object) -> dict[str, str]:
     for name, entry in header.items():
         if name == "__metadata__":
             metadata = entry
-            continue
-        if not isinstance(entry, dict):
-            raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
-            raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
-        if not (
-            isinstance(shape, list)
-            and len(shape) <= MAX_TENSOR_RANK
-            and all(type(d) is int and d >= 0 for d in shape)
-        ):
-            raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(o) is int and o >= 0 for o in offsets)
-        ):
-            raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+        else:
+            _check_entry(name, entry)
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise PayloadError("payload metadata is not an object of strings.")
     return metadata
+
+
+def _check_entry(name: str, entry: object) -> None:
+    """One tensor entry: a supported dtype, a bounded integer shape, two integer offsets."""
+    if not isinstance(entry, dict):
+        raise PayloadError(f"payload header entry '{name[:64]}' is not an object.")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _ST_DTYPE_RANK:
+        raise PayloadError(f"tensor '{name[:64]}' has unsupported dtype {str(dtype)[:16]!r}.")
+    _check_shape(name, dtype, shape)
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int and o >= 0 for o in offsets)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has invalid data offsets.")
+
+
+def _check_shape(name: str, dtype: str, shape: object) -> None:
+    """A list of at most :data:`MAX_TENSOR_RANK` non-negative integers that torch can address."""
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_TENSOR_RANK
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise PayloadError(f"tensor '{name[:64]}' has an invalid shape.")
+    extent = _ITEM_BYTES[dtype] * 8
+    for d in shape:
+        extent *= max(d, 1)  # also bounds every dimension of an empty tensor
+    if extent >= _EXTENT_LIMIT:
+        raise PayloadError(f"tensor '{name[:64]}' has a shape too large to address.")
 
 
 def _tensor_layout(header: Mapping[str, object], data_len: int) -> list[TensorRange]:
@@ -408,10 +445,12 @@ def decode(
     """Parse safetensors bytes without unpickling anything.
 
     Untrusted bytes are bounded before they are parsed: the header's size
-    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then its structure
+    (``max_header_bytes``) and JSON nesting (:data:`MAX_HEADER_DEPTH`), then read as strictly
+    as the reference safetensors parser reads it (:func:`_parse_header`), then its structure
     (supported dtypes, integer shapes and offsets, string metadata), then safetensors' layout
     rules (each tensor's byte range matches its dtype and shape, the ranges tile the data
-    section exactly).
+    section exactly). Whatever it accepts, the reference parser accepts too, with the same
+    tensors (differential-fuzzed: ``tests/federation/test_payload_differential.py``).
 
     Args:
         data: The payload bytes (any contiguous buffer).
@@ -439,15 +478,13 @@ def decode(
             f"payload header is {header_len} bytes, more than the {max_header_bytes} allowed."
         )
     raw = bytes(view[8 : 8 + header_len])
-    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
-        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
     if not raw.startswith(b"{"):
         raise PayloadError("payload header does not start with '{'.")
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise PayloadError(f"payload header is not valid JSON: {str(exc)[:120]}.") from None
+    if _nesting_depth(raw) > MAX_HEADER_DEPTH:
+        raise PayloadError(f"payload header nests deeper than {MAX_HEADER_DEPTH} levels.")
+    header = _parse_header(raw)
     metadata = _check_header(header)
+    assert isinstance(header, dict)  # _check_header refuses anything else
     body = view[8 + header_len :]
     layout = _tensor_layout(header, len(body))
     if metadata.get("format") != PAYLOAD_FORMAT:

@@ -30,7 +30,8 @@ import torch
 from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.diloco import MEAN_BLOCK, canonical_mean
 from lensemble.federation.quantization import all_finite
-from lensemble.federation.spool import WINDOW_BUDGET, SpooledUpdate, UpdateSpool
+from lensemble.federation.spool import UpdateSpool
+from lensemble.federation.spool_reader import SpooledUpdate
 from lensemble.machinery.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]
@@ -306,42 +307,19 @@ def aggregate_spooled(
         for name, shape in shapes.items()
     }
     mean = config.aggregator == "mean"
-    reduce = (
-        None
-        if mean
-        else _trimmed_mean_rows(len(order), config.trim_fraction)
-        if config.aggregator == "trimmed_mean"
-        else _median_rows(len(order))
-    )
-    block = MEAN_BLOCK if mean else BLOCK
     updates: list[SpooledUpdate] = []
     try:
         for pid in order:
-            factor = screening.clipped.get(pid)
             updates.append(
                 spool.reader(
                     pid,
                     scheme=scheme,
                     chunk=chunk,
-                    block=block,
-                    factor=factor,
-                    window=WINDOW_BUDGET // len(order),  # all updates' windows: one budget
+                    block=MEAN_BLOCK if mean else BLOCK,
+                    factor=screening.clipped.get(pid),
                 )
             )
-        # Block by block across all updates (each yields the same blocks in the same order),
-        # so an accumulator block stays in cache while every update adds into it.
-        for parts in zip(*(u.blocks() for u in updates), strict=True):
-            name, start, first = parts[0]
-            target = flat[name][start : start + first.numel()]
-            if reduce is None:
-                # Canonical order: ((0 + d_0) + d_1) + ...; d_0 + 0.0 is 0.0 + d_0 bit for bit
-                # (-0.0 becomes +0.0 either way), without a pass that writes zeros first.
-                torch.add(first, 0.0, out=target)
-                for _, _, values in parts[1:]:
-                    target.add_(values)
-            else:
-                stacked = torch.stack([values for _, _, values in parts])  # canonical order
-                target.copy_(reduce(torch.sort(stacked, dim=0).values))
+        _reduce_blocks(updates, flat, None if mean else _row_reducer(config, len(order)))
         for update in updates:
             update.finish()
     finally:
@@ -351,6 +329,37 @@ def aggregate_spooled(
         count = torch.tensor(float(len(order)), dtype=torch.float32)
         return {name: flat[name].div_(count).reshape(shape) for name, shape in shapes.items()}
     return {name: flat[name].reshape(shape) for name, shape in shapes.items()}
+
+
+def _row_reducer(config: RobustnessConfig, count: int) -> Any:
+    """The coordinate-wise reduction of ``count`` sorted rows (trimmed mean or median)."""
+    if config.aggregator == "trimmed_mean":
+        return _trimmed_mean_rows(count, config.trim_fraction)
+    return _median_rows(count)
+
+
+def _reduce_blocks(
+    updates: list[SpooledUpdate],
+    flat: Params,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> None:
+    """Combine the updates block by block into ``flat``: their sum, or ``reduce`` of the rows.
+
+    Block by block across all updates (each yields the same blocks in the same order), so an
+    accumulator block stays in cache while every update adds into it.
+    """
+    for parts in zip(*(u.blocks() for u in updates), strict=True):
+        name, start, first = parts[0]
+        target = flat[name][start : start + first.numel()]
+        if reduce is None:
+            # Canonical order: ((0 + d_0) + d_1) + ...; d_0 + 0.0 is 0.0 + d_0 bit for bit
+            # (-0.0 becomes +0.0 either way), without a pass that writes zeros first.
+            torch.add(first, 0.0, out=target)
+            for _, _, values in parts[1:]:
+                target.add_(values)
+        else:
+            stacked = torch.stack([values for _, _, values in parts])  # canonical order
+            target.copy_(reduce(torch.sort(stacked, dim=0).values))
 
 
 def precommit_problem(

@@ -70,8 +70,8 @@ class HmacSigner:
         return hmac.new(self.key, message.encode(), hashlib.sha256).hexdigest()
 
     def verify(self, message: str, mac_hex: str) -> bool:
-        """Constant-time comparison with the expected MAC."""
-        return hmac.compare_digest(self.mac(message), mac_hex)
+        """Constant-time comparison with the expected MAC (any text: False, never an error)."""
+        return _same_mac(self.mac(message), mac_hex)
 
 
 class KmsSigner:
@@ -134,7 +134,7 @@ class KmsSigner:
     def verify(self, message: str, mac_hex: str) -> bool:
         """KMS ``VerifyMac`` (auditors) or a fresh ``GenerateMac`` compared; False if wrong."""
         if not self.audit:
-            return hmac.compare_digest(self.mac(message), mac_hex)
+            return _same_mac(self.mac(message), mac_hex)
         try:
             out = self._client.verify_mac(
                 KeyId=self.key_id,
@@ -205,3 +205,12 @@ def signer_from_env(
     if env.get(KMS_KEY_ENV):
         return KmsSigner(env[KMS_KEY_ENV], audit=audit)
     return None
+
+
+def _same_mac(expected: str, found: str) -> bool:
+    """Constant-time ``expected == found`` for any text.
+
+    A MAC read from a record may be any text, and ``hmac.compare_digest`` raises on non-ASCII
+    strings, so both are compared as UTF-8 bytes.
+    """
+    return hmac.compare_digest(expected.encode(), found.encode("utf-8", "surrogatepass"))

@@ -7,16 +7,16 @@ number of participants. Instead each accepted payload (the wire bytes, already h
 decoded and judged) is written once under ``<output_dir>/coordinator/spool/`` and only its hash,
 its byte layout and its norm stay in memory. At close, :class:`SpooledUpdate` streams a payload
 back in fixed-size blocks, dequantized (and clipped) straight into float32 blocks for the
-reduction.
+reduction (:mod:`lensemble.federation.spool_reader`).
 
 Where the file system allows it (Linux ``O_TMPFILE``: ext4, xfs, btrfs, tmpfs) a spilled
-payload is an *unnamed* file: no path leads to it, only this process's descriptor, so no other
-process can open or change it except through this process itself (``/proc/<pid>/fd``, which
-needs the same rights as changing the process's memory). Its bytes are then as private as the
-ones held in memory, and reading them back checks only their length. Elsewhere (overlayfs, for
-instance) the payload is a named file in a ``0700`` folder, and the reader re-computes the
-SHA-256 of every byte it reads: :meth:`SpooledUpdate.finish` fails closed when the bytes read
-back are not exactly the ones accepted (a truncated, extended or modified file). Either way the
+payload is an *unnamed* file: no path in the folder leads to it, only this process's
+descriptor. That keeps it from whoever can list the folder, not from every other process of the
+coordinator's user, which can open it through ``/proc/<pid>/fd``. Elsewhere (overlayfs, for
+instance) the payload is a named ``0600`` file in a ``0700`` folder, which that user can
+change too. So whatever the file, its bytes are hashed on receipt and verified on use: the
+reader hashes exactly the bytes it hands to the reduction, and :meth:`SpooledUpdate.finish`
+fails closed when they are not the ones accepted (a truncated, extended or modified file); the
 reduction's result is discarded unless every update finished clean.
 
 The spool is scratch, not part of the run record: it is not fsynced (a crash reopens the round
@@ -24,62 +24,41 @@ from the last checkpoint, whose updates are re-sent); unnamed files vanish with 
 descriptor, and named ones are deleted when an attempt closes and when a coordinator starts.
 Unnamed files are kept open from one attempt to the next and overwritten in place (then cut to
 the new payload's length): a new file would have its pages allocated again every round, which
-cost more than the write itself (0.6 GB/s into fresh tmpfs pages on the development VM).
+cost more than the write itself (docs/performance.md#block-sizes-and-buffers-of-the-hot-path).
 Without an output folder, or when the folder has no room, the payload bytes are kept in memory
 instead (same reader).
 
 A transport that receives updates as streams (the network one) can also write each stream
 straight into a spool file as it arrives (:meth:`UpdateSpool.land`), so that an update being
 received or waiting for its verdict is not held in memory either: with N participants
-uploading at once, the coordinator otherwise held N payloads. The coordinator judges the
-landed bytes through a read-only mapping and, when it accepts them, the spool keeps that file
-as the update's entry: nothing is written twice. Only an unnamed file lands a stream (a
-mapping of a named file could be cut short by someone else, a ``SIGBUS``); where none can be
-made, the stream is assembled in memory as before.
+uploading at once, the coordinator otherwise held N payloads. The coordinator judges a landed
+payload from a private copy whose SHA-256 it checks against the one the stream had on receipt
+(:class:`lensemble.federation.admission.Admission`), and, when it accepts it, the spool keeps
+that file as the update's entry: nothing is written twice. Only an unnamed file lands a stream
+(a named one would be in the folder, where whoever can list it sees the update arrive); where
+none can be made, the stream is assembled in memory as before.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
-import hashlib
-import io
 import logging
-import mmap
 import os
+import stat
 import threading
-import warnings
 import weakref
-from collections.abc import Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from lensemble.durable import DiskFull, check_free_space
-from lensemble.errors import IntegrityError
 from lensemble.federation.intake import Landing
-from lensemble.federation.payload import Decoded, TensorRange, dtype_token
-from lensemble.federation.quantization import SCALE_SUFFIX, WIRE_DTYPES
-from lensemble.machinery.hash_behind import hashing_thread
+from lensemble.federation.payload import Decoded
+from lensemble.federation.spool_reader import SpooledUpdate, SpoolEntry
 
 _log = logging.getLogger("lensemble.federation.spool")
 
 
 #: Name of a spilled payload: acceptance order, so no sender text reaches a path.
 _FILE = "update-{index:04d}.safetensors"
-
-
-@dataclass(frozen=True)
-class _Entry:
-    digest: str
-    size: int
-    data_start: int
-    layout: tuple[TensorRange, ...]
-    path: Path | None  # a named file (re-hashed when read back)
-    fd: int | None  # an unnamed file's descriptor (owned by the spool)
-    data: bytes | None  # held in memory
 
 
 def _unnamed_file(folder: Path) -> int | None:
@@ -101,88 +80,24 @@ def _unnamed_file(folder: Path) -> int | None:
         raise
 
 
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` with mode 0700, or make an existing one so.
+
+    Raises:
+        OSError: It cannot be made, or it is not a folder (a symbolic link, for instance).
+    """
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = os.lstat(folder).st_mode
+    if not stat.S_ISDIR(mode):
+        raise OSError(errno.ENOTDIR, "not a folder (a link?)", str(folder))
+    if stat.S_IMODE(mode) != 0o700:
+        os.chmod(folder, 0o700)
+
+
 def _close_all(fds: list[int]) -> None:
     """Close and forget every descriptor in ``fds``."""
     while fds:
         os.close(fds.pop())
-
-
-#: Bytes of an unnamed spool file mapped at a time, shared by all the updates read together
-#: (their windows are resident while mapped, so the budget keeps that independent of N).
-WINDOW_BUDGET = 64 << 20
-_PAGE = mmap.ALLOCATIONGRANULARITY
-
-
-@functools.cache
-def _quiet_read_only_buffers() -> None:
-    """Let torch give its one-time warning about read-only buffers here, and silence it.
-
-    Blocks read from the spool are views of bytes nothing may write (a payload in memory or a
-    read-only mapping), and the reduction only reads them; torch warns once per process that
-    such a tensor would let a caller write to them.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        torch.frombuffer(b"\0\0\0\0", dtype=torch.float32)
-
-
-def _tensor(view: memoryview, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor over ``view`` without a copy (read-only when the view is)."""
-    if view.readonly:
-        _quiet_read_only_buffers()
-    return torch.frombuffer(view, dtype=dtype)
-
-
-class _Views:
-    """Consecutive read-only views of a payload, without copying it.
-
-    In-memory bytes are sliced; an unnamed file is mapped (read-only, shared, populated at
-    once) one window at a time, so its bytes are read straight from the page cache. Only an
-    unnamed file is ever mapped: nobody else can shorten it (see the module docstring), which a
-    mapping would otherwise turn into a ``SIGBUS``. A view stays valid as long as it is
-    referenced (its mapping goes with the last view).
-
-    Args:
-        data: The payload in memory, or None for ``fd``.
-        fd: The unnamed file's descriptor, or None for ``data``.
-        size: Bytes of the payload (the file's length was checked against it).
-        window: Bytes to map at a time (a take larger than that maps what it needs).
-    """
-
-    def __init__(self, data: bytes | None, fd: int | None, size: int, window: int) -> None:
-        self._data = memoryview(data).cast("B") if data is not None else None
-        self._fd = fd
-        self._size = size
-        self._window = max(_PAGE, window - window % _PAGE)
-        self._at = 0
-        self._map_start = self._map_end = 0
-        self._mapped: memoryview | None = None
-
-    def take(self, n: int) -> memoryview | None:
-        """The next ``n`` bytes, or None when fewer are left."""
-        start, end = self._at, self._at + n
-        if end > self._size:
-            return None
-        self._at = end
-        if self._data is not None:
-            return self._data[start:end]
-        if self._mapped is None or end > self._map_end:
-            assert self._fd is not None
-            self._map_start = start - start % _PAGE
-            self._map_end = min(self._size, max(self._map_start + self._window, end))
-            mapping = mmap.mmap(
-                self._fd,
-                self._map_end - self._map_start,
-                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                prot=mmap.PROT_READ,
-                offset=self._map_start,
-            )
-            self._mapped = memoryview(mapping)  # the mapping goes with its last view
-        return self._mapped[start - self._map_start : end - self._map_start]
-
-    def left(self) -> int:
-        """Bytes not taken yet."""
-        return self._size - self._at
 
 
 class UpdateSpool:
@@ -194,7 +109,7 @@ class UpdateSpool:
 
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, SpoolEntry] = {}
         self._count = 0
         # Unnamed files of earlier attempts, open and ready to be overwritten; closed by close()
         # or when the spool is garbage. Streams land from the transport's threads: the lock
@@ -309,7 +224,7 @@ class UpdateSpool:
                 )
         if path is None and fd is None:
             data = bytes(view)
-        self._entries[pid] = _Entry(
+        self._entries[pid] = SpoolEntry(
             digest.removeprefix("sha256:"),
             len(view),
             decoded.data_start,
@@ -338,14 +253,18 @@ class UpdateSpool:
             return None, fd
         path = self.folder / _FILE.format(index=self._count)
         self._count += 1
+        # 0600, created here (never a file or a link someone left in the folder).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        named = os.open(path, flags, 0o600)
         try:
-            with open(path, "xb", buffering=0) as f:
-                written = 0
-                while written < len(view):
-                    written += f.write(view[written:])
+            written = 0
+            while written < len(view):
+                written += os.write(named, view[written:])
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(named)
         return path, None
 
     def _unnamed_for(self, size: int) -> int | None:
@@ -356,7 +275,7 @@ class UpdateSpool:
             OSError: The folder or the file cannot be made.
         """
         assert self.folder is not None
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_folder(self.folder)
         fd = self._take_free()
         if fd is None:
             check_free_space(self.folder, size)
@@ -387,7 +306,6 @@ class UpdateSpool:
         chunk: int,
         block: int,
         factor: float | None = None,
-        window: int = WINDOW_BUDGET,
     ) -> SpooledUpdate:
         """Stream ``pid``'s update back as float32 blocks (see :class:`SpooledUpdate`).
 
@@ -396,203 +314,4 @@ class UpdateSpool:
             IntegrityError: Its unnamed file's length is no longer the payload's.
         """
         entry = self._entries[pid]
-        return SpooledUpdate(
-            pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor, window=window
-        )
-
-
-class SpooledUpdate:
-    """One spilled update read back once, front to back (a named file's SHA-256 re-computed).
-
-    Blocks come in the payload's file order (the same for every update of a round: tensors
-    ordered by dtype then name); each parameter tensor is cut into blocks of ``block``
-    elements starting at its element 0. Wire values are decoded exactly as
-    :func:`~lensemble.federation.quantization.dequantize` does (fp16/bf16 cast to float32; int8
-    codes times their chunk's scale), then a clipped update is scaled exactly as
-    :func:`~lensemble.federation.robustness.screen` does (float64 multiply, one rounding to
-    float32), so a reduction over these blocks is bit-identical to one over whole tensors.
-
-    Args:
-        pid: The contributor (for error messages).
-        entry: Its spool entry.
-        scheme: ``federation.quantization``.
-        chunk: ``federation.int8_chunk``.
-        block: Elements per block.
-        factor: The clipping factor, or None when the update is used as sent.
-        window: Bytes of an unnamed file mapped at a time (:class:`_Views`).
-
-    Raises:
-        IntegrityError: The unnamed file's length is no longer the payload's, or a named file
-            cannot be opened.
-    """
-
-    def __init__(
-        self,
-        pid: str,
-        entry: _Entry,
-        *,
-        scheme: str,
-        chunk: int,
-        block: int,
-        factor: float | None,
-        window: int = WINDOW_BUDGET,
-    ) -> None:
-        self.pid = pid
-        self._entry = entry
-        self._scheme = scheme
-        self._chunk = chunk
-        self._block = block
-        self._factor = factor
-        # Only a named file can have been changed by anyone else (see the module docstring).
-        self._hash = hashlib.sha256() if entry.path is not None else None
-        self._read = 0
-        # Bytes in memory and unnamed files are read as views, without a copy; a named file,
-        # which anyone with access to the folder could change or shorten, is read into
-        # buffers and hashed.
-        self._views: _Views | None = None
-        self._source: io.RawIOBase | None = None
-        if entry.fd is not None:
-            length = os.fstat(entry.fd).st_size
-            if length != entry.size:
-                raise self._broken(f"it is {length} bytes long, not {entry.size}")
-            self._views = _Views(None, entry.fd, entry.size, window)
-        elif entry.path is not None:
-            try:
-                self._source = open(entry.path, "rb", buffering=0)  # noqa: SIM115 (closed in finish)
-            except OSError as exc:
-                raise self._broken(f"it cannot be read ({exc.strerror})") from None
-        else:
-            assert entry.data is not None
-            self._views = _Views(entry.data, None, entry.size, window)
-        # Two buffers in turn: SHA-256 of one block runs on the hashing thread while the next
-        # block is read and reduced (hashlib releases the GIL), in the order the bytes came.
-        self._buffers = [bytearray(0), bytearray(0)]
-        self._pending: list[Future[None] | None] = [None, None]
-        self._turn = 0
-
-    def _where(self) -> str:
-        if self._entry.path is not None:
-            return str(self._entry.path)
-        return "an unnamed file" if self._entry.fd is not None else "memory"
-
-    def _broken(self, what: str) -> IntegrityError:
-        return IntegrityError(
-            f"the spooled update of '{self.pid}' ({self._where()}) changed after it was "
-            f"accepted: {what};",
-            remediation="something else writes the coordinator's state folder; stop it and "
-            "resume the run (the round is redone from the last checkpoint).",
-        )
-
-    def _take(self, n: int) -> memoryview:
-        """The next ``n`` bytes, as a view.
-
-        A read-only view of the payload itself, or (named file) of a reusable buffer that is
-        valid until the next call.
-        """
-        if self._views is not None:
-            view = self._views.take(n)
-            if view is None:
-                raise self._broken(
-                    f"it ends after {self._read + self._views.left()} bytes, not "
-                    f"{self._read + n} or more"
-                )
-            self._read += n
-            return view
-        assert self._source is not None
-        turn = self._turn
-        self._turn ^= 1
-        self._wait(turn)  # its previous block is hashed before it is overwritten
-        if n > len(self._buffers[turn]):
-            self._buffers[turn] = bytearray(n)
-        view = memoryview(self._buffers[turn])[:n]
-        got = 0
-        while got < n:
-            k = self._source.readinto(view[got:])
-            if not k:
-                raise self._broken(
-                    f"it ends after {self._read + got} bytes, not {self._entry.size}"
-                )
-            got += k
-        if self._hash is not None:
-            self._pending[turn] = hashing_thread().submit(self._hash.update, view)
-        self._read += n
-        return view
-
-    def _wait(self, turn: int) -> None:
-        pending = self._pending[turn]
-        if pending is not None:
-            pending.result()
-            self._pending[turn] = None
-
-    def blocks(self) -> Iterator[tuple[str, int, torch.Tensor]]:
-        """Yield ``(tensor name, first element, float32 block)`` for every parameter tensor.
-
-        A block is only valid until the next one is requested. Scale tensors (int8) are read
-        as they come (before the codes they scale) and not yielded.
-
-        Raises:
-            IntegrityError: The file is shorter than the accepted payload.
-        """
-        self._take(self._entry.data_start)  # the header: hashed, its parsed layout is trusted
-        scales: dict[str, torch.Tensor] = {}
-        wire = WIRE_DTYPES[self._scheme]
-        item = torch.empty((), dtype=wire).element_size()
-        for entry in self._entry.layout:
-            if entry.name.endswith(SCALE_SUFFIX):
-                raw = self._take(entry.end - entry.begin)
-                scales[entry.name[: -len(SCALE_SUFFIX)]] = (
-                    torch.frombuffer(bytearray(raw), dtype=torch.float32)
-                    if len(raw)
-                    else torch.empty(0)
-                )
-                continue
-            assert entry.dtype == dtype_token(wire)  # the layout was checked at acceptance
-            numel = (entry.end - entry.begin) // item
-            scale = scales.get(entry.name)
-            per = numel if self._chunk <= 0 or scale is None or scale.numel() == 1 else self._chunk
-            for start in range(0, numel, self._block):
-                n = min(self._block, numel - start)
-                raw = self._take(n * item)
-                values = _tensor(raw, wire).to(torch.float32)
-                if self._scheme == "int8":
-                    assert scale is not None
-                    index = torch.arange(start, start + n) // per
-                    values = values * scale[index]
-                if self._factor is not None:
-                    values = (values.double() * self._factor).to(torch.float32)
-                yield entry.name, start, values
-
-    def close(self) -> None:
-        """Close the source without checking it (after an error elsewhere; idempotent)."""
-        for turn in (0, 1):
-            pending, self._pending[turn] = self._pending[turn], None
-            if pending is not None:
-                pending.exception()  # a buffer is not dropped while the hashing thread reads it
-        if self._source is not None:
-            self._source.close()
-        self._views = None
-
-    def finish(self) -> None:
-        """Check that exactly the accepted bytes were read, then close the source.
-
-        Raises:
-            IntegrityError: Bytes were left over, the file is longer than the payload, or the
-                SHA-256 of what was read differs from the accepted payload's.
-        """
-        try:
-            self._wait(0)
-            self._wait(1)
-            if self._read != self._entry.size:
-                raise self._broken(
-                    f"{self._read} of its {self._entry.size} bytes were read (layout changed)"
-                )
-            if self._source is not None and self._source.read(1):
-                raise self._broken(f"it is longer than the {self._entry.size} bytes accepted")
-            if self._entry.fd is not None:
-                length = os.fstat(self._entry.fd).st_size
-                if length != self._entry.size:
-                    raise self._broken(f"it is {length} bytes long now, not {self._entry.size}")
-            if self._hash is not None and self._hash.hexdigest() != self._entry.digest:
-                raise self._broken("its SHA-256 differs from the accepted payload's")
-        finally:
-            self.close()
+        return SpooledUpdate(pid, entry, scheme=scheme, chunk=chunk, block=block, factor=factor)

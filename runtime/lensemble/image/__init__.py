@@ -1,6 +1,6 @@
 """Build Lensemble's container image without a container registry.
 
-Layer 4 (like :mod:`lensemble.render` and :mod:`lensemble.stack`): imports only
+The deployment stack, beside :mod:`lensemble.stack` (``docs/architecture.md``): imports only
 :mod:`lensemble.errors` and the standard library, never torch or grpc.
 
 - :mod:`lensemble.image.debian_base`: a Debian base image from an apt mirror (``mmdebstrap``

@@ -278,13 +278,37 @@ def initial_global_parameters(config: LensembleConfig) -> Params:
     return initial_parameters(config, env_spec(config.data.env_id))
 
 
-class LocalOnlyRun:
+class SoloRun:
+    """One learner training alone round after round, incrementally: no federation.
+
+    :meth:`train_until` continues from the rounds already trained, so evaluating the run every
+    few rounds costs no more than training it once; the optimizer state is carried throughout.
+
+    Args:
+        learner: The learner (its id seeds its batches, round by round).
+        params: The parameters it starts from.
+        steps: Inner steps per round.
+    """
+
+    def __init__(self, learner: WorldModelLearner, params: Params, steps: int) -> None:
+        self.learner = learner
+        self.params: Params = params
+        self.steps = steps
+        self.rounds = 0
+
+    def train_until(self, rounds: int) -> Params:
+        """Train the rounds not trained yet, up to ``rounds`` in all; return the parameters."""
+        for round_index in range(self.rounds, rounds):
+            self.params = self.learner.train_round(self.params, round_index, self.steps).params
+        self.rounds = max(self.rounds, rounds)
+        return self.params
+
+
+class LocalOnlyRun(SoloRun):
     """The local-only baseline of one participant: it trains alone, no federation.
 
     Same initial parameters as the federated run and the same inner steps per round, drawn round
-    by round from the same batch seeds, with the optimizer state carried throughout. Training is
-    incremental: :meth:`train_until` continues from the rounds already trained, so evaluating the
-    baseline every few rounds costs no more than training it once.
+    by round from the same batch seeds (:class:`SoloRun`).
 
     Args:
         config: The run's config.
@@ -296,17 +320,8 @@ class LocalOnlyRun:
     def __init__(
         self, config: LensembleConfig, participant_id: str, data: ParticipantData, steps: int
     ) -> None:
-        self.learner = WorldModelLearner(config, participant_id, data)
-        self.params: Params = initial_parameters(config, data.spec)
-        self.steps = steps
-        self.rounds = 0
-
-    def train_until(self, rounds: int) -> Params:
-        """Train the rounds not trained yet, up to ``rounds`` in all; return the parameters."""
-        for round_index in range(self.rounds, rounds):
-            self.params = self.learner.train_round(self.params, round_index, self.steps).params
-        self.rounds = max(self.rounds, rounds)
-        return self.params
+        learner = WorldModelLearner(config, participant_id, data)
+        super().__init__(learner, initial_parameters(config, data.spec), steps)
 
 
 def train_local_only(

@@ -7,8 +7,10 @@ run it on everything they render. Each rule returns one sentence per offending o
 Rules: hardened containers (non-root, read-only root filesystem, no privilege escalation, all
 capabilities dropped, seccomp RuntimeDefault, resources set); no privileged, hostPath, host
 network/PID/IPC or host ports; no API token mounted; a default-deny NetworkPolicy in every
-namespace with lensemble pods; no NetworkPolicy open to every address (no rule without peers,
-no ipBlocks that together cover all of IPv4 or IPv6, no empty namespaceSelector); each
+namespace with lensemble pods; no NetworkPolicy open to every address, alone or together with
+the other policies selecting the same pod (no rule without peers, no ipBlocks that together
+cover all of IPv4 or IPv6, no namespaceSelector that names no namespace:
+:mod:`lensemble.render.policy_reach`); each
 participant data volume mounted only by its own trust domain's pods and never by the
 coordinator; no Secret objects and no key material in ConfigMaps; Pod Security Admission
 ``restricted`` on every namespace created; no ``latest`` image outside local.
@@ -16,13 +18,18 @@ coordinator; no Secret objects and no key material in ConfigMaps; Pod Security A
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from lensemble.config.schema import UNPINNED_TAG, LensembleConfig, unpinned_tag_refused
 from lensemble.errors import IntegrityError
 from lensemble.render.names import COMPONENT_LABEL, TRUST_DOMAIN_LABEL
+from lensemble.render.policy_reach import (
+    covers_every_address,
+    peer_problems,
+    rule_cidrs,
+    selects,
+)
 
 Manifest = dict[str, Any]
 
@@ -156,58 +163,18 @@ def _default_deny(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator
         yield f"namespace {ns} runs lensemble pods but has no default-deny NetworkPolicy."
 
 
-def _network(cidr: object) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    try:
-        return ipaddress.ip_network(str(cidr), strict=False)
-    except ValueError:
-        return None
-
-
-def covers_every_address(cidrs: Iterable[str]) -> bool:
-    """True when the CIDRs together cover all of IPv4 or all of IPv6.
-
-    ``except`` lists are left out on purpose: everyone but a few ranges is still everyone.
-    Unparsable entries are ignored here (:func:`_no_open_rules` reports them).
-    """
-    networks = [n for n in (_network(c) for c in cidrs) if n is not None]
-    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
-    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
-    return list(ipaddress.collapse_addresses(v4)) == [ipaddress.IPv4Network("0.0.0.0/0")] or list(
-        ipaddress.collapse_addresses(v6)
-    ) == [ipaddress.IPv6Network("::/0")]
-
-
-def _peer_problems(name: str, direction: str, peer: dict[str, Any]) -> Iterator[str]:
-    """What opens one NetworkPolicy peer too wide: an empty namespaceSelector, a bad CIDR."""
-    selector = peer.get("namespaceSelector")
-    if selector is not None and not (
-        (selector or {}).get("matchLabels") or (selector or {}).get("matchExpressions")
-    ):
-        yield (
-            f"{name} allows {direction} with an empty namespaceSelector "
-            "(every namespace); name the namespace in matchLabels."
-        )
-    block = peer.get("ipBlock")
-    if block is not None:
-        cidr = str((block or {}).get("cidr", ""))
-        if _network(cidr) is None:
-            yield f"{name} allows {direction} with {cidr!r}, which is not a CIDR."
-
-
 def _direction_problems(
     name: str, direction: str, rules: list[dict[str, Any]], peers_key: str
 ) -> Iterator[str]:
-    """What opens a policy's ingress or egress rules to every address or namespace."""
-    cidrs: list[str] = []
+    """What opens one policy's ingress or egress rules to every address or namespace."""
     for rule in rules:
         peers = rule.get(peers_key)
         if not peers:
             yield f"{name} has an {direction} rule open to every address."
             continue
         for peer in peers:
-            yield from _peer_problems(name, direction, peer)
-            if peer.get("ipBlock") is not None:
-                cidrs.append(str((peer.get("ipBlock") or {}).get("cidr", "")))
+            yield from peer_problems(name, direction, peer)
+    cidrs = rule_cidrs(rules, peers_key)
     if covers_every_address(cidrs):
         yield (
             f"{name} allows {direction} with ipBlocks that together cover every "
@@ -215,15 +182,55 @@ def _direction_problems(
         )
 
 
+_DIRECTIONS = (("egress", "to"), ("ingress", "from"))
+
+
 def _no_open_rules(docs: Sequence[Manifest], config: LensembleConfig) -> Iterator[str]:
-    for doc in docs:
-        if doc.get("kind") != "NetworkPolicy":
-            continue
+    policies = [doc for doc in docs if doc.get("kind") == "NetworkPolicy"]
+    for doc in policies:
         spec = doc.get("spec") or {}
-        for direction, peers_key in (("egress", "to"), ("ingress", "from")):
+        for direction, peers_key in _DIRECTIONS:
             yield from _direction_problems(
                 _name(doc), direction, spec.get(direction) or [], peers_key
             )
+    yield from _open_together(docs, policies)
+
+
+def _open_together(docs: Sequence[Manifest], policies: list[Manifest]) -> Iterator[str]:
+    """Pods whose policies, each narrow alone, together admit every address.
+
+    NetworkPolicies are additive: a pod may reach (or be reached from) the union of the peers
+    of every policy in its namespace whose podSelector selects it. A policy open on its own is
+    reported by :func:`_direction_problems`, so only unions of two or more are reported here.
+    """
+    for doc, meta, _ in workloads(docs):
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        selecting = [
+            p
+            for p in policies
+            if _namespace(p) == _namespace(doc)
+            and selects((p.get("spec") or {}).get("podSelector"), labels)
+        ]
+        for direction, peers_key in _DIRECTIONS:
+            problem = _union_problem(selecting, direction, peers_key)
+            if problem:
+                yield f"{_name(doc)} is open to every address for {direction}: {problem}"
+
+
+def _union_problem(selecting: list[Manifest], direction: str, peers_key: str) -> str | None:
+    """Why the ipBlocks of two or more of ``selecting`` together cover every address, if so."""
+    by_policy = {
+        _name(p): rule_cidrs((p.get("spec") or {}).get(direction) or [], peers_key)
+        for p in selecting
+    }
+    contributing = sorted(name for name, cidrs in by_policy.items() if cidrs)
+    cidrs = [cidr for name in contributing for cidr in by_policy[name]]
+    if len(contributing) < 2 or not covers_every_address(cidrs):
+        return None
+    return (
+        f"the ipBlocks of {', '.join(contributing)}, which all select it, together cover every "
+        f"address ({', '.join(cidrs)})."
+    )
 
 
 def _claims(spec: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lensemble.federation.diloco import OuterStep, canonical_mean, pseudo_gradient, zeros_like
-from lensemble.model.inner_loop import WorldModelLearner, initial_global_parameters
+from lensemble.model.inner_loop import SoloRun, WorldModelLearner, initial_global_parameters
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
@@ -70,7 +70,7 @@ def pooled_data(datasets: Mapping[str, ParticipantData]) -> ParticipantData:
     )
 
 
-class PooledRun:
+class PooledRun(SoloRun):
     """The pooled-data oracle: one learner on everyone's training data, ``N * H`` steps a round.
 
     Args:
@@ -79,17 +79,9 @@ class PooledRun:
     """
 
     def __init__(self, config: LensembleConfig, datasets: Mapping[str, ParticipantData]) -> None:
-        self.learner = WorldModelLearner(config, POOLED_ID, pooled_data(datasets))
-        self.params: Params = initial_global_parameters(config)
-        self.steps = config.federation.inner_steps * len(datasets)
-        self.rounds = 0
-
-    def train_until(self, rounds: int) -> Params:
-        """Train the rounds not trained yet, up to ``rounds`` in all; return the parameters."""
-        for round_index in range(self.rounds, rounds):
-            self.params = self.learner.train_round(self.params, round_index, self.steps).params
-        self.rounds = max(self.rounds, rounds)
-        return self.params
+        learner = WorldModelLearner(config, POOLED_ID, pooled_data(datasets))
+        steps = config.federation.inner_steps * len(datasets)
+        super().__init__(learner, initial_global_parameters(config), steps)
 
 
 class DilocoRun:

@@ -10,12 +10,12 @@ crosses the transport except model payloads and pseudo-gradients.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.errors import RankGroupExhausted, UsageError
-from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.coordinator import (
     Coordinator,
     CoordinatorObserver,
@@ -23,17 +23,16 @@ from lensemble.federation.coordinator import (
 )
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
-from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.participant import Participant
 from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
-from lensemble.simulation.output import (
-    append_metrics,
-    fresh_output,
-    read_round_metrics,
-    recover_metrics,
-)
+from lensemble.simulation.output import fresh_output, read_round_metrics, recover_metrics
+from lensemble.simulation.scoring import RoundScoring, rebuild_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
+
+if TYPE_CHECKING:
+    from lensemble.data.trajectories import ParticipantData
+    from lensemble.federation.verify import VerifiedRecord
 
 
 def run_in_process(
@@ -86,72 +85,41 @@ def _run(
     on_metrics: Callable[[RoundMetrics], None] | None,
 ) -> SimulationResult:
     from lensemble.data.trajectories import load_or_collect
-    from lensemble.model.inner_loop import initial_global_parameters
-    from lensemble.ranks.learner import learner_for
 
     start = time.perf_counter()
-    if resume:  # verify before any work: collecting data can take minutes
+    verified = None
+    if resume:  # verify once, before any work: collecting data can take minutes
         from lensemble.federation.signing import signer_from_env
         from lensemble.federation.verify import require_valid
 
-        require_valid(out, config.observability.ledger_path, signer_from_env())
+        verified = require_valid(out, config.observability.ledger_path, signer_from_env())
     else:
         fresh_output(out, config.observability.ledger_path)
     out.mkdir(parents=True, exist_ok=True)
-    ids = config.participant_ids
-    datasets = {pid: load_or_collect(config, pid) for pid in ids}
-    theta0 = initial_global_parameters(config)
-    arch = global_architecture(theta0)
+    datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
     check_rank_faults(config, faults)
-    participants = {
-        pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
-        for pid in ids
-    }
-    coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
+    coordinator, participants = _federation(config, out, datasets, verified, observer)
     resumed_from = coordinator.version if resume and coordinator.version > 0 else None
     evaluation = Evaluation(config, datasets)
-    fed, ev = config.federation, config.evaluation
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
-        assert coordinator.ledger is not None
         recover_metrics(
             out,
-            coordinator.ledger.records(),
+            coordinator.earlier,
             coordinator.version,
             lambda record: rebuild_metrics(config, out, evaluation, record),
         )
     transport = InProcessTransport(participants, faults)
-    metrics: list[RoundMetrics] = []
-    scored: RoundMetrics | None = None
-    while coordinator.version < fed.rounds:
-        record = coordinator.run_round(transport)
-        line = RoundMetrics.of(record)
-        last = coordinator.version == fed.rounds
-        if last or (record.round + 1) % ev.every_rounds == 0:
-            evaluation.score(line, coordinator.params, coordinator.version)
-            scored = line
-        append_metrics(out, line)
-        metrics.append(line)
-        if on_metrics is not None:
-            on_metrics(line)
-    transport.finish()
-    if transport.left:
-        # As over the network, where that participant's process exits non-zero after saying
-        # Leave: the run finished without it, and the command says so and fails.
-        exc = transport.left[min(transport.left)]
-        raise RankGroupExhausted(
-            f"{exc.message} it left the run, which finished without it (ledger in {out});",
-            remediation=exc.remediation,
-        )
-    if scored is None:  # resumed a finished run: evaluate what is there
-        scored = RoundMetrics(coordinator.version - 1, coordinator.model_hash, [], None, 0, 0, 0, 0)
-        evaluation.score(scored, coordinator.params, coordinator.version)
+    scoring = RoundScoring(config, out, evaluation, coordinator, on_metrics)
+    coordinator.run(transport, after_commit=scoring.committed)
+    _raise_if_left(transport, out)
+    scored = scoring.final()
     return SimulationResult(
         config_hash=config_hash(config),
-        # The ledger holds the whole run, including what came before a resume.
-        records=coordinator.ledger.records() if coordinator.ledger else coordinator.records,
-        metrics=metrics,
+        # The whole run, including what came before a resume (the ledger's lines).
+        records=coordinator.history,
+        metrics=scoring.metrics,
         model_hash=coordinator.model_hash,
         final=scored.federated,
         final_local_only=scored.local_only or {},
@@ -162,6 +130,43 @@ def _run(
         resumed_from=resumed_from,
         history=read_round_metrics(out),  # with the rounds before a resume: the best rounds
     )
+
+
+def _federation(
+    config: LensembleConfig,
+    out: Path,
+    datasets: Mapping[str, ParticipantData],
+    verified: VerifiedRecord | None,
+    observer: CoordinatorObserver | None,
+) -> tuple[Coordinator, dict[str, Participant]]:
+    """The coordinator (resuming ``verified`` when given) and every participant."""
+    from lensemble.model.inner_loop import initial_global_parameters
+    from lensemble.ranks.learner import learner_for
+
+    theta0 = initial_global_parameters(config)
+    arch = global_architecture(theta0)
+    participants = {
+        pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
+        for pid in config.participant_ids
+    }
+    resume = verified if verified is not None else False
+    coordinator = Coordinator(config, theta0, output_dir=out, resume=resume, observer=observer)
+    return coordinator, participants
+
+
+def _raise_if_left(transport: InProcessTransport, out: Path) -> None:
+    """Fail the finished run when a participant left it (its rank group was exhausted).
+
+    Raises:
+        RankGroupExhausted: As over the network, where that participant's process exits
+            non-zero after saying Leave: the run finished without it, and the command fails.
+    """
+    if transport.left:
+        exc = transport.left[min(transport.left)]
+        raise RankGroupExhausted(
+            f"{exc.message} it left the run, which finished without it (ledger in {out});",
+            remediation=exc.remediation,
+        )
 
 
 def check_rank_faults(config: LensembleConfig, faults: FaultPlan | None) -> None:
@@ -182,52 +187,3 @@ def check_rank_faults(config: LensembleConfig, faults: FaultPlan | None) -> None
                 remediation="give it more ranks (federation.participants[i].ranks) or name a "
                 "lower rank.",
             )
-
-
-def _evaluated(config: LensembleConfig, round_index: int) -> bool:
-    """Whether the metrics line of ``round_index`` carries held-out scores."""
-    last = round_index + 1 == config.federation.rounds
-    return last or (round_index + 1) % config.evaluation.every_rounds == 0
-
-
-def rebuild_metrics(
-    config: LensembleConfig, out: Path, evaluation: Evaluation, record: RoundRecord
-) -> RoundMetrics:
-    """The metrics line of a committed round a crash lost, scored as the lost line was.
-
-    An evaluated round gets every field a line written at the time has: the global model's
-    scores from its checkpoint, and every enabled baseline's (local-only, pooled oracle,
-    FedAvg), trained again up to that round from the config and seed, which gives the same
-    values. Should the round's checkpoint be gone (pruned; a crash loses only the newest
-    round's line, whose checkpoint is kept), the global model cannot be scored again: the line
-    then says why in ``unscored`` and the report leaves a gap there.
-
-    Args:
-        config: The run's config (``evaluation``, ``federation.rounds``).
-        out: The run folder (its checkpoints).
-        evaluation: The run's evaluation; its baselines train on up to the round (rounds
-            already trained are not repeated), so call this in round order.
-        record: The committed round's ledger record.
-
-    Returns:
-        The line: the record's lineage, and on an evaluated round its scores.
-
-    Raises:
-        IntegrityError: The round's checkpoint is corrupt (the resume verified it just before).
-    """
-    line = RoundMetrics.of(record)
-    if not _evaluated(config, record.round):
-        return line
-    version = record.round + 1
-    store = CheckpointStore(out)
-    if version in store.versions():
-        ckpt = store.load(version)
-        assert ckpt is not None
-        evaluation.score(line, ckpt.params, version)
-    else:
-        evaluation.score_baselines(line, version)
-        line.unscored = (
-            f"rebuilt on resume after checkpoint v{version} was pruned: the global model of "
-            f"round {record.round} could not be scored again"
-        )
-    return line

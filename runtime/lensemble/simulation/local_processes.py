@@ -121,25 +121,16 @@ def run_local_processes(
     start = time.perf_counter()
     out = Path(config.run.output_dir)
     # The coordinator process takes the coordinator lock; here it only guards the clean-up.
+    resumed_from = None
     with coordinator_lock(out):
         if resume:
-            require_valid(out, config.observability.ledger_path, signer_from_env())
+            ledger, signer = config.observability.ledger_path, signer_from_env()
+            verified = require_valid(out, ledger, signer, keep_tensors=False)
+            before = verified.report.checkpoints
+            resumed_from = before[-1] if before and before[-1] > 0 else None
         else:
             fresh_output(out, config.observability.ledger_path)
-    before = CheckpointStore(out).versions()
-    resumed_from = before[-1] if before and before[-1] > 0 else None
-    port = free_port()
-    launch = [
-        *overrides,
-        *security_overrides(config, out),
-        f"network.port={port}",
-        # The model download port too, unless the config turned it off.
-        *([] if config.network.download_port is None else [f"network.download_port={free_port()}"]),
-        "network.host=127.0.0.1",
-        "network.listen_host=127.0.0.1",
-        "observability.log_format=json",
-    ]
-    fed, net = config.federation, config.network
+    launch = [*overrides, *security_overrides(config, out), *_loopback_overrides(config)]
     with LocalFederation(config_path, launch, out / "logs", program=program) as processes:
         coordinator = processes.start_coordinator()
         participants = [
@@ -148,24 +139,45 @@ def run_local_processes(
         ]
         everyone = [coordinator, *participants]
         for proc in everyone:
-            _ready_or_fail(proc, everyone, STARTUP_S + fed.join_timeout_s)
+            _ready_or_fail(proc, everyone, STARTUP_S + config.federation.join_timeout_s)
         _follow(coordinator, participants, on_round)
-        for proc in participants:
-            try:
-                code = proc.wait(net.rpc_timeout_s + 10)
-            except subprocess.TimeoutExpired:  # it outstays the run: stop it
-                code = proc.stop(5.0)
-            if code != 0:
-                raise ProcessFailed(
-                    f"participant {proc.identity} exited with code {code} after the run: "
-                    f"{proc.last_error()}",
-                    remediation=f"see {proc.log_path}.",
-                )
+        _wait_participants(participants, config.network.rpc_timeout_s + 10)
     records = Ledger(out / config.observability.ledger_path).records()
     wall_s = time.perf_counter() - start
     return _summarise(
         config, out, records, wall_s, evaluate_final=evaluate_final, resumed_from=resumed_from
     )
+
+
+def _loopback_overrides(config: LensembleConfig) -> list[str]:
+    """Free loopback ports for the coordinator (and its model download port), JSON logs."""
+    return [
+        f"network.port={free_port()}",
+        # The model download port too, unless the config turned it off.
+        *([] if config.network.download_port is None else [f"network.download_port={free_port()}"]),
+        "network.host=127.0.0.1",
+        "network.listen_host=127.0.0.1",
+        "observability.log_format=json",
+    ]
+
+
+def _wait_participants(participants: list[ManagedProcess], timeout_s: float) -> None:
+    """Wait for every participant to exit after the run; stop one that outstays it.
+
+    Raises:
+        ProcessFailed: A participant exited non-zero (names it and its last error).
+    """
+    for proc in participants:
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:  # it outstays the run: stop it
+            code = proc.stop(5.0)
+        if code != 0:
+            raise ProcessFailed(
+                f"participant {proc.identity} exited with code {code} after the run: "
+                f"{proc.last_error()}",
+                remediation=f"see {proc.log_path}.",
+            )
 
 
 def _fault_args(plan: FaultPlan) -> list[str]:

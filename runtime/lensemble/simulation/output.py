@@ -9,7 +9,7 @@ round), ``report.png``, ``participants/<id>/data`` (each participant's private d
 ``metrics.jsonl`` is appended one fsync'd line per round (:func:`lensemble.durable.append_line`);
 a line torn or lost in a crash is dropped and rebuilt from the ledger on resume
 (:func:`recover_metrics`), with the scores a line written at the time has
-(:func:`lensemble.simulation.in_process.rebuild_metrics`), so an interrupted run leaves no hole.
+(:func:`lensemble.simulation.scoring.rebuild_metrics`), so an interrupted run leaves no hole.
 """
 
 from __future__ import annotations

@@ -22,6 +22,22 @@ def _or_gap(report: dict[str, Any] | None) -> float:
     return _union(report) if report else math.nan
 
 
+def _evaluated(line: dict[str, Any]) -> bool:
+    """A line with any score, or one marked ``unscored``."""
+    return bool(line.get("unscored")) or any(line.get(k) for k in _SCORED)
+
+
+def _local_curves(
+    evaluated: Sequence[dict[str, Any]],
+) -> dict[str, list[float]]:
+    """``local_only:<participant>`` -> its union error at each evaluated round (NaN: a gap)."""
+    pids = sorted({pid for m in evaluated for pid in m.get("local_only") or {}})
+    return {
+        LOCAL_PREFIX + pid: [_or_gap((m.get("local_only") or {}).get(pid)) for m in evaluated]
+        for pid in pids
+    }
+
+
 def score_curves(metrics: Sequence[dict[str, Any]]) -> tuple[list[int], dict[str, list[float]]]:
     """The top panel's curves: union k-step error per evaluated round, NaN where one lacks it.
 
@@ -37,17 +53,14 @@ def score_curves(metrics: Sequence[dict[str, Any]]) -> tuple[list[int], dict[str
         ``pooled_oracle``, ``fedavg`` and ``local_only:<participant>`` (sorted), each only
         when some round has it; values are unitless errors, NaN for a gap.
     """
-    evaluated = [m for m in metrics if m.get("unscored") or any(m.get(k) for k in _SCORED)]
+    evaluated = [m for m in metrics if _evaluated(m)]
     rounds = [int(m["round"]) + 1 for m in evaluated]
-    pids = sorted({pid for m in evaluated for pid in m.get("local_only") or {}})
     curves = {
         key: [_or_gap(m.get(key)) for m in evaluated]
         for key in ("federated", "pooled_oracle", "fedavg")
         if any(m.get(key) for m in evaluated)
     }
-    for pid in pids:
-        alone = [(m.get("local_only") or {}).get(pid) for m in evaluated]
-        curves[LOCAL_PREFIX + pid] = [_or_gap(report) for report in alone]
+    curves.update(_local_curves(evaluated))
     return rounds, curves
 
 
@@ -85,29 +98,19 @@ def write_report_png(
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(10, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
     )
+    _plot_scores(top, metrics, plt.get_cmap("tab10"))
+    _plot_bytes(bottom, metrics, inner_steps)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_scores(top: Any, metrics: Sequence[dict[str, Any]], palette: Any) -> None:
+    """The top panel: union k-step error per evaluated round, every model the run scored."""
     rounds, curves = score_curves(metrics)
-    local = [key for key in curves if key.startswith(LOCAL_PREFIX)]
-    if local:
-        last = {
-            key: next((v for v in reversed(curves[key]) if not math.isnan(v)), math.inf)
-            for key in local
-        }
-        best = min(local, key=lambda key: (last[key], key))
-        # tab10 without the federated blue and the FedAvg green.
-        palette = plt.get_cmap("tab10")
-        colours = [palette(i) for i in (1, 3, 4, 5, 6, 7, 8, 9)]
-        for i, key in enumerate(local):
-            top.plot(
-                rounds,
-                curves[key],
-                color=colours[i % len(colours)],
-                alpha=0.9 if key == best else 0.55,
-                linewidth=2.2 if key == best else 1,
-                marker="s" if key == best else None,
-                markersize=4,
-                label=f"{key.removeprefix(LOCAL_PREFIX)} alone"
-                + (" (best site)" if key == best else ""),
-            )
+    _plot_local(top, rounds, curves, palette)
     for key, label, style in (
         ("pooled_oracle", "pooled-data oracle", {"color": "black", "linestyle": "--"}),
         ("fedavg", "FedAvg (outer lr 1, no momentum)", {"color": "tab:green", "linestyle": ":"}),
@@ -132,6 +135,35 @@ def write_report_png(
     # The legend sits right of the axes, never on the curves.
     top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
+
+def _plot_local(top: Any, rounds: list[int], curves: dict[str, list[float]], palette: Any) -> None:
+    """Each participant's local-only curve, the best site (lowest last error) drawn boldest."""
+    local = [key for key in curves if key.startswith(LOCAL_PREFIX)]
+    if not local:
+        return
+    last = {
+        key: next((v for v in reversed(curves[key]) if not math.isnan(v)), math.inf)
+        for key in local
+    }
+    best = min(local, key=lambda key: (last[key], key))
+    # tab10 without the federated blue and the FedAvg green.
+    colours = [palette(i) for i in (1, 3, 4, 5, 6, 7, 8, 9)]
+    for i, key in enumerate(local):
+        top.plot(
+            rounds,
+            curves[key],
+            color=colours[i % len(colours)],
+            alpha=0.9 if key == best else 0.55,
+            linewidth=2.2 if key == best else 1,
+            marker="s" if key == best else None,
+            markersize=4,
+            label=f"{key.removeprefix(LOCAL_PREFIX)} alone"
+            + (" (best site)" if key == best else ""),
+        )
+
+
+def _plot_bytes(bottom: Any, metrics: Sequence[dict[str, Any]], inner_steps: int) -> None:
+    """The bottom panel: cumulative MB the federation sent against data-parallel training."""
     all_rounds = [m["round"] + 1 for m in metrics]
     sent = list(accumulate((m["bytes_up"] + m["bytes_down"]) / 1e6 for m in metrics))
     data_parallel = list(accumulate(2 * inner_steps * m["bytes_down"] / 1e6 for m in metrics))
@@ -149,8 +181,3 @@ def write_report_png(
     bottom.xaxis.get_major_locator().set_params(integer=True)
     bottom.grid(True, which="both", alpha=0.3)
     bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

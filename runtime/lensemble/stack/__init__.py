@@ -1,7 +1,7 @@
 """Bring a rendered stack up on a container engine, follow its run, and tear it down once.
 
-Layer 4 (like :mod:`lensemble.render`): imports only :mod:`lensemble.errors`,
-:mod:`lensemble.config` and :mod:`lensemble.render`, never torch or grpc.
+The deployment stack, above :mod:`lensemble.render` (``docs/architecture.md``): imports only
+:mod:`lensemble.errors`, :mod:`lensemble.config` and :mod:`lensemble.render`, never torch or grpc.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ broken participant costs at most ``network.max_message_bytes`` of memory and nev
 round): the coordinator session (``FAILED_PRECONDITION``, reason ``stale_session``), the config
 a participant joins with (refused naming the differing fields), and the round and attempt of an
 update (``FAILED_PRECONDITION``, reason ``closed_round``: the coordinator's own rule,
-:func:`~lensemble.federation.coordinator.admit_attempt`, applied to the header before any
+:func:`~lensemble.federation.admission.admit_attempt`, applied to the header before any
 payload byte is buffered).
 """
 

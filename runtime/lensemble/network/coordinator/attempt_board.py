@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from lensemble.federation.coordinator import ClosedAttempt, admit_attempt
+from lensemble.federation.admission import ClosedAttempt, admit_attempt
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening, Verdict
 from lensemble.network.coordinator.rejection import Rejection, as_outcome
@@ -127,7 +127,7 @@ class AttemptBoard:
     ) -> Verdict | Rejection | None:
         """The ``(round, attempt)`` rule for an update, judged from its header alone.
 
-        The coordinator's own rule (:func:`~lensemble.federation.coordinator.admit_attempt`),
+        The coordinator's own rule (:func:`~lensemble.federation.admission.admit_attempt`),
         then the sender's abstention from the open attempt.
 
         Returns:

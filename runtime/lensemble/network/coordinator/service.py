@@ -314,6 +314,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     raise PayloadError(f"{what} is malformed: {chunk.error}")
                 if chunk.header is not None:
                     raise PayloadError(f"{what} carries a second header chunk.")
+                self._still_collected(header, context)
                 assembler.add(chunk.data)
                 del chunk  # its frame goes now, not when the next one has arrived
             payload = assembler.finish()
@@ -341,6 +342,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
             self._abort(context, rejection, rpc="SubmitUpdate")
         return payload, assembler.landing
+
+    def _still_collected(self, header: Any, context: Any) -> None:
+        """End an update stream whose attempt closed while it arrived (``closed_round``).
+
+        Checked at every chunk, so a closed round costs at most the chunk in flight, not the
+        rest of the stream. A resend of an update the closed attempt counted reads on: its
+        answer stays ``duplicate``.
+        """
+        if self.transport.collects(header.round_index, header.attempt):
+            return
+        late = self.transport.precheck(header)
+        if isinstance(late, Rejection):
+            self._abort(context, late, rpc="SubmitUpdate")
 
     @staticmethod
     def _reply(verdict: Verdict) -> pb.SubmitReply:

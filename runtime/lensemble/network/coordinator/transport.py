@@ -306,6 +306,10 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         """Judge an update header before any payload byte is buffered (see ``Admission``)."""
         return self._admission.precheck(header)
 
+    def collects(self, round_index: int, attempt: int) -> bool:
+        """True while ``(round_index, attempt)`` is the attempt being collected (no lock)."""
+        return self._board.is_open(round_index, attempt)
+
     def begin_upload(self, participant_id: str) -> bool:
         """Reserve the participant's single upload slot; False when one is already streaming."""
         return self._uploads.begin_upload(participant_id)

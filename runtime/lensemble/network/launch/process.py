@@ -27,7 +27,7 @@ from lensemble.federation.faults import FaultPlan
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.signing import signer_from_env
-from lensemble.federation.verify import require_valid
+from lensemble.federation.verify import VerifiedRecord, require_valid
 from lensemble.learner import Learner
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.download_server import start_model_download
@@ -98,10 +98,10 @@ def run_coordinator(
     # One writer per run folder, and the run record verified before any network I/O.
     lock = coordinator_lock(Path(config.run.output_dir)).acquire()
     try:
-        require_valid(
+        verified = require_valid(
             Path(config.run.output_dir), config.observability.ledger_path, signer_from_env()
         )
-        return _serve_coordinator(config, initial_params, ports, linger=linger)
+        return _serve_coordinator(config, initial_params, ports, linger=linger, verified=verified)
     finally:
         lock.release()
 
@@ -112,6 +112,7 @@ def _serve_coordinator(
     ports: PortOptions,
     *,
     linger: bool,
+    verified: VerifiedRecord,
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = download = None
@@ -129,7 +130,7 @@ def _serve_coordinator(
             config,
             theta0,
             output_dir=Path(config.run.output_dir),
-            resume=True,
+            resume=verified,
             observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now
