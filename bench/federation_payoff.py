@@ -102,7 +102,7 @@ def run_point(
     local = {k.split(":", 1)[1]: v for k, v in base.items() if k.startswith("local:")}
     row: dict[str, Any] = {
         "federated": curve[-1],
-        "federated_best_round": min(range(len(curve)), key=curve.__getitem__) + 1,
+        "federated_best_round": min(range(len(curve)), key=curve.__getitem__),  # 0-based
         "federated_best": min(curve),
         "curve": curve,
         "local": local,

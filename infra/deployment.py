@@ -80,9 +80,13 @@ def kustomize_dir(config: LensembleConfig, settings: StackSettings) -> str:
 def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:
     """The config a participant stack deploys: it dials the coordinator at ``endpoint``.
 
-    Only ``network.host`` and ``network.port`` change, which the config hash leaves out, so the
-    participant and the coordinator still agree on the hash. ``network.download_port`` stays the
-    config's: the coordinator's Service (and load balancer) serves the model download there.
+    Only ``network`` changes, which the config hash leaves out, so the participant and the
+    coordinator still agree on the hash. At the config's own gRPC port the model download port
+    stays the config's: the coordinator's Service (and load balancer) serves it there. An
+    endpoint on another port is a front door that maps ports (e.g. 443 to 50051); the
+    download port behind it is unknown, so the participant fetches models over gRPC
+    FetchModel (``network.download_port: null``, said in a warning) instead of dialing a port
+    the front door does not forward and falling back every round.
 
     Raises:
         ConfigError: The endpoint is not ``host:port``.
@@ -98,7 +102,17 @@ def with_endpoint(config: LensembleConfig, endpoint: str) -> LensembleConfig:
             ]
         )
     data = config.model_dump(mode="json")
-    data["network"] = {**data["network"], "host": host, "port": int(port)}
+    network = {**data["network"], "host": host, "port": int(port)}
+    if int(port) != config.network.port and config.network.download_port is not None:
+        network["download_port"] = None
+        pulumi.log.warn(
+            f"lensemble:coordinatorEndpoint {endpoint} maps the coordinator's gRPC port "
+            f"{config.network.port} to {port}; the model download port "
+            f"{config.network.download_port} is not known behind it, so participants fetch "
+            "each round's model over gRPC FetchModel (slower). Forward the download port too "
+            "and dial the coordinator on its own port to use it."
+        )
+    data["network"] = network
     return LensembleConfig.model_validate(data)
 
 

@@ -185,3 +185,29 @@ def test_headers_are_bounded_relative_to_the_model() -> None:
     header = json.loads(padded[8 : 8 + length])
     text = json.dumps(header).encode() + b" " * coordinator.admission.max_header_bytes
     assert judge(coordinator, raw(text, padded[8 + length :])) == Reason.BAD_PAYLOAD
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("round", None, Reason.BAD_PAYLOAD),  # issue 41, item 15: was closed_round
+        ("attempt", None, Reason.BAD_PAYLOAD),
+        ("round", "zero", Reason.BAD_PAYLOAD),
+        ("round", "", Reason.BAD_PAYLOAD),
+        ("round", "7", Reason.CLOSED_ROUND),  # well-formed, another round: closed_round
+        ("attempt", "1", Reason.CLOSED_ROUND),
+    ],
+)
+def test_missing_or_malformed_round_metadata_is_a_bad_payload(
+    field: str, value: str | None, reason: Reason
+) -> None:
+    coordinator = open_coordinator()
+    fed = coordinator.config.federation
+    delta = {k: torch.full_like(v, 0.01) for k, v in initial_params().items()}
+    meta = metadata(coordinator)
+    if value is None:
+        del meta[field]
+    else:
+        meta[field] = value
+    payload = encode(quantize(delta, fed.quantization, fed.int8_chunk), meta)
+    assert judge(coordinator, payload) == reason

@@ -216,7 +216,7 @@ def test_cli_writes_both_files_and_quotes_the_regenerate_command(tmp_path: Path)
         in text
     )
     assert (tmp_path / "lensemble.yaml").is_file()
-    assert "wrote" in result.out
+    assert "wrote" in result.err  # status on stderr (issue 41, item 3)
 
 
 def test_cli_prints_to_stdout_without_output(in_repo: Path) -> None:

@@ -73,8 +73,12 @@ BREAKING: dict[str, Breaking] = {
     "rpc-within-round": Breaking(
         STAGING, (("network.rpc_timeout_s", 500),), "network.rpc_timeout_s"
     ),
+    # 20 s: below the round timeout, still above the reconnect backoff's cap (10 s).
     "join-outlasts-round": Breaking(
-        STAGING, (("federation.join_timeout_s", 1),), "federation.join_timeout_s"
+        STAGING, (("federation.join_timeout_s", 20),), "federation.join_timeout_s"
+    ),
+    "backoff-within-join": Breaking(
+        STAGING, (("network.connect_backoff_max_s", 10_000),), "network.connect_backoff_max_s"
     ),
     "liveness-above-keepalive": Breaking(
         STAGING, (("network.keepalive_s", 25),), "network.liveness_timeout_s"

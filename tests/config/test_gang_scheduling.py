@@ -36,21 +36,29 @@ def test_a_queue_that_is_no_kubernetes_name_is_refused(in_repo: Path) -> None:
 
 @pytest.mark.parametrize("port_field", ["health_port", "metrics_port"])
 def test_a_rendezvous_port_on_a_served_port_is_refused(in_repo: Path, port_field: str) -> None:
+    # Only a multi-node group listens on rendezvous_port (one node takes a free port).
     cfg = load_config("config/staging.yaml")
     port = getattr(cfg.network, port_field)
     with pytest.raises(ConfigError) as raised:
         load_config(
             "config/staging.yaml",
-            ["federation.ranks.processes_per_node=2", f"federation.ranks.rendezvous_port={port}"],
+            ["federation.ranks.nodes=2", f"federation.ranks.rendezvous_port={port}"],
         )
     (problem,) = raised.value.problems
     assert problem.path == "federation.ranks.rendezvous_port"
     assert f"network.{port_field}" in problem.message
 
 
-def test_a_single_rank_never_listens_for_a_rendezvous(in_repo: Path) -> None:
+@pytest.mark.parametrize("ranks", ["processes_per_node=1", "processes_per_node=2"])
+def test_one_node_never_listens_on_the_rendezvous_port(in_repo: Path, ranks: str) -> None:
+    # One rank has no rendezvous; one node of several ranks meets on a free loopback port
+    # (issue 41, item 1), so neither ever listens on rendezvous_port.
     cfg = load_config("config/staging.yaml")
     same = load_config(
-        "config/staging.yaml", [f"federation.ranks.rendezvous_port={cfg.network.health_port}"]
+        "config/staging.yaml",
+        [
+            f"federation.ranks.{ranks}",
+            f"federation.ranks.rendezvous_port={cfg.network.health_port}",
+        ],
     )
     assert same.federation.ranks.rendezvous_port == cfg.network.health_port

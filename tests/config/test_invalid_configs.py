@@ -370,3 +370,21 @@ def test_rules_between_fields_wait_for_valid_fields_and_say_so(in_repo: Path) ->
     rule_only = run_cli("config", "validate", LOCAL, "--set", "federation.quorum=7")
     assert rule_only.code == 2
     assert "federation.quorum" in rule_only.err and "note:" not in rule_only.err
+
+
+@pytest.mark.parametrize(
+    ("flag", "field"),
+    [
+        ("nonexist.key=1", "nonexist"),
+        ("federation.nonexist.key=1", "federation.nonexist"),
+        ("federation.participants[0].nope.x=1", "federation.participants[0].nope"),
+    ],
+)
+def test_an_unknown_key_a_set_flag_creates_is_blamed_on_the_flag(
+    in_repo: Path, flag: str, field: str
+) -> None:
+    # Issue 41, item 6: the unknown key was blamed on the config file, which does not have it.
+    result = run_cli("config", "validate", LOCAL, "--set", flag)
+    assert result.code == 2
+    assert result.err.startswith(f"error: --set {flag}: {field}: unknown key"), result.err
+    assert LOCAL not in result.err

@@ -162,3 +162,22 @@ def test_a_participant_whose_update_was_lost_trains_on_as_if_absent(tmp_path: Pa
     # Without the rewind, the training in vain leaks into alpha's later updates.
     kept = _chain_with_alpha_training_in_vain(tmp_path, forget=False)
     assert kept[:2] == absent[:2] and kept[2] != absent[2]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled-header"])
+def test_a_corrupt_inner_state_file_is_named_with_the_fix(tmp_path: Path, damage: str) -> None:
+    # Issue 41, item 17: the error was the payload parser's, naming neither file nor fix.
+    config = small_config(rounds=3)
+    out = tmp_path / "run"
+    coordinator, transport, _ = build(config, output_dir=out)
+    coordinator.run_round(transport)
+    coordinator.run_round(transport)
+    state = sorted((out / "participants" / "alpha" / "state").iterdir())[-1]
+    data = state.read_bytes()
+    state.write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else data[:8] + b"{x" + data[10:]
+    )
+    with pytest.raises(IntegrityError) as refused:
+        build(config, output_dir=out, resume=True)
+    assert str(state) in refused.value.message
+    assert f"delete {state}" in refused.value.remediation

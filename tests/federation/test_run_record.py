@@ -464,6 +464,51 @@ def test_verify_without_the_key_says_the_macs_were_not_checked(
     assert report["macs_checked"] is False and report["signed"] == 3
 
 
+def test_verify_without_the_key_notes_that_the_signature_was_not_checked(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    # Issue 41, item 9: a signed run verified without a key exited 0 with nothing on stderr.
+    _run(tmp_path, signer=HmacSigner(KEY))
+    result = run_cli("verify", str(tmp_path))
+    assert result.code == 0
+    assert "signature was NOT checked" in result.err and "--key-file" in result.err
+    required = run_cli("verify", str(tmp_path), "--require-signature")
+    assert required.code == 3
+    assert "is signed, but no key was given" in required.err
+    key_file = tmp_path.parent / "key"
+    key_file.write_bytes(KEY)
+    checked = run_cli("verify", str(tmp_path), "--key-file", str(key_file), "--require-signature")
+    assert checked.code == 0, checked.err
+    assert "3 MACs checked" in checked.out and "NOT checked" not in checked.err
+
+
+def test_require_signature_refuses_an_unsigned_run(
+    tmp_path: Path, no_key: pytest.MonkeyPatch
+) -> None:
+    _run(tmp_path)
+    assert run_cli("verify", str(tmp_path)).code == 0
+    required = run_cli("verify", str(tmp_path), "--require-signature")
+    assert required.code == 3 and "is not signed" in required.err
+
+
+@pytest.mark.parametrize("rounds", [2, 3], ids=["checkpoint-v0-first", "ledger-line-first"])
+def test_verify_with_a_wrong_key_names_both_fingerprints(
+    tmp_path: Path, no_key: pytest.MonkeyPatch, rounds: int
+) -> None:
+    # Issue 41, item 9: checkpoint v0 (kept while a run has at most 3 checkpoints) is the
+    # first link, and its break named only the key supplied, as if it were the run's.
+    _run(tmp_path, rounds=rounds, signer=HmacSigner(KEY))
+    wrong = tmp_path.parent / "wrong-key"
+    wrong.write_bytes(b"w" * 32)
+    result = run_cli("verify", str(tmp_path), "--key-file", str(wrong))
+    assert result.code == 3
+    signed_with, given = HmacSigner(KEY).key_id, HmacSigner(b"w" * 32).key_id
+    first = "model-v000000.safetensors:" if rounds == 2 else "ledger.jsonl:1:"
+    assert first in result.out
+    assert f"is signed with key {signed_with}" in result.out
+    assert f"not with the key given (hmac-sha256, key {given})" in result.out
+
+
 # ------------------------------------------------------------------ what verify names
 def test_a_renamed_checkpoint_is_named_as_renamed_not_as_two_equal_hashes(tmp_path: Path) -> None:
     _run(tmp_path)

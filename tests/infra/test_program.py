@@ -341,3 +341,18 @@ def test_staging_can_deploy_its_kustomize_overlay(run_stack):
     assert capture.of_type(RELEASE) == []
     # The overlay makes the namespaces; Pulumi makes none that would collide with them.
     assert capture.of_type("kubernetes:core/v1:Namespace") == []
+
+
+def test_a_port_mapped_coordinator_endpoint_turns_the_download_port_off():
+    # Issue 41, item 13: behind a front door forwarding one port, participants rewrote only
+    # the gRPC address and quietly fell back to FetchModel after dialing the download port.
+    from infra.deployment import with_endpoint
+    from lensemble.config import config_hash
+
+    config = stack_lensemble_config("sovereign-prod")
+    same = with_endpoint(config, f"coordinator.example.eu:{config.network.port}")
+    assert same.network.download_port == config.network.download_port is not None
+    mapped = with_endpoint(config, "coordinator.example.eu:443")
+    assert (mapped.network.host, mapped.network.port) == ("coordinator.example.eu", 443)
+    assert mapped.network.download_port is None  # FetchModel over the one forwarded port
+    assert config_hash(mapped) == config_hash(config)

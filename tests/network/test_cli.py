@@ -24,13 +24,13 @@ def test_certs_init_from_the_command_line(tmp_path: Path, in_repo: Path) -> None
         "10.0.0.5",
     )
     assert result.code == 0, result.err
-    assert "created a development CA" in result.out and "keep" in result.out
+    assert "created a development CA" in result.err and "keep" in result.err  # status: stderr
     names = certificate_identities((tmp_path / "certs" / "coordinator" / "tls.crt").read_bytes())
     assert {"coord.internal", "10.0.0.5", "lensemble-local-coordinator"} <= names
     for pid in ("alpine", "coastal", "highland", "delta"):
         assert certificate_identities((tmp_path / "certs" / pid / "tls.crt").read_bytes()) == {pid}
     again = run_cli("certs", "init", str(tmp_path / "certs"), "--config", "config/local.yaml")
-    assert again.code == 0 and "reused the CA" in again.out
+    assert again.code == 0 and "reused the CA" in again.err
 
 
 def test_health_command_exit_codes() -> None:

@@ -23,6 +23,7 @@ from tests.support.network import NETPROC, REPO, network_mapping
 
 pytestmark = pytest.mark.slow
 AUDIT_PATH = REPO / "tests" / "support" / "audit"
+ROUND_EVENTS = ("round_opened", "verdict", "round_closed")
 
 
 def test_launcher_issues_credentials_runs_every_process_and_summarises(
@@ -56,6 +57,14 @@ def test_launcher_issues_credentials_runs_every_process_and_summarises(
     assert {p.name for p in (out / "logs").iterdir()} == {
         f"{i}.log" for i in ("coordinator", "alpha", "bravo", "charlie", "delta")
     }
+    # Issue 41, item 7: causal order although commits are written behind; round 1 never
+    # opens, nor are its updates judged, before round 0's commit is logged.
+    log = [json.loads(line) for line in (out / "logs" / "coordinator.log").read_text().splitlines()]
+    order = [(e["event"], e.get("round")) for e in log if e.get("event") in ROUND_EVENTS]
+    assert order.index(("round_closed", 0)) < order.index(("round_opened", 1))
+    for index, (name, round_index) in enumerate(order):
+        if name in ("round_opened", "verdict") and round_index:
+            assert ("round_closed", round_index - 1) in order[:index], order
 
 
 def test_a_failing_process_stops_the_run_with_one_sentence(tmp_path: Path) -> None:

@@ -120,6 +120,66 @@ def test_an_unreachable_download_port_falls_back_to_fetchmodel_and_warns_once(
     assert all("network.download_port" in r.getMessage() for r in said)
 
 
+class _ClosingPort:
+    """A port that accepts and closes at once: a middlebox, or something else than TLS."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            connection.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_download_port_that_fails_the_handshake_is_paused_too(
+    tmp_path: Path, fetch_calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 41, item 13: a reachable port that fails (TLS, a middlebox) was tried every round,
+    # each time logged at DEBUG only; like an unreachable one it is paused now.
+    closing = _ClosingPort()
+    try:
+        mapping = network_mapping(tmp_path, rounds=3)
+        mapping["network"]["download_port"] = closing.port
+        _, participants = write_config(tmp_path, mapping)
+        coordinator = participants.model_copy(
+            update={"network": participants.network.model_copy(update={"download_port": None})}
+        )
+        with caplog.at_level(logging.DEBUG, logger="lensemble.network.participant"):
+            live = _run(coordinator, participants)
+    finally:
+        closing.close()
+    assert sorted(fetch_calls) == sorted(PARTICIPANTS * 3)
+    assert committed_chain(live.result.records) == _in_process_chain(mapping)
+    assert closing.accepted == len(PARTICIPANTS)  # one try each, then paused
+    said = [r for r in caplog.records if "did not serve the model" in r.getMessage()]
+    assert len(said) == len(PARTICIPANTS)
+    assert all(r.levelno == logging.WARNING and "TLS handshake" in r.getMessage() for r in said)
+
+
+def test_the_download_port_says_when_it_serves_and_when_it_is_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, config = write_config(tmp_path, network_mapping(tmp_path, rounds=2))
+    with caplog.at_level(logging.INFO, logger="lensemble.network"):
+        _run(config, config)
+    serving = [r for r in caplog.records if getattr(r, "event", "") == "download_serving"]
+    used = [r for r in caplog.records if getattr(r, "event", "") == "download_used"]
+    assert len(serving) == 1 and str(config.network.download_port) in serving[0].getMessage()
+    assert len(used) == len(PARTICIPANTS)  # once each, not every round
+
+
 # ------------------------------------------------------------------ the server, face to face
 class _Transport:
     """What the download server reads of the coordinator transport."""

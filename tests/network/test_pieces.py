@@ -477,8 +477,10 @@ def test_presence_logs_present_once_at_the_first_beat_after_a_broken_stream(
     # again after a cut; it must not fire for a healthy first stream or for every beat.
     from lensemble.network.participant.client import CoordinatorClient
 
-    config = _config(tmp_path, auth="insecure", tls={"enabled": False}, rpc_timeout_s=0.01)
+    config = _config(tmp_path, auth="insecure", tls={"enabled": False})
     client = CoordinatorClient(config, "alpha")
+    # Short pauses between streams (min(1 s, the RPC deadline)): the config's floor is 0.5 s.
+    client.timeout_s = 0.01
     stop = threading.Event()
     streams = [
         _PresenceCall(2, fail=False, stop=None),  # ends at its window: not a failure

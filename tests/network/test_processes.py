@@ -118,6 +118,9 @@ def test_coordinator_stopped_then_killed_mid_round_resumes_to_the_uninterrupted_
         assert ready["config_hash"].startswith("sha256-canon-v1:")
         lines = {pid: p.wait_ready(START_S) for pid, p in participants.items()}
         assert all(line["participant_id"] == pid for pid, line in lines.items())
+        # The model download port, served and used (issue 41, item 13: no line named it).
+        assert ready["download_port"] == config.network.download_port is not None
+        assert {line["download_port"] for line in lines.values()} == {ready["download_port"]}
         ports = {ready["health_port"], ready["metrics_port"]}
         ports |= {line[k] for line in lines.values() for k in ("health_port", "metrics_port")}
         assert len(ports) == 10 and 0 not in ports  # --health-port 0 / --metrics-port 0

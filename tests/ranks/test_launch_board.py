@@ -11,7 +11,7 @@ from torch.distributed import TCPStore
 from lensemble.config.schema import RankLayout
 from lensemble.errors import RankFailure
 from lensemble.network.launch.launcher import free_port
-from lensemble.ranks.launch import LaunchBoard, new_run_id
+from lensemble.ranks.launch import LaunchBoard, new_run_id, rendezvous_port
 
 
 def _layout() -> RankLayout:
@@ -58,3 +58,9 @@ def test_joining_a_board_nobody_hosts_fails_fast() -> None:
 
 def test_launch_ids_never_repeat() -> None:
     assert len({new_run_id("alpine") for _ in range(100)}) == 100
+
+
+def test_one_node_meets_on_a_free_port_and_several_on_the_configured_one() -> None:
+    # Issue 41, item 1: every one-node group met on 29400, so the second on a host failed.
+    assert rendezvous_port(RankLayout(processes_per_node=2)) == 0  # the store picks one
+    assert rendezvous_port(RankLayout(nodes=2, rendezvous_port=29411)) == 29411

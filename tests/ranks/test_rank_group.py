@@ -191,6 +191,31 @@ def test_network_transport_gives_the_in_process_chain(
     assert committed_chain(result.records) == in_process_chain
 
 
+def test_two_multi_rank_participants_on_one_host_over_the_network(
+    tmp_path: Path, in_repo: Path
+) -> None:
+    """Issue 41, item 1: every rank group met on the default rendezvous port (29400).
+
+    So the second multi-rank participant process on a host failed to host its rendezvous.
+    Here both participants have 2 ranks, the config's rendezvous port is the default for both,
+    and both must contribute to every round (quorum 2).
+    """
+    overrides = [
+        *SMALL,
+        f"run.output_dir={tmp_path}",
+        "federation.ranks.processes_per_node=2",
+        "federation.transport=network",
+        "federation.quorum=2",
+    ]
+    config = load_config(CONFIG, overrides)
+    layouts = [config.rank_layout(pid) for pid in config.participant_ids]
+    assert [(lay.world_size, lay.rendezvous_port) for lay in layouts] == [(2, 29400)] * 2
+    result = run_local_processes(CONFIG, overrides, config, evaluate_final=False)
+    assert [(r.state, r.contributors) for r in result.records] == [
+        ("closed", ["alpine", "coastal"])
+    ] * 2
+
+
 class _TorchReports(logging.Handler):
     """What torch's loggers that report a dead rank let through to their handlers."""
 

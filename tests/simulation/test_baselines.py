@@ -104,10 +104,10 @@ def test_best_site_and_best_round_pick_the_lowest_union_error() -> None:
     for line, error in zip(lines, (0.5, 0.1, 0.1, 0.2), strict=True):
         line.federated = _report(error)
     lines[0].federated = None
-    assert best_round(lines) == (2, 0.1)
+    assert best_round(lines) == (1, 0.1)  # the ledger's 0-based round (issue 41, item 7)
     assert best_round(lines[:1]) is None
     lines[3].pooled_oracle = _report(0.05)
-    assert best_round(lines, "pooled_oracle") == (4, 0.05)
+    assert best_round(lines, "pooled_oracle") == (3, 0.05)
 
 
 def test_the_report_plots_every_baseline_and_cumulative_bytes(tmp_path: Path) -> None:

@@ -120,6 +120,10 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (not (lt (float64 $c.network.liveness_timeout_s) (float64 $c.federation.round_timeout_s))) -}}
 {{- fail (printf "config.network.liveness_timeout_s: %v s must be below federation.round_timeout_s (%v s) so that a frozen participant is noticed before its round times out; lower it." $c.network.liveness_timeout_s $c.federation.round_timeout_s) -}}
 {{- end -}}
+{{- /* backoff-within-join */ -}}
+{{- if (not (le (float64 $c.network.connect_backoff_max_s) (float64 $c.federation.join_timeout_s))) -}}
+{{- fail (printf "config.network.connect_backoff_max_s: %v s is longer than federation.join_timeout_s (%v s), so a participant waiting for the coordinator could sleep through the whole join window; lower it." $c.network.connect_backoff_max_s $c.federation.join_timeout_s) -}}
+{{- end -}}
 {{- /* holdout-leaves-both */ -}}
 {{- if (not (and (ge (float64 $held) 1.0) (lt (float64 $held) (float64 $c.data.episodes)))) -}}
 {{- fail (printf "config.data.holdout_fraction: %v of %v episodes leaves no train or no held-out episode; choose a fraction that keeps at least one of each." $c.data.holdout_fraction $c.data.episodes) -}}
@@ -231,7 +235,7 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- fail (printf "config.%v.processes_per_node: %v nccl ranks per node for %v need as many GPUs, but deployment.resources.participant.gpu is %v; raise the gpu count or lower processes_per_node." $where $l.processes_per_node $who $gpus) -}}
 {{- end -}}
 {{- /* rendezvous-port-free */ -}}
-{{- if (and (gt (float64 $world) 1.0) (not (eq $clash ""))) -}}
+{{- if (and (gt (float64 $l.nodes) 1.0) (not (eq $clash ""))) -}}
 {{- fail (printf "config.%v.rendezvous_port: %v for %v is also %v, and both listen on the participant's host; choose another port (e.g. 29400)." $where $l.rendezvous_port $who $clash) -}}
 {{- end -}}
 {{- /* ranks-divide-batch */ -}}

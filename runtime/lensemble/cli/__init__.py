@@ -24,12 +24,15 @@ from lensemble.cli import (
     stack_cmd,
     verify_cmd,
 )
+from lensemble.cli.help_text import keep_words_whole
 from lensemble.cli.output import report_error
 from lensemble.durable import disk_error
 from lensemble.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, LensembleError, UsageError
 from lensemble.extras import missing_extra
 from lensemble.machinery.allocator import keep_freed_buffers
 from lensemble.machinery.hugepages import enable_for_this_process
+
+keep_words_whole()  # before any help is formatted
 
 app = typer.Typer(
     name="lensemble",

@@ -303,8 +303,10 @@ def certs_init(
     'coordinator' and every participant id. An existing CA in OUTDIR is reused unless it has
     expired or expires within network.tls.expiry_warning_days: then a new CA replaces it.
     """
+    from lensemble.cli.output import require_folder
     from lensemble.network.shared.certs import init_certs
 
+    require_folder(outdir, "OUTDIR")
     cfg = _config(config, set_)
     issued = init_certs(outdir, cfg, hosts or [])
     if issued.ca_reused:
@@ -316,7 +318,7 @@ def certs_init(
     if issued.ca_expires is not None:
         ca += f", valid until {issued.ca_expires:%Y-%m-%d},"
     ca += " in"
-    sys.stdout.write(
+    sys.stderr.write(  # status, not a product: stdout stays empty
         f"{ca} {outdir}; issued {', '.join(issued.identities)}; coordinator names: "
         f"{', '.join(issued.server_names)}\n"
         f"keep {outdir / 'ca.key'} out of every container; mount {outdir}/<identity>/ at "

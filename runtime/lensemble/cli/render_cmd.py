@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
 from lensemble.cli.options import ConfigOption, OutputFileOption, SetOption, load
-from lensemble.cli.output import emit
+from lensemble.cli.output import emit, is_stdout, is_stream, status
 
 app = typer.Typer(
     help="Render deployment artifacts (Compose, Helm values, Kubernetes manifests) from a config.",
@@ -26,7 +25,7 @@ def compose(
         "--output",
         "-o",
         help="Write the Compose file here, and the config its containers read next to it "
-        "(lensemble.yaml). Without it the Compose file goes to stdout.",
+        "(lensemble.yaml). Without it, or with -o -, the Compose file goes to stdout.",
         metavar="FILE",
     ),
     certs: str = typer.Option(
@@ -44,7 +43,6 @@ def compose(
 ) -> None:
     """Render a Docker Compose file (profiles cpu and gpu) from a config."""
     import shlex
-    import sys
 
     from lensemble.config import default_config_path
     from lensemble.render.compose import render_compose
@@ -54,15 +52,17 @@ def compose(
     path = str(config) if config is not None else str(default_config_path())
     flags = [arg for item in set_ or [] for arg in ("--set", item)]
     source = shlex.join([path, *flags])
-    if output is None:
+    if is_stdout(output) or is_stream(output):
+        # One text into a stream: the config beside it would land in /dev (or the cwd).
         compose_map = render_compose(cfg, certs_dir=certs, gpu_tag=gpu_tag)
         header = compose_header(cfg, source=source, certs_dir=certs)
-        sys.stdout.write(compose_text(compose_map, header))
-        sys.stderr.write(
+        emit(compose_text(compose_map, header), output)
+        status(
             "note: the containers also need the config file lensemble.yaml next to the "
-            "Compose file; render with -o FILE to write both.\n"
+            "Compose file; render with -o FILE to write both."
         )
         return
+    assert output is not None
     command = shlex.join(["lensemble", "render", "compose", "--config", path, *flags])
     command += " " + shlex.join(["-o", str(output)])
     if certs != "certs":
@@ -72,7 +72,7 @@ def compose(
     files = write_compose(
         cfg, output, command=command, source=source, certs_dir=certs, gpu_tag=gpu_tag
     )
-    typer.echo(f"wrote {files.compose} and {files.config}")
+    status(f"wrote {files.compose} and {files.config}")
 
 
 # ------------------------------------------------------------------- Helm and Kubernetes (k8s)
@@ -116,7 +116,7 @@ def k8s(
         None,
         "--output",
         "-o",
-        help="Write DIR/lensemble-ENV.yaml instead of printing.",
+        help="Write DIR/lensemble-ENV.yaml instead of printing (-o -: stdout).",
         metavar="DIR",
     ),
     chart: Path | None = typer.Option(None, "--chart", help="Chart directory.", metavar="DIR"),
@@ -136,8 +136,9 @@ def k8s(
     environment = k8s_render.env_from_config(cfg, env)
     rendered = k8s_render.render_k8s(cfg, environment, chart=chart, overlays=overlays)
     enforce(rendered.manifests, cfg, source=f"overlays/{environment}")
-    if output is None:
-        sys.stdout.write(k8s_render.dump_manifests(rendered.manifests))
+    if is_stdout(output) or is_stream(output):
+        emit(k8s_render.dump_manifests(rendered.manifests), output)
     else:
+        assert output is not None
         path = k8s_render.write_manifests(rendered.manifests, output, environment)
-        sys.stderr.write(f"wrote {path} ({len(rendered.manifests)} objects)\n")
+        status(f"wrote {path} ({len(rendered.manifests)} objects)")

@@ -66,10 +66,12 @@ def up(
     """
     import shlex
 
+    from lensemble.cli.output import require_folder
     from lensemble.config import default_config_path
     from lensemble.stack.compose_stack import START_TIMEOUT_S, stack_dir_for, up_compose
     from lensemble.stack.engine import check_engine, compose_command
 
+    require_folder(stack_dir, "--dir")
     cfg = load(config, set_)
     path = str(config) if config is not None else str(default_config_path())
     source = shlex.join([path, *(arg for item in set_ or [] for arg in ("--set", item))])

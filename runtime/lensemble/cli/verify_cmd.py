@@ -27,16 +27,26 @@ def verify(
     ledger: str = typer.Option(
         "ledger.jsonl", "--ledger", help="The ledger inside RUN_DIR (observability.ledger_path)."
     ),
+    require_signature: bool = typer.Option(
+        False,
+        "--require-signature",
+        help="Fail (exit 3) unless the record is signed and its signature was checked with "
+        "the key.",
+    ),
 ) -> None:
     """Walk the ledger's chain, check every checkpoint against its line and every MAC.
 
     Exit 0 when the record holds, 3 at the first broken link in chain order (named with its
     line and both full hashes), 2 when RUN_DIR is not a run folder or the key is unusable.
-    Reads only. With --json every outcome is one JSON object on stdout, an unusable input
-    included (``{"status": "bad_input", "error": ...}``, the sentence also on stderr).
+    Without a key a signed record's MACs are not checked, and a note on stderr says so;
+    --require-signature makes that (and an unsigned record) exit 3. Reads only. With --json
+    every outcome is one JSON object on stdout, an unusable input included (status
+    "bad_input" and the error; the sentence also on stderr).
     """
     try:
         report = _verify(run_dir, ledger, key_file)
+        if require_signature and report.first_break is None:
+            _require_signature(report)
     except LensembleError as exc:
         if json_out:
             failure = {
@@ -54,8 +64,39 @@ def verify(
         sys.stdout.write(json.dumps(report.to_dict(), sort_keys=True) + "\n")
     else:
         _print(report)
+    if report.first_break is None and report.signed and not report.macs_checked:
+        sys.stderr.write(
+            f"note: the record is signed, but no key was given, so its signature was NOT "
+            f"checked (anyone who can write {run_dir} could have rewritten it); pass "
+            "--key-file or set LENSEMBLE_LEDGER_KEY_FILE to check it, and --require-signature "
+            "to fail without it.\n"
+        )
     if report.first_break is not None:
         raise typer.Exit(EXIT_FAIL_CLOSED)
+
+
+def _require_signature(report: VerifyReport) -> None:
+    """Refuse a record whose signature was not checked (``--require-signature``).
+
+    Raises:
+        IntegrityError: The record carries no MAC, or no key was given to check them (exit 3).
+    """
+    from lensemble.errors import IntegrityError
+
+    if report.signed and report.macs_checked:
+        return
+    if report.signed:
+        raise IntegrityError(
+            f"the run record in {report.run_dir} is signed, but no key was given, so its "
+            "signature was not checked (--require-signature);",
+            remediation="pass the key with --key-file, or set LENSEMBLE_LEDGER_KEY_FILE, "
+            "LENSEMBLE_LEDGER_KEY or LENSEMBLE_LEDGER_KMS_KEY_ID.",
+        )
+    raise IntegrityError(
+        f"the run record in {report.run_dir} is not signed (--require-signature);",
+        remediation="sign runs from their start with LENSEMBLE_LEDGER_KEY_FILE (an unsigned "
+        "record can be rewritten consistently by anyone who can write its folder).",
+    )
 
 
 def _verify(run_dir: Path, ledger: str, key_file: Path | None) -> VerifyReport:
@@ -92,20 +133,23 @@ def _verify(run_dir: Path, ledger: str, key_file: Path | None) -> VerifyReport:
 
 def _print(report: VerifyReport) -> None:
     """The report as one line (``OK ...`` or ``BROKEN <file>:<line>: ...``) plus any note."""
+    from lensemble.cli.progress import plural
+
     if report.first_break is not None:
         sys.stdout.write(f"BROKEN {report.first_break.sentence()}\n")
     else:
         macs = (
-            f", {report.signed} MACs checked"
+            f", {plural(report.signed, 'MAC')} checked"
             if report.macs_checked
             else (
-                f", {report.signed} MACs present but not checked (no key)"
+                f", {plural(report.signed, 'MAC')} present but not checked (no key)"
                 if report.signed
                 else ", unsigned"
             )
         )
         sys.stdout.write(
-            f"OK {report.lines} lines, {report.committed} rounds committed, checkpoints "
+            f"OK {plural(report.lines, 'line')}, {plural(report.committed, 'round')} committed, "
+            "checkpoints "
             f"{', '.join(f'v{v}' for v in report.checkpoints) or 'none'} match{macs}; "
             f"final model {report.model_hash or '(none)'}\n"
         )

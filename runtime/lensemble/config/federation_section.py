@@ -58,7 +58,9 @@ class RankLayout(_Section):
         29400,
         ge=1,
         le=65535,
-        description="TCP port of the participant's rank rendezvous (c10d store on rank 0).",
+        description="TCP port of a multi-node participant's rank rendezvous (c10d store on "
+        "node 0), which the other nodes dial. A one-node group meets on a free loopback port "
+        "instead, so several multi-rank participants share a host without clashing.",
     )
 
     @property

@@ -303,6 +303,12 @@ def _locate(
         mark = marks.get(f"{candidate}#key" if key and candidate == path else candidate)
         if mark:
             return ConfigProblem(path, problem.message, source, mark[0], mark[1])
+        if candidate == path:
+            # Not in the file: an override below it created it (--set nonexist.key=1 makes
+            # the unknown key 'nonexist'), so that flag is to blame, not the file.
+            below = next((t for t in touched if t.startswith((f"{path}.", f"{path}["))), None)
+            if below is not None:
+                return ConfigProblem(path, problem.message, source=touched[below])
     return ConfigProblem(path, problem.message, source)
 
 

@@ -67,7 +67,7 @@ class NetworkConfig(_Section):
         le=65535,
         description="Coordinator port (TCP) of the model download: each round's model payload "
         "over a TLS socket of its own, beside gRPC, with the same certificates, authentication "
-        "and limits (gRPC's FetchModel ran at 0.7x a raw TLS socket on loopback). Participants "
+        "and limits, faster than gRPC's FetchModel (docs/performance.md). Participants "
         "fall back to gRPC FetchModel when it cannot be reached; null serves and uses FetchModel "
         "only.",
     )
@@ -110,12 +110,16 @@ class NetworkConfig(_Section):
     )
     rpc_timeout_s: float = Field(
         30.0,
-        gt=0.0,
-        description="Deadline of every unary RPC and of each streamed chunk (seconds). Must be "
-        "below federation.round_timeout_s.",
+        ge=0.5,
+        description="Deadline of every unary RPC and of each streamed chunk (seconds); at least "
+        "0.5 s (a TLS handshake alone can take longer than a shorter one, and every call would "
+        "fail). Must be below federation.round_timeout_s.",
     )
     connect_backoff_max_s: float = Field(
-        10.0, gt=0.0, description="Cap of the exponential reconnect backoff (seconds)."
+        10.0,
+        gt=0.0,
+        description="Cap of the exponential reconnect backoff (seconds); at most "
+        "federation.join_timeout_s.",
     )
     metrics_port: int = Field(
         9090, ge=1, le=65535, description="Prometheus /metrics HTTP port (TCP)."

@@ -199,6 +199,17 @@ RULES: tuple[Rule, ...] = (
         "({c.federation.round_timeout_s} s) so that a frozen participant is noticed before "
         "its round times out; lower it.",
     ),
+    # A participant started before the coordinator retries with a capped backoff: a cap past
+    # the join window can sleep through all of it (issue 41).
+    Rule(
+        "backoff-within-join",
+        "config",
+        "network.connect_backoff_max_s",
+        "c.network.connect_backoff_max_s <= c.federation.join_timeout_s",
+        "{c.network.connect_backoff_max_s} s is longer than federation.join_timeout_s "
+        "({c.federation.join_timeout_s} s), so a participant waiting for the coordinator could "
+        "sleep through the whole join window; lower it.",
+    ),
     # ---------------------------------------------------------------------- data
     Rule(
         "holdout-leaves-both",
@@ -397,7 +408,8 @@ RULES: tuple[Rule, ...] = (
         "clash == ''",
         "{l.rendezvous_port} for {who} is also {clash}, and both listen on the participant's "
         "host; choose another port (e.g. 29400).",
-        when=RANKED,
+        # Only a multi-node group listens on it; one node takes a free port (ranks.launch).
+        when="l.nodes > 1",
     ),
     Rule(
         "ranks-divide-batch",

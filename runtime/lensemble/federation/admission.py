@@ -152,6 +152,16 @@ def admit_attempt(
     )
 
 
+def _mismatch_reason(key: str, value: str) -> Reason:
+    """Why a metadata field that does not name this attempt is refused.
+
+    Only a well-formed other round or attempt number is a closed one; missing or garbled round
+    metadata is a malformed payload (issue 41).
+    """
+    number = key in ("round", "attempt") and value.isascii() and value.isdigit()
+    return Reason.CLOSED_ROUND if number else Reason.BAD_PAYLOAD
+
+
 class VerdictObserver(Protocol):
     """Hears every verdict (the coordinator's observer)."""
 
@@ -376,9 +386,9 @@ class Admission:
         }
         for key, value in expected_meta.items():
             if meta.get(key) != value:
-                reason = Reason.CLOSED_ROUND if key in ("round", "attempt") else Reason.BAD_PAYLOAD
                 return self._verdict(
-                    reason, f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}."
+                    _mismatch_reason(key, meta.get(key, "")),
+                    f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}.",
                 )
         if meta.get("base_hash") != col.opening.model_hash:
             return self._verdict(

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.config.schema import OuterOptimizerConfig
-from lensemble.federation.faults import OMNISCIENT_ATTACKS, Fault, FaultPlan
+from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
+from lensemble.federation.faults import Fault, FaultPlan
 from lensemble.machinery.determinism import single_threaded
 
 Params = dict[str, torch.Tensor]

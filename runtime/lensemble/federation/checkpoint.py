@@ -29,6 +29,7 @@ from lensemble.durable import atomic_write, check_free_space
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.checkpoint_audit import (
     MOMENTUM_PREFIX,
+    mac_refusal,
     recorded_version_of,
     require_config_view,
     require_momentum,
@@ -246,11 +247,7 @@ class CheckpointStore:
                 remediation="restore it from a backup or start a new run folder.",
             )
         if self.signer is not None and not self.signer.verify(recomputed, meta.get("mac", "")):
-            raise IntegrityError(
-                f"checkpoint {path} is not signed by the run's key ({self.signer.key_id});",
-                remediation="it was written by someone without the key: restore it from a "
-                "backup or start a new run folder.",
-            )
+            raise mac_refusal(path, meta, self.signer)
         require_config_view(path, ckpt.config_hash, ckpt.config_view)
         return ckpt
 
@@ -269,7 +266,7 @@ class InnerStateStore:
         even when this participant already trained round ``t + 1``, which the coordinator opens
         while round ``t``'s commit is still being written (a crash then redoes round ``t``).
         """
-        path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
+        path = self.path(round_index, attempt)
         parts = encode_parts(dict(state), {"kind": "inner-state"})
         self.folder.mkdir(parents=True, exist_ok=True)
         check_free_space(self.folder, sum(len(part) for part in parts))
@@ -283,14 +280,17 @@ class InnerStateStore:
 
     def discard(self, round_index: int, attempt: int) -> None:
         """Delete the snapshot taken after training ``(round_index, attempt)``, if any."""
-        path = self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
-        path.unlink(missing_ok=True)
+        self.path(round_index, attempt).unlink(missing_ok=True)
 
     def _entries(self) -> list[tuple[int, int, str]]:
         if not self.folder.is_dir():
             return []
         found = ((_INNER_FILE.match(p.name), p.name) for p in self.folder.iterdir())
         return sorted((int(m.group(1)), int(m.group(2)), name) for m, name in found if m)
+
+    def path(self, round_index: int, attempt: int) -> Path:
+        """The snapshot file taken after training ``(round_index, attempt)``."""
+        return self.folder / f"inner-r{round_index:06d}-a{attempt:03d}.safetensors"
 
     def latest_before(
         self, round_index: int, attempt: int = 0
@@ -299,9 +299,27 @@ class InnerStateStore:
 
         Returns:
             ``((round, attempt), state)`` of that snapshot, or None.
+
+        Raises:
+            IntegrityError: The snapshot cannot be read or is not a safetensors file (names
+                the file and the fix).
         """
         candidates = [e for e in self._entries() if (e[0], e[1]) < (round_index, attempt)]
         if not candidates:
             return None
         r, a, name = candidates[-1]
-        return (r, a), decode((self.folder / name).read_bytes()).tensors
+        path = self.folder / name
+        try:
+            return (r, a), decode(path.read_bytes()).tensors
+        except (OSError, PayloadError) as exc:
+            raise unusable_inner_state(path, str(exc)) from None
+
+
+def unusable_inner_state(path: Path, why: str) -> IntegrityError:
+    """The error for an inner-state snapshot that cannot be used: the file, why, and the fix."""
+    return IntegrityError(
+        f"the inner optimizer state {path} cannot be used ({why.rstrip('.')});",
+        remediation=f"delete {path} (the participant then resumes from its previous snapshot, "
+        f"or starts its inner state afresh when none is left: a different model than an "
+        "uninterrupted run), or restore the file from a backup.",
+    )

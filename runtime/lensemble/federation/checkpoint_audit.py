@@ -169,11 +169,7 @@ def audit_checkpoint(
             remediation="restore it from a backup or start a new run folder.",
         )
     if signer is not None and not signer.verify(recomputed, meta.get("mac", "")):
-        raise IntegrityError(
-            f"checkpoint {path} is not signed by the run's key ({signer.key_id});",
-            remediation="it was written by someone without the key: restore it from a "
-            "backup or start a new run folder.",
-        )
+        raise mac_refusal(path, meta, signer)
     require_config_view(path, meta.get("config_hash", ""), meta.get("config_view", ""))
     return AuditedCheckpoint(
         version,
@@ -217,6 +213,41 @@ def _read(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
             f"checkpoint {path} cannot be read ({exc});",
             remediation="delete it to resume from the previous checkpoint.",
         ) from None
+
+
+def mac_refusal(path: Path, meta: dict[str, str], signer: Signer) -> IntegrityError:
+    """Why checkpoint ``path``'s MAC does not verify with ``signer``, naming both keys.
+
+    A key other than the one the checkpoint names (a wrong ``--key-file``) is told apart from
+    a MAC that the right key does not verify (a checkpoint written without the key).
+
+    Args:
+        path: The checkpoint file.
+        meta: Its safetensors metadata (``mac``, ``mac_alg``, ``mac_key_id``).
+        signer: The key supplied.
+    """
+    recorded = meta.get("mac_key_id", "")[:200]
+    if not meta.get("mac"):
+        return IntegrityError(
+            f"checkpoint {path} carries no MAC, but a key is given ({signer.algorithm}, key "
+            f"{signer.key_id});",
+            remediation="it was written without a key: restore it from a backup or start a new "
+            "run folder.",
+        )
+    if recorded and recorded != signer.key_id:
+        return IntegrityError(
+            f"checkpoint {path} is signed with key {recorded} "
+            f"({meta.get('mac_alg', '')[:40] or 'unknown algorithm'}), not with the key given "
+            f"({signer.algorithm}, key {signer.key_id});",
+            remediation=f"pass the key whose fingerprint is {recorded} (--key-file, or "
+            "LENSEMBLE_LEDGER_KEY_FILE).",
+        )
+    return IntegrityError(
+        f"checkpoint {path} has a MAC that does not verify with key {signer.key_id}, the key "
+        "it names;",
+        remediation="it was written by someone without the key: restore it from a backup or "
+        "start a new run folder.",
+    )
 
 
 def require_momentum(path: Path, params: set[str], momentum: set[str]) -> None:

@@ -3,7 +3,8 @@
 A plan is a comma-separated list (``--faults`` on ``lensemble simulate`` and ``lensemble
 participant``), one grammar for every kind: ``KIND[:PARTICIPANT]@ROUNDS[=VALUE]``. ``ROUNDS`` is
 one round (``@3``), one attempt of it (``@3.0``), a round and every later one (``@3-``) or an
-inclusive range (``@3-7``); rounds are 0-based::
+inclusive range (``@3-7``); rounds are 0-based. The kinds are
+:data:`~lensemble.federation.fault_kinds.FAULT_KINDS` (where help text finds them too)::
 
     drop:alpine@3          alpine submits nothing in round 3 (every attempt)
     drop:alpine@3.0        ... only in attempt 0 of round 3
@@ -26,7 +27,7 @@ inclusive range (``@3-7``); rounds are 0-based::
     alie_omniscient:delta@0-   ALIE from the honest updates of the round themselves
 
 The attack kinds and what their estimates see are :mod:`lensemble.federation.attacks`
-(docs/attacks.md). A participant process applies the kinds of :data:`PARTICIPANT_KINDS` to
+(docs/attacks.md). A participant process applies the kinds of ``fault_kinds.PARTICIPANT_KINDS`` to
 itself, so they also reach the processes of a network run (``lensemble participant --faults``);
 every other kind (the ``*_omniscient`` attacks among them: they need the other participants'
 updates) is the in-process transport's. Faults change which participants contribute and what a
@@ -43,11 +44,19 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import UsageError
+from lensemble.federation.fault_kinds import (
+    ALIASES,
+    ATTACK_KINDS,
+    FAULT_KINDS,
+    PARTICIPANT_KINDS,
+    examples,
+    kind_names,
+)
 from lensemble.federation.payload import bytes_hash, decode, encode
 from lensemble.federation.quantization import SCALE_SUFFIX
 
 _FAULT = re.compile(
-    r"^(?P<kind>[a-z_]+)"
+    rf"^(?P<kind>{'|'.join(kind_names())})"
     r"(?::(?P<pid>[a-z0-9]([-a-z0-9]*[a-z0-9])?))?"
     r"@(?P<round>\d+)(?:\.(?P<attempt>\d+)|(?P<onward>-)(?P<last>\d+)?)?"
     r"(?:=(?P<value>[^,=@]+))?$"
@@ -55,30 +64,14 @@ _FAULT = re.compile(
 _SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
 _RANK = re.compile(r"^\d+$")
 
-#: Attacks a compromised participant makes from what it sees itself (its own update and the
-#: broadcast models; :mod:`lensemble.federation.attacks`).
-ESTIMATING_ATTACKS = frozenset({"scaled", "alie", "ipm", "minmax", "minsum"})
-#: Attacks that see the honest updates of the round (colluding with the in-process transport:
-#: the strongest assumption, simulation only).
-OMNISCIENT_ATTACKS = frozenset(
-    {"alie_omniscient", "ipm_omniscient", "minmax_omniscient", "minsum_omniscient"}
-)
-ATTACK_KINDS = ESTIMATING_ATTACKS | OMNISCIENT_ATTACKS
-#: Fault kinds a participant applies to itself (over the network too); the others happen in
-#: the in-process transport.
-PARTICIPANT_KINDS = frozenset({"rank_kill", "misreport"}) | ESTIMATING_ATTACKS
-_TRANSPORT_KINDS = frozenset({"drop", "delay", "duplicate", "corrupt", "reorder", "poison"})
-KINDS = PARTICIPANT_KINDS | OMNISCIENT_ATTACKS | _TRANSPORT_KINDS
+#: Every kind a plan may name (aliases aside).
+KINDS = frozenset(kind.name for kind in FAULT_KINDS)
+_NEEDS_PARTICIPANT = {kind.name for kind in FAULT_KINDS if kind.participant}
 #: Perturbation directions of min-max and min-sum (Shejwalkar & Houmansadr, NDSS 2021).
 DIRECTIONS = ("std", "unit", "sign")
 _WORD_VALUED = frozenset({"minmax", "minsum", "minmax_omniscient", "minsum_omniscient"})
 _NUMBER_REQUIRED = frozenset({"poison", "scaled", "misreport"})
 _NUMBER_OPTIONAL = frozenset({"alie", "ipm", "alie_omniscient", "ipm_omniscient"})
-_EXAMPLES = (
-    "drop:alpine@3, delay:coastal@5, reorder@2, duplicate:delta@4, corrupt:delta@4, "
-    "poison:delta@4=1e4, rank_kill:alpine@2, scaled:delta@0-=-9.5, alie:delta@0-, "
-    "ipm:delta@0-=4, minmax:delta@0-=std, minsum:delta@10-, misreport:delta@0-=0.1"
-)
 
 
 @dataclass(frozen=True)
@@ -239,15 +232,15 @@ def parse_faults(spec: str, participants: list[str] | None = None) -> FaultPlan:
 def _parse_fault(raw: str, participants: list[str] | None) -> Fault:
     """One ``--faults`` entry (see :func:`parse_faults`)."""
     m = _FAULT.match(raw)
-    kind = "delay" if m is not None and m["kind"] == "late" else (m["kind"] if m else "")
-    if m is None or kind not in KINDS:
+    if m is None:
         raise UsageError(
             f"--faults entry '{raw}' is not valid;",
-            remediation=f"write e.g. {_EXAMPLES} (rounds are 0-based; @3- is round 3 on, "
+            remediation=f"write e.g. {examples()} (rounds are 0-based; @3- is round 3 on, "
             "@3-7 rounds 3 to 7).",
         )
+    kind = ALIASES.get(m["kind"], m["kind"])
     pid = m["pid"]
-    if (kind != "reorder") != (pid is not None):
+    if (kind in _NEEDS_PARTICIPANT) != (pid is not None):
         need = "needs a participant, as in" if pid is None else "takes no participant, as in"
         example = f"{kind}:alpine@3" if pid is None else f"{kind}@3"
         raise UsageError(f"--faults entry '{raw}' {need} {example}.")

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.errors import RankFailure, RankGroupExhausted
-from lensemble.federation.faults import OMNISCIENT_ATTACKS, FaultPlan, damage, poison_payload
+from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
+from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant

@@ -25,9 +25,10 @@ import torch
 from lensemble.config import LensembleConfig
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation.attacks import Attacker
-from lensemble.federation.checkpoint import InnerStateStore
+from lensemble.federation.checkpoint import InnerStateStore, unusable_inner_state
 from lensemble.federation.diloco import pseudo_gradient
-from lensemble.federation.faults import ATTACK_KINDS, FaultPlan
+from lensemble.federation.fault_kinds import ATTACK_KINDS
+from lensemble.federation.faults import FaultPlan
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import (
     TensorSpec,
@@ -177,12 +178,20 @@ class Participant:
         Returns:
             True when a snapshot was loaded; False when none exists (the learner is reset to
             its initial inner state) or snapshots are disabled.
+
+        Raises:
+            IntegrityError: The snapshot is corrupt or of another model (names the file and
+                the fix).
         """
         if self.states is None:
             return False
         self.settle_snapshot()
         found = self.states.latest_before(round_index, attempt)
-        self.learner.load_inner_state(found[1] if found else {})
+        try:
+            self.learner.load_inner_state(found[1] if found else {})
+        except IntegrityError as exc:  # names and shapes of another model: name the file
+            assert found is not None  # an empty state always loads
+            raise unusable_inner_state(self.states.path(*found[0]), exc.message) from None
         self._trained = found[0] if found else None
         return found is not None
 

@@ -164,8 +164,8 @@ def check_mac(line: LedgerLine, signer: Signer | None, path: Path) -> None:
             Break(
                 str(path),
                 line.number,
-                f"is signed with key {str(mac.get('key_id'))[:80]}, not with the configured key "
-                f"{signer.key_id}",
+                f"is signed with key {str(mac.get('key_id'))[:80]}, not with the key given "
+                f"({signer.algorithm}, key {signer.key_id})",
                 signer.key_id,
                 str(mac.get("key_id"))[:80],
             )

@@ -65,7 +65,8 @@ def follow(config: LensembleConfig, participant_id: str) -> int:
                 _log.warning("%s", exc)
                 if failures > layout.max_restarts:
                     raise RankGroupExhausted(
-                        f"participant '{participant_id}' lost {failures} rounds on this node to "
+                        f"participant '{participant_id}' lost {failures} "
+                        f"{'round' if failures == 1 else 'rounds'} on this node to "
                         f"dead ranks, more than max_restarts={layout.max_restarts};",
                         remediation="look at the ranks' errors, then fix the node.",
                     ) from None

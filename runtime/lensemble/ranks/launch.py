@@ -5,6 +5,10 @@ The participant command (``lensemble participant`` or the in-process simulation)
 on this node, meets the other nodes at the c10d rendezvous
 (``LENSEMBLE_RENDEZVOUS_HOST:rendezvous_port``; node rank ``LENSEMBLE_NODE_RANK`` 0 hosts it),
 restarts the group within ``max_restarts`` when a rank dies, and returns when every rank has.
+A one-node group has no other node to meet: its rendezvous takes a free loopback port for each
+launch (as ``torchrun --standalone`` does), so several multi-rank participants on one host
+(the local network launcher, processes started by hand) never compete for ``rendezvous_port``,
+which only a multi-node group uses.
 
 Every launch has its own rendezvous id. On one node it is made up on the spot; on several,
 node 0 names it on its :class:`LaunchBoard` and the other nodes read it there. A rendezvous id
@@ -44,6 +48,39 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
 
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+#: How the elastic agent starts a round's ranks. ``forkserver``: from a server process that
+#: imported torch and the rank code once (:data:`PRELOAD`), so a rank starts in a fork instead
+#: of a fresh interpreter importing torch every round, which ``spawn`` did (seconds per rank and
+#: round, tens of seconds under load: docs/performance.md#rank-groups-in-process). The server
+#: is a clean interpreter, never a fork of this process and its threads. It keeps the
+#: environment of the process at its first launch; the variables the ranks read
+#: (``LENSEMBLE_NODE_RANK``, ``LENSEMBLE_RENDEZVOUS_HOST``) are set before a process starts.
+START_METHOD = "forkserver"
+
+#: Modules the fork server imports once, before it forks any rank (a missing one is skipped).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.elastic.multiprocessing.api",
+    # What a rank's first FSDP2 wrap and optimizer step import lazily (about 280 modules, 2 to
+    # 5 s a rank under load when each fork imported them again), and the environments the
+    # participant's data cache names.
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.onnx",
+    "gymnasium",
+    "gymnasium.envs.classic_control",
+    "safetensors.torch",
+    "lensemble.config",
+    "lensemble.data.trajectories",
+    "lensemble.model.worldmodel",
+    "lensemble.model.inner_loop",
+    "lensemble.ranks.sharded_loss",
+    "lensemble.ranks.worker",
+)
 #: Key on node 0's board: the rendezvous id of the launch node 0 is about to make.
 _NEXT_LAUNCH = "lensemble/next-launch"
 #: What :func:`new_run_id` makes (participant ids are short slugs).
@@ -230,18 +267,20 @@ def launch_round(
     from lensemble.ranks.worker import rank_main
 
     host = rendezvous_host()
+    if START_METHOD == "forkserver":
+        _preload_fork_server()
     config = LaunchConfig(
         min_nodes=layout.nodes,
         max_nodes=layout.nodes,
         nproc_per_node=layout.processes_per_node,
         run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{host}:{layout.rendezvous_port}",
+        rdzv_endpoint=f"{host}:{rendezvous_port(layout)}",
         rdzv_configs={"is_host": node_rank(layout) == 0},
         rdzv_timeout=max(1, math.ceil(rendezvous_timeout_s)),
         max_restarts=layout.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=START_METHOD,
     )
     # The agent installs its own handlers for these signals in the main thread and leaves them
     # there: put ours back, and hand a signal that arrived during the launch to them.
@@ -268,10 +307,44 @@ def launch_round(
         for logger in loggers:
             logger.removeFilter(deaths)
         _restore(saved)
-        # The agent's rendezvous store (a server thread in this process) can outlive the launch
-        # in a reference cycle and keep the port: free it now rather than at some later time.
-        gc.collect()
+        if layout.nodes > 1:
+            # The agent's rendezvous store (a server thread in this process) can outlive the
+            # launch in a reference cycle and keep the port the next launch needs: free it now
+            # rather than at some later time. A one-node group's store took a free port and no
+            # launch needs it again; a full collection of a large process costs 0.5 to 0.9 s
+            # (docs/performance.md#rank-groups-in-process).
+            gc.collect()
     return deaths.deaths
+
+
+def _preload_fork_server() -> None:
+    """Name what the fork server imports; it takes effect when the server first starts."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap the participant's other work.
+
+    Idempotent; the first launch waits for the server's imports only if they are not done.
+    """
+    if START_METHOD != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    _preload_fork_server()
+    forkserver.ensure_running()
+
+
+def rendezvous_port(layout: RankLayout) -> int:
+    """The TCP port a launch's c10d rendezvous listens on: ``rendezvous_port`` across nodes.
+
+    A one-node group's ranks all run on this host, so it takes a free port (0: the store
+    binds one) and no two groups on one host can clash; the other nodes of a multi-node group
+    must know the port, so it is the layout's.
+    """
+    return layout.rendezvous_port if layout.nodes > 1 else 0
 
 
 def _restore(saved: dict[signal.Signals, Any]) -> None:

@@ -4,11 +4,10 @@ Why a group per round rather than one persistent group fed between rounds: a rou
 that succeeds or fails (a dead rank loses exactly that round's update), the launcher's restart
 is then the start of the next round's group, and the participant process keeps a single thread
 with no long-lived children to supervise across coordinator restarts, SIGTERM and resume. The
-price is the start-up of the ranks each round (spawning R interpreters, importing torch,
-rendezvous, ``init_process_group``): 4.5 to 4.8 s per round with R = 2 on the quiet 2-core
-development machine, 34 to 41 s at load 11, where importing torch alone takes 7.5 s
-(``bench/sharded_participant.md``); where sharding pays (an inner loop of minutes per round on
-its own devices) it is small.
+price is the start-up of the ranks each round: the ranks are forked from a server that imported
+torch and the rank code once (``ranks.launch.START_METHOD``, started with the learner), then
+rendezvous, ``init_process_group``, and the state broadcast and gather (figures:
+docs/performance.md#rank-groups-in-process).
 
 The inner optimizer state stays with the participant between rounds as full tensors in the
 same names as :class:`lensemble.model.inner_loop.WorldModelLearner`'s, so checkpoints, resume
@@ -34,7 +33,7 @@ from lensemble.model.inner_loop import check_inner_state
 from lensemble.model.kstep import heldout_error
 from lensemble.model.worldmodel import build_model, check_architecture
 from lensemble.ranks.exchange import FAILED, GLOBAL, INNER, INNER_OUT, LOCAL, RoundJob, RoundResult
-from lensemble.ranks.launch import LaunchBoard, launch_round, new_run_id
+from lensemble.ranks.launch import LaunchBoard, launch_round, new_run_id, start_fork_server
 
 if TYPE_CHECKING:
     from lensemble.config.schema import LensembleConfig
@@ -68,6 +67,7 @@ class RankGroupLearner:
         self.failures = 0
         self.launch_seconds = 0.0
         self._root = Path(tempfile.mkdtemp(prefix=f"lensemble-ranks-{participant_id}-"))
+        start_fork_server()  # its imports run while the participant joins, collects, waits
         # The folder goes with the learner even when nobody calls close (the simulation).
         weakref.finalize(self, shutil.rmtree, self._root, ignore_errors=True)
 
@@ -141,7 +141,8 @@ class RankGroupLearner:
             self.failures += 1
             if self.failures > self.layout.max_restarts:
                 raise RankGroupExhausted(
-                    f"participant '{self.participant_id}' lost {self.failures} rounds to dead "
+                    f"participant '{self.participant_id}' lost {self.failures} "
+                    f"{'round' if self.failures == 1 else 'rounds'} to dead "
                     f"ranks, more than max_restarts={self.layout.max_restarts};",
                     remediation="look at the ranks' errors, then raise max_restarts of its "
                     "rank layout or fix the node.",

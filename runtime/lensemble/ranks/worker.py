@@ -58,6 +58,15 @@ from lensemble.ranks.placement import group_rank, node_rank
 
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 
+#: How long a rank whose collective failed waits for the elastic agent to end the group before
+#: it raises (seconds). A collective fails because another rank died; when that rank is on this
+#: node, the agent (polling every ``monitor_interval``, 0.1 s) sees it and ends the group, and
+#: reports the rank that died rather than this one's traceback of the consequence. A rank forked
+#: from the fork server (``ranks.launch.START_METHOD``) exits without an interpreter shutdown,
+#: so without the wait it could be gone within one poll and be reported first. A rank of another
+#: node is not this agent's to see: after the wait the error is raised as it was.
+PEER_DEATH_GRACE_S = 5.0
+
 
 def rank_main(folder_text: str) -> None:
     """Run this rank's part of one round described by ``<folder_text>/job.json``.
@@ -96,6 +105,9 @@ def rank_main(folder_text: str) -> None:
                 (folder / STOPPED).write_text("node 0 ended the group\n", encoding="utf-8")
             return
         _train(folder, job, config)
+    except RuntimeError:  # what gloo and nccl raise when a peer is gone
+        time.sleep(PEER_DEATH_GRACE_S)  # the agent's SIGTERM ends this rank first, if it comes
+        raise
     finally:
         dist.destroy_process_group()
 

@@ -26,7 +26,7 @@ from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.participant import Participant
 from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
-from lensemble.simulation.output import fresh_output, recover_metrics
+from lensemble.simulation.output import fresh_output, read_round_metrics, recover_metrics
 from lensemble.simulation.scoring import RoundScoring, rebuild_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
 
@@ -128,6 +128,7 @@ def _run(
         output_dir=out,
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
+        history=read_round_metrics(out),  # with the rounds before a resume: the best rounds
     )
 
 

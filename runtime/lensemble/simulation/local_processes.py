@@ -104,7 +104,7 @@ def run_local_processes(
         evaluate_final: Evaluate the final model on the participants' held-out episodes (the
             world model); off for other learners.
         faults: Faults to inject; only kinds a participant applies to itself
-            (``faults.PARTICIPANT_KINDS``: ``rank_kill``, ``misreport``, the estimating
+            (``fault_kinds.PARTICIPANT_KINDS``: ``rank_kill``, ``misreport``, the estimating
             attacks), the whole plan handed to every participant process as ``--faults``.
 
     Returns:
@@ -253,7 +253,9 @@ def _summarise(
     scored = RoundMetrics(-1, "", [], None, 0, 0, 0.0, 0.0)
     if checkpoint is not None and evaluate_final:
         scored = metrics[-1] if metrics else scored
-        Evaluation(config).score(scored, checkpoint.params, len(committed))
+        # The baselines train as many rounds as the model has (not ledger lines: a resume may
+        # have recorded a round's commit twice).
+        Evaluation(config).score(scored, checkpoint.params, checkpoint.version)
     write_metrics(out, metrics)
     return SimulationResult(
         config_hash=config_hash(config),

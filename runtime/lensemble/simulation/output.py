@@ -67,11 +67,12 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
         )
     versions = CheckpointStore(Path(out)).versions()
     committed = versions[-1] if versions else 0
+    rounds = "round" if committed == 1 else "rounds"
     if resume and not versions:
         return f"note: nothing to resume in {out}; starting a fresh run."
     if not resume and committed:
         return (
-            f"note: replacing the previous run in {out} ({committed} rounds committed); use "
+            f"note: replacing the previous run in {out} ({committed} {rounds} committed); use "
             "--resume to continue it, or -o to write elsewhere."
         )
     if resume and committed > config.federation.rounds:
@@ -82,7 +83,7 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
         if report.first_break is not None:
             raise broken_record(Path(out), report.first_break)
         raise UsageError(
-            f"the run in {out} already committed {committed} rounds, more than "
+            f"the run in {out} already committed {committed} {rounds}, more than "
             f"federation.rounds ({config.federation.rounds});",
             remediation=f"pass --rounds {committed} or more to continue it.",
         )
@@ -127,6 +128,16 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
         except ValueError:
             break
     return lines
+
+
+def read_round_metrics(out: Path) -> list[RoundMetrics]:
+    """Every complete line of ``metrics.jsonl`` as a :class:`RoundMetrics`, in file order."""
+    from dataclasses import fields
+
+    from lensemble.simulation.summary import RoundMetrics
+
+    names = {f.name for f in fields(RoundMetrics)}
+    return [RoundMetrics(**{k: v for k, v in d.items() if k in names}) for d in read_metrics(out)]
 
 
 def recover_metrics(

@@ -177,7 +177,7 @@ def _plot_bytes(bottom: Any, metrics: Sequence[dict[str, Any]], inner_steps: int
     )
     bottom.set_yscale("log")
     bottom.set_ylabel("cumulative MB sent\n(up + down, all participants)")
-    bottom.set_xlabel("round")
+    bottom.set_xlabel("rounds committed")  # a count: the ledger's round t is the (t+1)-th
     bottom.xaxis.get_major_locator().set_params(integer=True)
     bottom.grid(True, which="both", alpha=0.3)
     bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

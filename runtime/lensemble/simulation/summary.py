@@ -84,6 +84,9 @@ class SimulationResult:
         wall_s: Wall time of this process (seconds).
         resumed_from: Model version (rounds committed before) this process resumed from; None
             for a run from the start.
+        history: Every committed round's metrics line of the whole run (``metrics.jsonl``),
+            those of earlier processes before a resume included; the best rounds are taken
+            from it. Empty: ``metrics`` is the whole run.
     """
 
     config_hash: str
@@ -97,6 +100,11 @@ class SimulationResult:
     output_dir: Path = Path()
     wall_s: float = 0.0
     resumed_from: int | None = None
+    history: list[RoundMetrics] = field(default_factory=list)
+
+    def run_metrics(self) -> list[RoundMetrics]:
+        """The whole run's metrics lines: ``history``, else this process's ``metrics``."""
+        return self.history or self.metrics
 
 
 def mean_local_only_union(local_only: dict[str, dict[str, Any]] | None) -> float | None:
@@ -127,10 +135,11 @@ def best_round(metrics: list[RoundMetrics], model: str = "federated") -> tuple[i
         model: ``federated``, ``pooled_oracle`` or ``fedavg`` (a :class:`RoundMetrics` field).
 
     Returns:
-        ``(rounds committed, error)``, the earliest round on ties; None if none was evaluated.
+        ``(round, error)`` with the ledger's 0-based ``round``, the earliest round on ties; None
+        if none was evaluated.
     """
     scored = [
-        (m.round + 1, float(getattr(m, model)["union"]["k_step_error"]))
+        (m.round, float(getattr(m, model)["union"]["k_step_error"]))
         for m in metrics
         if getattr(m, model)
     ]
@@ -154,16 +163,18 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         JSON-ready dict: hashes, the committed hash chain, round and attempt counts, the union
         k-step error and probe R^2 of the final model; the union error of each baseline (mean
         local-only, the best single site and its id, the pooled-data oracle, FedAvg; None when
-        not trained); the best evaluated round of this process and its union error; bytes moved
-        (bytes), wall time (seconds) and where the files are; ``divergence``: what the
-        divergence guard did (rollbacks, suspects, and a ``warning`` sentence when the run
-        rolled back or its newest judged model is worse than its best,
+        not trained); the best evaluated round of the whole run (the ledger's 0-based ``round``,
+        rounds before a resume included) and its union error, for the federated model and the
+        oracle; bytes moved (bytes), wall time (seconds) and where the files are; ``divergence``:
+        what the divergence guard did (rollbacks, suspects, and a ``warning`` sentence when the
+        run rolled back or its newest judged model is worse than its best,
         :func:`lensemble.federation.guard.summary`).
     """
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
-    best, peak = best_single_site(result.final_local_only), best_round(result.metrics)
-    oracle_peak = best_round(result.metrics, "pooled_oracle")
+    history = result.run_metrics()
+    best, peak = best_single_site(result.final_local_only), best_round(history)
+    oracle_peak = best_round(history, "pooled_oracle")
     return {
         "config_hash": result.config_hash,
         "model_hash": result.model_hash,
@@ -177,6 +188,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "best_single_site": best[0] if best else None,
         "best_single_site_union_k_step_error": best[1] if best else None,
         "pooled_oracle_union_k_step_error": _union(result.final_pooled_oracle),
+        "pooled_oracle_best_round": oracle_peak[0] if oracle_peak else None,
         "pooled_oracle_best_round_union_k_step_error": oracle_peak[1] if oracle_peak else None,
         "fedavg_union_k_step_error": _union(result.final_fedavg),
         "federated_best_round": peak[0] if peak else None,

@@ -44,6 +44,7 @@ from lensemble.network.shared.download_protocol import (
     recv_exact,
 )
 from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
+from lensemble.network.shared.logs import event
 from lensemble.network.shared.security import load_tls
 from lensemble.network.shared.streams import chunks
 
@@ -421,4 +422,11 @@ def start_model_download(
         chunk_bytes=net.chunk_bytes,
     )
     server.start()
+    event(
+        _log,
+        "download_serving",
+        f"serving each round's model on the download port {net.listen_host}:{server.port} "
+        "(TLS as gRPC); participants that cannot reach it fetch over gRPC FetchModel.",
+        download_port=server.port,
+    )
     return server

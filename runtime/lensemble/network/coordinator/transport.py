@@ -47,6 +47,7 @@ from lensemble.network.coordinator.attempt_board import AttemptBoard
 from lensemble.network.coordinator.hand_over import HandOver
 from lensemble.network.coordinator.liveness import Liveness
 from lensemble.network.coordinator.rejection import Rejection
+from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.uploads import Abstention, Uploads
 from lensemble.network.shared import transport_errors as nerr
 from lensemble.network.shared.logs import event
@@ -62,6 +63,8 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         config: The run's config.
         next_round: The round the coordinator will open next (its model version).
         metrics: Where to count bytes and rejections (a private set by default).
+        round_log: The causal order of round events, shared with the coordinator's observer
+            (a private one by default).
 
     Attributes:
         config_hash: The run's config hash, which a participant must join with.
@@ -71,9 +74,15 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
     """
 
     def __init__(
-        self, config: LensembleConfig, *, next_round: int, metrics: Metrics | None = None
+        self,
+        config: LensembleConfig,
+        *,
+        next_round: int,
+        metrics: Metrics | None = None,
+        round_log: RoundLog | None = None,
     ) -> None:
         self.config = config
+        self.round_log = round_log or RoundLog()
         self.expected = frozenset(config.participant_ids)
         self.metrics = metrics or Metrics()
         self.intake = Intake()
@@ -126,15 +135,19 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
             board.open(opening, model_payload, self._liveness.absent_now())
             board.cond.notify_all()
         self.metrics.round_opened(opening.round_index, opening.attempt)
-        event(
-            _log,
-            "round_opened",
-            f"round {opening.round_index} attempt {opening.attempt} open: model "
-            f"{opening.model_hash[:19]}..., {len(model_payload)} bytes.",
-            round=opening.round_index,
-            attempt=opening.attempt,
-            model_hash=opening.model_hash,
-            model_bytes=len(model_payload),
+        size = len(model_payload)
+        # Logged after the commit this round's model comes from (RoundLog).
+        self.round_log.emit(
+            lambda: event(
+                _log,
+                "round_opened",
+                f"round {opening.round_index} attempt {opening.attempt} open: model "
+                f"{opening.model_hash[:19]}..., {size} bytes.",
+                round=opening.round_index,
+                attempt=opening.attempt,
+                model_hash=opening.model_hash,
+                model_bytes=size,
+            )
         )
 
     def receive(self, until_s: float) -> Submission | None:
@@ -158,6 +171,7 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         A queued resend of an update that was counted is answered ``duplicate`` (accepted), as
         the coordinator would answer it; anything else is refused.
         """
+        self.round_log.closed(record)  # a commit: later rounds' events wait for its line
         with self._board.cond:
             self._board.close(record)
             leftovers, decode_s = self._hand_over.take_leftovers()
@@ -184,6 +198,7 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         with self._board.cond:
             self._board.final = True
             self._board.cond.notify_all()
+        self.round_log.release()
         event(_log, "run_over", "all rounds committed; participants may leave.")
 
     def absence_reasons(self) -> dict[str, str]:

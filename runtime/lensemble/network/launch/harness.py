@@ -104,8 +104,13 @@ class ProcessHarness:
         # Only a flag: the main thread reacts between two waits, never inside our locks.
         self.stop.set()
 
-    def announce_ready(self, endpoint: str) -> None:
-        """Print the ready line (once) and mark the process ready."""
+    def announce_ready(self, endpoint: str, download_port: int | None = None) -> None:
+        """Print the ready line (once) and mark the process ready.
+
+        Args:
+            endpoint: ``host:port`` the coordinator listens on, or the one a participant dials.
+            download_port: The model download port served or used (None: FetchModel only).
+        """
         if self.stdout.emitted:
             return
         self.stdout.emit(
@@ -116,6 +121,7 @@ class ProcessHarness:
                 config_hash=config_hash(self.config),
                 health_port=self.health.port,
                 metrics_port=self.metrics_server.port,
+                download_port=download_port,
             )
         )
 

@@ -38,6 +38,7 @@ from lensemble.network.coordinator.download_server import (
     start_model_download,
 )
 from lensemble.network.coordinator.round_events import CoordinatorEvents
+from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_certificates
@@ -122,6 +123,7 @@ def _serve_coordinator(
 ) -> RunSummary:
     harness = ProcessHarness(config, "coordinator", None, ports)
     server = download = warden = None
+    round_log = RoundLog()  # round events in causal order, though commits are written behind
     torch.set_num_threads(COORDINATOR_TORCH_THREADS)
     try:
         warn_if_insecure(config)
@@ -136,12 +138,12 @@ def _serve_coordinator(
             theta0,
             output_dir=Path(config.run.output_dir),
             resume=verified,
-            observer=CoordinatorEvents(harness.metrics, fed.quorum),
+            observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now
         _say_if_resumed(coordinator)
         transport = GrpcCoordinatorTransport(
-            config, next_round=coordinator.version, metrics=harness.metrics
+            config, next_round=coordinator.version, metrics=harness.metrics, round_log=round_log
         )
         authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
         budget = _connection_budget(config, harness)
@@ -159,7 +161,9 @@ def _serve_coordinator(
         )
         warden = _warden(budget, harness, port, download)
         harness.health.set_ready(True)
-        harness.announce_ready(f"{net.listen_host}:{port}")
+        harness.announce_ready(
+            f"{net.listen_host}:{port}", download.port if download is not None else None
+        )
         summary = harness.supervise(
             lambda: coordinator.run(transport), transport.request_stop, net.rpc_timeout_s
         )
@@ -177,6 +181,7 @@ def _serve_coordinator(
             harness.linger()
         return summary
     finally:
+        round_log.release()  # a failed commit's successors, after the error that ended the run
         harness.health.set_ready(False)
         if warden is not None:
             warden.stop()
@@ -310,7 +315,7 @@ def run_participant(
         def on_ready(ready: bool) -> None:
             harness.health.set_ready(ready)
             if ready:
-                harness.announce_ready(client.target)
+                harness.announce_ready(client.target, client.download_port)
 
         loop = ParticipantLoop(
             config, participant, client, stop=harness.stop, on_ready=on_ready, faults=own

@@ -45,7 +45,9 @@ from lensemble.network.shared.security import channel_credentials
 from lensemble.network.shared.streams import Assembler, chunk_count, chunks, with_bytes_field
 
 _log = logging.getLogger("lensemble.network.participant")
-#: Downloads that go over FetchModel at once after the download port could not be reached.
+#: Downloads that go over FetchModel at once after the download port failed (unreachable, a
+#: failed handshake, a stream broken off or stalled by a middlebox): the same failure every
+#: round would cost a connection attempt, or a whole stall, per round.
 _DOWNLOAD_PAUSE = 16
 
 
@@ -118,8 +120,9 @@ class CoordinatorClient:
             if architecture is not None
             else net.max_message_bytes
         )
-        # The download port (network.download_port), tried before FetchModel; after a failure
-        # to reach it, the next _DOWNLOAD_PAUSE downloads go over FetchModel at once.
+        # The download port (network.download_port), tried before FetchModel; after it failed
+        # (anything but a refusal of one download), the next _DOWNLOAD_PAUSE downloads go over
+        # FetchModel at once.
         self._downloader = (
             ModelDownloader(config, participant_id, token, self.metrics.bytes_in.inc)
             if net.download_port is not None
@@ -127,6 +130,7 @@ class CoordinatorClient:
         )
         self._download_pause = 0
         self._download_warned = False
+        self._download_used = False  # logged once: models come over the download port
         # Every call names its participant, so the coordinator authenticates it before
         # reading any request (see lensemble.network.coordinator.call_guard).
         self.metadata = ((PARTICIPANT_KEY, participant_id),)
@@ -221,6 +225,11 @@ class CoordinatorClient:
         assert isinstance(payload, bytes)  # assembled in memory: only updates land on disk
         return payload
 
+    @property
+    def download_port(self) -> int | None:
+        """The coordinator's model download port this participant fetches from (None: gRPC)."""
+        return self._downloader.port if self._downloader is not None else None
+
     def _download(self, announcement: pb.RoundAnnouncement, limit: int) -> bytes | None:
         """The model over the download port, or None to fetch it over gRPC.
 
@@ -232,27 +241,47 @@ class CoordinatorClient:
         if self._download_pause > 0:
             self._download_pause -= 1
             return None
+        where = f"{self._downloader.host}:{self._downloader.port}"
         try:
-            return self._downloader.fetch(
+            payload = self._downloader.fetch(
                 self.session, announcement.model_hash, announcement.model_bytes, limit
             )
         except DownloadUnavailable as exc:
-            if not exc.reachable:
-                self._download_pause = _DOWNLOAD_PAUSE
-            # Once at warning level: a closed port would otherwise log every few rounds.
+            if exc.refused:  # this download only; the port works: FetchModel says why
+                _log.info(
+                    "the download port %s refused round %d's model (%s); fetching it over gRPC "
+                    "FetchModel.",
+                    where,
+                    announcement.round_index,
+                    exc,
+                )
+                return None
+            self._download_pause = _DOWNLOAD_PAUSE
+            # At warning level the first time and after a success: a port that keeps failing
+            # would otherwise log every _DOWNLOAD_PAUSE rounds.
             level = logging.DEBUG if self._download_warned else logging.WARNING
             self._download_warned = True
             _log.log(
                 level,
-                "the model download port %s:%s did not serve the model of round %d (%s); "
-                "fetching it over gRPC FetchModel, which is slower. Open "
-                "network.download_port between participant and coordinator, or set it to null.",
-                self._downloader.host,
-                self._downloader.port,
+                "the model download port %s did not serve the model of round %d (%s); "
+                "fetching it and the next %d models over gRPC FetchModel, which is slower. "
+                "Open network.download_port between participant and coordinator (behind a "
+                "front door that forwards one port, set it to null).",
+                where,
                 announcement.round_index,
                 exc,
+                _DOWNLOAD_PAUSE,
             )
             return None
+        if not self._download_used or self._download_warned:
+            event(
+                _log,
+                "download_used",
+                f"round {announcement.round_index}'s model came over the download port {where}.",
+                download_port=self._downloader.port,
+            )
+            self._download_used, self._download_warned = True, False
+        return payload
 
     def submit(
         self,

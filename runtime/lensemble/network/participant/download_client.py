@@ -47,12 +47,14 @@ class DownloadUnavailable(Exception):
 
     Raised for a connection, handshake or timeout failure, a stream cut short, and a refusal
     (gRPC's FetchModel then gives the authoritative answer). ``reachable`` is False when the
-    port could not be reached at all.
+    port could not be reached at all; ``refused`` is True when the coordinator answered with a
+    refusal of this one download (the port itself works).
     """
 
-    def __init__(self, message: str, *, reachable: bool = True) -> None:
+    def __init__(self, message: str, *, reachable: bool = True, refused: bool = False) -> None:
         super().__init__(message)
         self.reachable = reachable
+        self.refused = refused
 
 
 class ModelDownloader:
@@ -186,7 +188,7 @@ class ModelDownloader:
             (size,) = LEN16.unpack(recv_exact(stream, LEN16.size, deadline))
             body = recv_exact(stream, min(size, MAX_REFUSAL_BYTES), deadline)
             said = shown(body.decode(errors="replace"))
-            raise DownloadUnavailable(f"the coordinator refused: {said}")
+            raise DownloadUnavailable(f"the coordinator refused: {said}", refused=True)
         (size,) = SIZE.unpack(recv_exact(stream, SIZE.size, deadline))
         if size != declared or size > limit:
             raise PayloadError(

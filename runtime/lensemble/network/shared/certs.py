@@ -43,6 +43,10 @@ from lensemble.errors import ConfigError, UsageError
 from lensemble.network.shared.identity import COORDINATOR_IDENTITY, identity_path
 
 VALID_DAYS = 365
+#: How far back development certificates start (their notBefore): a process whose clock is
+#: behind the issuing machine's by less than this accepts them (a laptop and a VM that drifted,
+#: a container host without NTP). Five minutes was too little (issue 41).
+CLOCK_SKEW = dt.timedelta(days=1)
 #: Default of ``network.tls.expiry_warning_days`` for callers without a config (days).
 RENEW_WITHIN_DAYS = 30
 _PEM = serialization.Encoding.PEM
@@ -137,17 +141,20 @@ def _builder(  # type: ignore[no-untyped-def]
     issuer: x509.Name,
     public_key: ec.EllipticCurvePublicKey,
     days: int,
+    *,
     not_after: dt.datetime | None = None,
+    not_before: dt.datetime | None = None,
 ):
     now = dt.datetime.now(dt.UTC)
     end = now + dt.timedelta(days=days)
+    start = now - CLOCK_SKEW  # backdated for clocks behind this one
     return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(start if not_before is None else max(start, not_before))
         .not_valid_after(end if not_after is None else min(end, not_after))
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
     )
@@ -209,7 +216,14 @@ def _issue(
 ) -> tuple[bytes, bytes]:
     key = _new_key()
     cert = (
-        _builder(common_name, ca_cert.subject, key.public_key(), days, ca_cert.not_valid_after_utc)
+        _builder(
+            common_name,
+            ca_cert.subject,
+            key.public_key(),
+            days,
+            not_after=ca_cert.not_valid_after_utc,
+            not_before=ca_cert.not_valid_before_utc,  # never valid outside its CA's validity
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),

@@ -9,7 +9,7 @@ Format (``docs/architecture.md``, "Start-up and shutdown")::
 
     {"event": "ready", "role": "participant", "participant_id": "alpine",
      "endpoint": "127.0.0.1:50051", "config_hash": "sha256-canon-v1:...", "version": "0.1.0",
-     "health_port": 50052, "metrics_port": 9090, "pid": 1234}
+     "health_port": 50052, "metrics_port": 9090, "download_port": 50053, "pid": 1234}
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def ready_line(
     config_hash: str,
     health_port: int,
     metrics_port: int,
+    download_port: int | None = None,
 ) -> str:
     """The ready line's JSON text (no newline).
 
@@ -40,6 +41,9 @@ def ready_line(
         config_hash: The process's config hash.
         health_port: Port of its gRPC health service.
         metrics_port: Port of its Prometheus endpoint.
+        download_port: The model download port: the one the coordinator serves, or the one a
+            participant fetches from (on the coordinator's host); None when models go over
+            gRPC FetchModel only (``network.download_port: null``).
     """
     fields: dict[str, Any] = {
         "event": "ready",
@@ -50,6 +54,7 @@ def ready_line(
         "version": __version__,
         "health_port": health_port,
         "metrics_port": metrics_port,
+        "download_port": download_port,
         "pid": os.getpid(),
     }
     return json.dumps(fields, separators=(", ", ": "))
