@@ -34,6 +34,8 @@ def test_an_upload_whose_round_closed_is_cut_off_at_the_next_chunk(
 ) -> None:
     mapping = network_mapping(tmp_path, rounds=1, round_timeout_s=5)
     mapping["network"]["chunk_bytes"] = CHUNK
+    # A round this short needs a liveness timeout below it (config rule liveness-within-round).
+    mapping["network"].update(keepalive_s=1, liveness_timeout_s=3)
     _, config = write_config(tmp_path, mapping)
     after_close: list[int] = []  # bytes the coordinator took in after the attempt closed
     with LiveCoordinator(config) as live:

@@ -84,6 +84,9 @@ class SlowLearner:
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
         self.inner.load_inner_state(state)
 
+    def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
+        return self.inner.heldout_loss(global_params)
+
 
 def main(argv: list[str] | None = None) -> int:
     from lensemble.network.launch.harness import PortOptions
