@@ -92,9 +92,9 @@ from tests.support.stack import (  # noqa: E402
 
 #: The faults, applied in this order, each to the next participant in sorted order.
 KINDS = ("kill", "freeze", "cut")
-#: A committed attempt as ``lensemble up`` shows it (the coordinator's ``round_closed`` event).
+#: An attempt's outcome as ``lensemble up`` shows it (the coordinator's ``round_closed`` event).
 ROUND_CLOSED = re.compile(
-    r"^round (\d+) attempt (\d+) (committed|aborted)[^;]*; contributors ([^;]*)"
+    r"round (\d+) attempt (\d+) (committed|aborted)[^;]*; contributors ([^;]*)"
 )
 FIRST_OPENING = "round 0 attempt 0 open"
 
