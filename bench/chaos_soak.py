@@ -48,6 +48,11 @@ each, and their rounds slow down under other load):
     python bench/chaos_soak.py --minutes 30 --out runs/chaos_soak.json
     python bench/chaos_soak.py --minutes 3 --period-s 30 --hold-s 25   # a short trial
 
+The containers ask for 65,536 open files (``ulimits: nofile`` of the Compose file); an engine
+whose own hard limit is lower cannot start them (runc: ``error setting rlimit type 7``).
+``--nofile 20000`` renders the stack with that limit instead (nothing else changes; the
+coordinator budgets its connections below whatever limit it has).
+
 It takes about ``--minutes`` for the stack (plus a minute or two of start-up, more if faults
 stretch rounds past ``--round-s``) and then as long or longer again for the in-process
 reference, which trains the 4 participants one after another on the host (``--no-reference``
@@ -97,6 +102,13 @@ ROUND_CLOSED = re.compile(
     r"round (\d+) attempt (\d+) (committed|aborted)[^;]*; contributors ([^;]*)"
 )
 FIRST_OPENING = "round 0 attempt 0 open"
+#: ``lensemble`` with the Compose file's open-file limit (``ulimits: nofile``) set from its
+#: first argument (``--nofile``).
+LENSEMBLE_WITH_NOFILE = (
+    "import sys; import lensemble.render.compose as compose; "
+    "compose.NOFILE = int(sys.argv.pop(1)); sys.argv[0] = 'lensemble'; "
+    "from lensemble.cli import main; main()"
+)
 
 
 @dataclass
@@ -104,7 +116,7 @@ class Fault:
     """One fault and its outcome; times are seconds since the epoch (the ledger's clock).
 
     ``back`` is when the victim was first listed among a committed round's contributors after
-    ``healed`` (None: never, the run ended first); ``late_s`` how long the fault waited for the
+    ``healed`` (None: the run ended first); ``late_s`` how long the fault waited for the
     previous victim past its turn.
     """
 
@@ -180,6 +192,7 @@ class Chaos:
             if self.faults and self.faults[-1].back is not None:
                 fault.late_s = max(self.faults[-1].back - due, 0.0)
             self.faults.append(fault)
+            say(f"{fault.kind} {pid}" + (f" ({fault.late_s:.1f} s late)" if fault.late_s else ""))
             self._inject(fault)
             due = fault.started + self.period_s
             self._wait_back(fault)
@@ -205,6 +218,9 @@ class Chaos:
             fault.error = str(err).strip().splitlines()[0][:300]
             self._heal(fault)
         fault.healed = time.time()
+        say(
+            f"{fault.kind} {fault.participant} healed" + (f": {fault.error}" if fault.error else "")
+        )
         self._active = None
 
     def _kill(self, target: str, service: str) -> str:
@@ -242,6 +258,7 @@ class Chaos:
                 seen = self._contributed.get(fault.participant, 0.0)
                 if seen > healed:
                     fault.back = seen
+                    say(f"{fault.participant} back")
                     return
                 self._cond.wait(5.0)
 
@@ -249,6 +266,11 @@ class Chaos:
         """After :meth:`finish`: undo the fault in progress, if the thread was stopped in one."""
         if self._active is not None:
             self._heal(self._active)
+
+
+def say(what: str) -> None:
+    """Print a progress line with the time of day."""
+    print(f"{datetime.now(UTC):%H:%M:%S} {what}", flush=True)
 
 
 def epoch(iso: str) -> float:
@@ -312,6 +334,12 @@ def summarise(ledger: list[dict[str, Any]], faults: list[Fault], planned: int) -
     for a in committed:
         key = ", ".join(sorted(set(a["excluded"].values()))) or "none"
         by_reasons.setdefault(key, []).append(a["wall_s"])
+    excess: dict[str, dict[str, float]] = {}
+    for a in committed if clean else []:
+        key = "+".join(sorted({f.split()[0] for f in a["faults"]})) or "no fault"
+        row = excess.setdefault(key, {"rounds": 0, "excess_s": 0.0})
+        row["rounds"] += 1
+        row["excess_s"] += a["wall_s"] - statistics.median(clean)
     gaps = [epoch(b["opened_at"]) - epoch(a["closed_at"]) for a, b in pairwise(attempts)]
     backs = [f.back - f.healed for f in faults if f.back is not None and f.healed is not None]
     return {
@@ -330,6 +358,7 @@ def summarise(ledger: list[dict[str, Any]], faults: list[Fault], planned: int) -
         "fault_free_equivalent": len(committed) * statistics.median(clean) / wall
         if clean
         else None,
+        "excess_over_clean_by_fault": excess,
         "rounds_by_exclusion": {
             k: {
                 "rounds": len(v),
@@ -346,7 +375,7 @@ def summarise(ledger: list[dict[str, Any]], faults: list[Fault], planned: int) -
         "fault_late_max_s": max((f.late_s for f in faults), default=0.0),
         "back_after_heal_median_s": median(backs),
         "back_after_heal_max_s": max(backs, default=None),
-        "never_back": [f"{f.kind} {f.participant}" for f in faults if f.back is None],
+        "not_back": [f"{f.kind} {f.participant}" for f in faults if f.back is None],
         "attempts": attempts,
     }
 
@@ -399,7 +428,7 @@ def show(summary: dict[str, Any], faults: list[Fault], code: int) -> None:
     origin = epoch(summary["attempts"][0]["opened_at"]) if summary["attempts"] else 0.0
     for f in faults:
         healed = f"{f.healed - origin:7.1f}" if f.healed else "      -"
-        back = f"{f.back - origin:7.1f}" if f.back else "  never"
+        back = f"{f.back - origin:7.1f}" if f.back else "      -"
         extra = f"  restarted by {f.restarted_by}" if f.restarted_by else ""
         extra += f"  {f.late_s:.1f} s late" if f.late_s else ""
         extra += f"  ERROR {f.error}" if f.error else ""
@@ -412,6 +441,8 @@ def show(summary: dict[str, Any], faults: list[Fault], code: int) -> None:
     if not s.get("committed_rounds"):
         print(f"no round committed; lensemble up exited {code}")
         return
+    if s.get("startup_s") is not None:
+        print(f"start-up: {s['startup_s']:.1f} s from lensemble up to round 0's opening")
     print(
         f"run: {s['committed_rounds']} of {s['planned_rounds']} planned rounds committed in "
         f"{s['wall_s']:.1f} s (first opening to last commit); lensemble up exited {code}"
@@ -439,11 +470,17 @@ def show(summary: dict[str, Any], faults: list[Fault], code: int) -> None:
             f"fault-free equivalent: {s['committed_rounds']} x {s['clean_round_median_s']:.2f} s"
             f" = {100 * s['fault_free_equivalent']:.1f} % of the wall time"
         )
+    for key, row in sorted(s["excess_over_clean_by_fault"].items()):
+        print(
+            f"  rounds during {key:<26} {row['rounds']:>4}  {row['excess_s']:+.1f} s against the "
+            "median round excluding nobody"
+        )
     print(
         f"faults: {s['faults_by_kind']}; restarted by {s['restarted_by']}; "
         f"{s['faults_late']} late (max {s['fault_late_max_s']:.1f} s); victim back after "
         f"healing: median {s['back_after_heal_median_s'] or 0:.1f} s, max "
-        f"{s['back_after_heal_max_s'] or 0:.1f} s; never back: {s['never_back'] or 'none'}"
+        f"{s['back_after_heal_max_s'] or 0:.1f} s; not back when the run ended: "
+        f"{s['not_back'] or 'none'}"
     )
     for error in s["fault_errors"]:
         print(f"  fault error: {error}")
@@ -458,7 +495,7 @@ def main() -> None:
     parser.add_argument(
         "--round-s",
         type=float,
-        default=8.0,
+        default=7.0,
         help="Expected seconds per round, which sets the rounds (minutes x 60 / round-s).",
     )
     parser.add_argument("--rounds", type=int, default=None, help="Rounds, instead of the above.")
@@ -476,6 +513,13 @@ def main() -> None:
         help="Seconds a killed container may take to be restarted by its policy before the "
         "soak starts it.",
     )
+    parser.add_argument(
+        "--nofile",
+        type=int,
+        default=None,
+        help="Open-file limit of the containers instead of the Compose file's 65536, for an "
+        "engine whose own hard limit is lower (runc then fails: 'error setting rlimit type 7').",
+    )
     parser.add_argument("--no-reference", action="store_true", help="Skip the simulate chain.")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos_soak.json"))
     args = parser.parse_args()
@@ -488,7 +532,10 @@ def main() -> None:
     print(f"chaos soak: {rounds} rounds, a fault every {args.period_s:.0f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="chaos-soak-") as tmp:
         work = Path(tmp)
-        with stack(work, *sets, prefix="lens-soak") as up:
+        command = ["lensemble"]
+        if args.nofile is not None:
+            command = [sys.executable, "-c", LENSEMBLE_WITH_NOFILE, str(args.nofile)]
+        with stack(work, *sets, prefix="lens-soak", command=command) as up:
             chaos = Chaos(
                 up.project,
                 participants,
@@ -534,6 +581,7 @@ def main() -> None:
         "period_s": args.period_s,
         "hold_s": args.hold_s,
         "restart_wait_s": args.restart_wait_s,
+        "nofile": args.nofile,
         "sets": sets,
         "started": datetime.fromtimestamp(began, UTC).isoformat(timespec="seconds"),
     }

@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,22 +172,27 @@ class Up:
 
 
 @contextmanager
-def stack(tmp_path: Path, *sets: str, prefix: str = "lens-e2e") -> Iterator[Up]:
+def stack(
+    tmp_path: Path,
+    *sets: str,
+    prefix: str = "lens-e2e",
+    command: Sequence[str] = ("lensemble",),
+) -> Iterator[Up]:
     """`lensemble up` under a fresh run name; always torn down with its volumes afterwards.
 
-    The run name is ``prefix`` and a random suffix. The stack runs while no other test does
-    (:func:`tests.support.machine.alone`).
+    The run name is ``prefix`` and a random suffix; ``command`` is what runs ``up``. The stack
+    runs while no other test does (:func:`tests.support.machine.alone`).
     """
-    with machine.alone(), _stack(tmp_path, *sets, prefix=prefix) as up:
+    with machine.alone(), _stack(tmp_path, *sets, prefix=prefix, command=command) as up:
         yield up
 
 
 @contextmanager
-def _stack(tmp_path: Path, *sets: str, prefix: str) -> Iterator[Up]:
+def _stack(tmp_path: Path, *sets: str, prefix: str, command: Sequence[str]) -> Iterator[Up]:
     project = f"{prefix}-{uuid.uuid4().hex[:6]}"
     stack_dir = tmp_path / "stack"
     args = [
-        "lensemble",
+        *command,
         "up",
         "--substrate",
         "compose",
