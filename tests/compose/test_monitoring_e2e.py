@@ -26,7 +26,7 @@ import pytest
 
 from lensemble.render.prometheus import PROMETHEUS_PORT
 from lensemble.stack.engine import compose_command
-from tests.compose.test_engine_e2e import Up, container, docker, stack
+from tests.support.stack import Up, container, docker, stack
 from tests.support.tools import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
