@@ -1,9 +1,9 @@
 # One image for every Lensemble role: the container runs `lensemble serve`, and LENSEMBLE_ROLE
 # (coordinator | participant) picks the role at run time (contract: docs/architecture.md).
 #
-# Needs BuildKit (RUN --mount). The easiest way is `lensemble image build` (README, "Container
-# image"), which picks a BuildKit-capable client, stages a minimal build context and passes the
-# options below. By hand, from the repository root:
+# Needs BuildKit (RUN --mount). The easiest way is `lensemble image build`
+# (docs/how-to/container-image.md), which picks a BuildKit-capable client, stages a minimal
+# build context and passes the options below. By hand, from the repository root:
 #   DOCKER_BUILDKIT=1 docker build -t lensemble:0.1.0-cpu .                  # CPU (default)
 #   DOCKER_BUILDKIT=1 docker build --build-arg TORCH_CUDA=cu126 -t lensemble:0.1.0-cu126 .
 #   DOCKER_BUILDKIT=1 docker build --build-arg TORCH_CUDA=cu128 -t lensemble:0.1.0-cu128 .

@@ -160,8 +160,8 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     )
     if peak is not None and peak_err:
         lines.append(
-            f"Best round {peak} ({peak_err:.4f}); the final model is within "
-            f"{100 * (fed / peak_err - 1):.1f}% of it."
+            f"Best round {peak} ({peak_err:.4f}); the final model's error is "
+            f"{100 * (fed / peak_err - 1):.1f}% above it."
         )
     return lines
 

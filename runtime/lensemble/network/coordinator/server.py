@@ -137,6 +137,12 @@ def start_coordinator_server(
     )
     add_service(service, server)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = bind_port(server, target, credentials, "the coordinator's gRPC service")
+    bound = bind_port(
+        server,
+        target,
+        credentials,
+        "the coordinator's gRPC service",
+        "set --port or network.port to another port (--port 0 picks a free one)",
+    )
     server.start()
     return server, bound

@@ -30,8 +30,12 @@ HEALTH_CONNECTIONS = 64
 HEALTH_PER_ADDRESS = 4
 
 
-def bind_port(server: Any, address: str, credentials: Any, what: str) -> int:
+def bind_port(
+    server: Any, address: str, credentials: Any, what: str, choose: str = "another port"
+) -> int:
     """Bind a gRPC server to ``address`` (``host:port``); returns the port actually bound.
+
+    ``what`` names the service in the error, ``choose`` the flag and field that pick its port.
 
     Raises:
         UsageError: The address cannot be bound (in use, or not a local address).
@@ -47,8 +51,7 @@ def bind_port(server: Any, address: str, credentials: Any, what: str) -> int:
     if port == 0:
         raise UsageError(
             f"cannot listen on {address} for {what};",
-            remediation="the port is in use or the address is not local; choose another port "
-            "(0 picks a free one).",
+            remediation=f"the port is in use or the address is not local; {choose}.",
         )
     return int(port)
 
@@ -82,7 +85,14 @@ class HealthServer:
             ],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
-        self.port = bind_port(self._server, f"{host}:{port}", None, "the health service")
+        self.port = bind_port(
+            self._server,
+            f"{host}:{port}",
+            None,
+            "the health service",
+            "set --health-port or network.health_port to another port (--health-port 0 picks "
+            "a free one)",
+        )
         self._server.start()
         self._servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self.set_ready(False)
