@@ -72,7 +72,9 @@ def compose(
     files = write_compose(
         cfg, output, command=command, source=source, certs_dir=certs, gpu_tag=gpu_tag
     )
-    status(f"wrote {files.compose} and {files.config}")
+    written = [files.compose, files.config, files.prometheus, files.alerts]
+    names = [str(path) for path in written if path is not None]
+    status(f"wrote {', '.join(names[:-1])} and {names[-1]}")
 
 
 # ------------------------------------------------------------------- Helm and Kubernetes (k8s)
