@@ -146,7 +146,7 @@ STOPSIGNAL SIGTERM
 
 # Open files: an image cannot set ulimits. The entrypoint (every lensemble process) raises its
 # soft nofile limit to the hard one at start and logs both (event file_limit); Compose sets
-# both to 65536 (ulimits), Kubernetes takes the container runtime's (docs/operations.md).
+# both to 8192 (ulimits), Kubernetes takes the container runtime's (docs/operations.md).
 
 ENTRYPOINT ["lensemble"]
 CMD ["serve"]
