@@ -53,10 +53,10 @@ whose own hard limit is lower cannot start them (runc: ``error setting rlimit ty
 ``--nofile 20000`` renders the stack with that limit instead (nothing else changes; the
 coordinator budgets its connections below whatever limit it has).
 
-It takes about ``--minutes`` for the stack (plus a minute or two of start-up, more if faults
-stretch rounds past ``--round-s``) and then as long or longer again for the in-process
-reference, which trains the 4 participants one after another on the host (``--no-reference``
-skips it).
+It takes about ``--minutes`` for the stack (plus a minute of start-up, more if faults stretch
+rounds past ``--round-s``) and then about half as long again for the in-process reference,
+which trains the 4 participants one after another on the host (``--no-reference`` skips it).
+Figures and how they were measured: docs/performance.md ("Chaos soak on the Compose stack").
 """
 
 from __future__ import annotations
