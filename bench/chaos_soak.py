@@ -53,10 +53,10 @@ whose own hard limit is lower cannot start them (runc: ``error setting rlimit ty
 ``--nofile 20000`` renders the stack with that limit instead (nothing else changes; the
 coordinator budgets its connections below whatever limit it has).
 
-It takes about ``--minutes`` for the stack (plus a minute or two of start-up, more if faults
-stretch rounds past ``--round-s``) and then as long or longer again for the in-process
-reference, which trains the 4 participants one after another on the host (``--no-reference``
-skips it).
+It takes about ``--minutes`` for the stack (plus a minute of start-up, more if faults stretch
+rounds past ``--round-s``) and then about half as long again for the in-process reference,
+which trains the 4 participants one after another on the host (``--no-reference`` skips it).
+Figures and how they were measured: docs/performance.md ("Chaos soak on the Compose stack").
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -102,6 +103,9 @@ ROUND_CLOSED = re.compile(
     r"round (\d+) attempt (\d+) (committed|aborted)[^;]*; contributors ([^;]*)"
 )
 FIRST_OPENING = "round 0 attempt 0 open"
+#: Seconds between samples of the host's load average, and the report's time windows.
+LOAD_EVERY_S = 10.0
+WINDOW_S = 300.0
 #: ``lensemble`` with the Compose file's open-file limit (``ulimits: nofile``) set from its
 #: first argument (``--nofile``).
 LENSEMBLE_WITH_NOFILE = (
@@ -154,10 +158,18 @@ class Chaos:
         self._cond = threading.Condition()
         self._contributed: dict[str, float] = {}  # participant -> last committed round's time
         self._active: Fault | None = None
+        self.load: list[tuple[float, float]] = []  # (time, 1-minute load average)
         self._thread = threading.Thread(target=self._loop, name="chaos", daemon=True)
+        self._sampler = threading.Thread(target=self._sample_load, name="load", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._sampler.start()
+
+    def _sample_load(self) -> None:
+        """The host's 1-minute load average every :data:`LOAD_EVERY_S` (what else ran)."""
+        while not self.stop.wait(LOAD_EVERY_S):
+            self.load.append((time.time(), float(Path("/proc/loadavg").read_text().split()[0])))
 
     def finish(self) -> None:
         """Stop injecting, heal whatever is still faulted, and wait for the thread."""
@@ -165,6 +177,7 @@ class Chaos:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(timeout=300)
+        self._sampler.join(timeout=LOAD_EVERY_S + 5)
 
     def watch(self, line: str) -> None:
         """See one line of ``lensemble up`` (called by :meth:`Up.run` on the main thread)."""
@@ -305,7 +318,36 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarise(ledger: list[dict[str, Any]], faults: list[Fault], planned: int) -> dict[str, Any]:
+def windows(
+    attempts: list[dict[str, Any]], load: Sequence[tuple[float, float]]
+) -> list[dict[str, Any]]:
+    """Per :data:`WINDOW_S` of the run (by opening): rounds, their times, the host's load."""
+    start = epoch(attempts[0]["opened_at"])
+    rows: list[dict[str, Any]] = []
+    for lo in range(0, int(epoch(attempts[-1]["opened_at"]) - start) + 1, int(WINDOW_S)):
+        span = [a for a in attempts if lo <= epoch(a["opened_at"]) - start < lo + WINDOW_S]
+        stragglers = [a["wall_s"] for a in span if "straggler" in a["excluded"].values()]
+        loads = [v for t, v in load if lo <= t - start < lo + WINDOW_S]
+        rows.append(
+            {
+                "from_s": lo,
+                "attempts": len(span),
+                "clean_median_s": median([a["wall_s"] for a in span if not a["excluded"]]),
+                "all_median_s": median([a["wall_s"] for a in span]),
+                "straggler_rounds": len(stragglers),
+                "straggler_s": sum(stragglers),
+                "load_median": median(loads),
+            }
+        )
+    return rows
+
+
+def summarise(
+    ledger: list[dict[str, Any]],
+    faults: list[Fault],
+    planned: int,
+    load: Sequence[tuple[float, float]] = (),
+) -> dict[str, Any]:
     """The figures of the run (see the module docstring for their definitions)."""
     attempts = [
         {
@@ -376,6 +418,7 @@ def summarise(ledger: list[dict[str, Any]], faults: list[Fault], planned: int) -
         "back_after_heal_median_s": median(backs),
         "back_after_heal_max_s": max(backs, default=None),
         "not_back": [f"{f.kind} {f.participant}" for f in faults if f.back is None],
+        "windows": windows(attempts, load),
         "attempts": attempts,
     }
 
@@ -482,6 +525,14 @@ def show(summary: dict[str, Any], faults: list[Fault], code: int) -> None:
         f"{s['back_after_heal_max_s'] or 0:.1f} s; not back when the run ended: "
         f"{s['not_back'] or 'none'}"
     )
+    print(f"per {WINDOW_S:.0f} s of the run (by opening):")
+    for w in s["windows"]:
+        load = f"{w['load_median']:.1f}" if w["load_median"] is not None else "-"
+        print(
+            f"  from {w['from_s']:>5} s: {w['attempts']:>3} attempts, median "
+            f"{w['all_median_s']:.2f} s (excluding nobody {w['clean_median_s'] or 0:.2f} s), "
+            f"{w['straggler_rounds']} straggler rounds {w['straggler_s']:.1f} s, host load {load}"
+        )
     for error in s["fault_errors"]:
         print(f"  fault error: {error}")
 
@@ -551,7 +602,7 @@ def main() -> None:
                 chaos.heal_all()
             ledger = read_ledger(up)
             tail = up.lines[-20:]
-        summary = summarise(ledger, chaos.faults, rounds)
+        summary = summarise(ledger, chaos.faults, rounds, chaos.load)
         if chaos.first_opening is not None:
             summary["startup_s"] = chaos.first_opening - began
         summary["up_exit_code"] = code
