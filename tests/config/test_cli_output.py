@@ -48,7 +48,9 @@ def test_compose_status_goes_to_stderr(tmp_path: Path) -> None:
     result = run_cli("render", "compose", *NETWORK, "-o", str(out))
     assert result.code == 0, result.err
     assert result.out == ""
-    assert f"wrote {out} and {tmp_path / 'lensemble.yaml'}" in result.err
+    # Every file it wrote is named: the Compose file, the config, Prometheus's two files.
+    named = [out, *(tmp_path / name for name in ("lensemble.yaml", "prometheus.yml"))]
+    assert f"wrote {', '.join(map(str, named))} and {tmp_path / 'alerts.yaml'}" in result.err
 
 
 def test_certs_init_reports_on_stderr(tmp_path: Path) -> None:
