@@ -64,7 +64,7 @@ ELSEWHERE = {
     "lensemble render k8s": "Helm's library and kubectl (tests/k8s)",
 }
 #: Placeholders of the pages, and what stands for them here.
-PLACEHOLDERS = {"my-config.yaml": "config/staging.yaml"}
+PLACEHOLDERS: dict[str, str] = {}
 #: Where a block runs, when not at the scratch folder's root: (page, block index) -> folder.
 CWD = {("compose.md", 1): "compose"}
 #: Blocks that cannot run on one host, and where they are covered instead.
@@ -236,10 +236,36 @@ def _scratch(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def _left_in_a_checkout(root: Path, before: set[str]) -> list[str]:
+    """Files a block wrote that a checkout's ``git status`` would show (not ignored there)."""
+    new = sorted(_files(root) - before)
+    if not new:
+        return []
+    ignored = subprocess.run(
+        ["git", "-C", str(REPO), "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(new),
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    return [path for path in new if path not in ignored]
+
+
 def _run(block: Block, form: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``block``'s script in ``form``; its processes (started with ``&`` too) end with it."""
+    """Run ``block``'s script in ``form``; its processes (started with ``&`` too) end with it.
+
+    Raises:
+        AssertionError: The block wrote a file that a checkout would show as untracked (a
+            page's command must write under ``runs/`` or another ignored folder).
+    """
     script, _ = _script(block, form)
-    cwd = _scratch(tmp_path) / CWD.get((block.page.name, block.index), "")
+    root = _scratch(tmp_path)
+    before = _files(root)
+    cwd = root / CWD.get((block.page.name, block.index), "")
     env = {**os.environ, "PYTHONPATH": str(REPO / "runtime")}
     proc = subprocess.Popen(
         ["bash", "-c", script],
@@ -257,6 +283,8 @@ def _run(block: Block, form: str, tmp_path: Path) -> subprocess.CompletedProcess
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    stray = _left_in_a_checkout(root, before)
+    assert not stray, f"{block.id} writes into the checkout: {stray[:5]}; write under runs/"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

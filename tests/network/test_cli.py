@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,40 @@ def test_missing_tls_files_name_the_field_and_the_fix(tmp_path: Path, in_repo: P
     )
     assert result.code == 2
     assert "network.tls.cert_file" in result.err and "lensemble certs init" in result.err
+
+
+@pytest.mark.parametrize("taken", ["network.port", "network.download_port"])
+def test_a_port_in_use_fails_the_coordinator_before_it_writes_a_checkpoint(
+    taken: str, tmp_path: Path, in_repo: Path
+) -> None:
+    """A failed bind leaves the run folder with nothing to resume from (a field report)."""
+    certs, run = tmp_path / "certs", tmp_path / "run"
+    assert run_cli("certs", "init", str(certs), "--config", "config/local.yaml").code == 0
+    with socket.socket() as holder:  # a plain listener: no SO_REUSEPORT for gRPC to share
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        settings = {
+            "federation.transport": "network",
+            "run.output_dir": str(run),
+            "network.tls.ca_file": str(certs / "ca.crt"),
+            "network.tls.cert_file": str(certs / "coordinator" / "tls.crt"),
+            "network.tls.key_file": str(certs / "coordinator" / "tls.key"),
+            taken: str(holder.getsockname()[1]),
+        }
+        sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+        # The gRPC port is bound first: when the download port is the one taken, gRPC gets a
+        # free port (the download port is never reached while the gRPC port fails).
+        free_grpc = ["--port", "0"] if taken == "network.download_port" else []
+        lensemble = str(Path(sys.executable).with_name("lensemble"))
+        process_flags = ["--health-port", "0", "--metrics-port", "0", *free_grpc]
+        result = subprocess.run(
+            [lensemble, "coordinator", "--config", "config/local.yaml", *process_flags, *sets],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 2, result.stderr
+    assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
+    written = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
+    assert written == ["coordinator/lock"], written

@@ -131,19 +131,17 @@ def _serve_coordinator(
         fed, net = config.federation, config.network
         theta0 = initial_params() if callable(initial_params) else initial_params
         del initial_params
+        architecture = global_architecture(theta0)
         # Refuses a network.max_message_bytes below the model's wire size before any write.
-        payload_limits(config, global_architecture(theta0))
-        coordinator = Coordinator(
-            config,
-            theta0,
-            output_dir=Path(config.run.output_dir),
-            resume=verified,
-            observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
-        )
-        del theta0  # the coordinator holds its own copy; a built theta_0 goes now
-        _say_if_resumed(coordinator)
+        payload_limits(config, architecture)
+        # Both ports are bound before the coordinator writes anything: a port in use fails the
+        # start with the run folder as it was (no version-0 checkpoint left to resume from).
+        latest = verified.latest
         transport = GrpcCoordinatorTransport(
-            config, next_round=coordinator.version, metrics=harness.metrics, round_log=round_log
+            config,
+            next_round=latest.version if latest is not None else 0,
+            metrics=harness.metrics,
+            round_log=round_log,
         )
         authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
         budget = _connection_budget(config, harness)
@@ -153,13 +151,22 @@ def _serve_coordinator(
             server_credentials(config),
             host=net.listen_host,
             port=net.port if ports.port is None else ports.port,
-            architecture=coordinator.architecture,
+            architecture=architecture,
             budget=budget,
         )
         download = start_model_download(
             transport, authenticator, config, port=net.download_port, budget=budget
         )
         warden = _warden(budget, harness, port, download)
+        coordinator = Coordinator(
+            config,
+            theta0,
+            output_dir=Path(config.run.output_dir),
+            resume=verified,
+            observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
+        )
+        del theta0  # the coordinator holds its own copy; a built theta_0 goes now
+        _say_if_resumed(coordinator)
         harness.health.set_ready(True)
         harness.announce_ready(
             f"{net.listen_host}:{port}", download.port if download is not None else None
