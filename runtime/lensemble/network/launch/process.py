@@ -136,13 +136,7 @@ def _serve_coordinator(
         payload_limits(config, architecture)
         # Both ports are bound before the coordinator writes anything: a port in use fails the
         # start with the run folder as it was (no version-0 checkpoint left to resume from).
-        latest = verified.latest
-        transport = GrpcCoordinatorTransport(
-            config,
-            next_round=latest.version if latest is not None else 0,
-            metrics=harness.metrics,
-            round_log=round_log,
-        )
+        transport = _transport(config, verified, harness, round_log)
         authenticator = Authenticator(config, config.participant_ids, coordinator_tokens(config))
         budget = _connection_budget(config, harness)
         server, port = start_coordinator_server(
@@ -197,6 +191,19 @@ def _serve_coordinator(
         if server is not None:
             server.stop(grace=1.0).wait(2.0)
         harness.close()
+
+
+def _transport(
+    config: LensembleConfig, verified: VerifiedRecord, harness: ProcessHarness, round_log: RoundLog
+) -> GrpcCoordinatorTransport:
+    """The gRPC transport; the first round it opens is the newest verified checkpoint's version."""
+    latest = verified.latest
+    return GrpcCoordinatorTransport(
+        config,
+        next_round=latest.version if latest is not None else 0,
+        metrics=harness.metrics,
+        round_log=round_log,
+    )
 
 
 def _say_if_resumed(coordinator: Coordinator) -> None:
