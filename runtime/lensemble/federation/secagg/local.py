@@ -17,24 +17,13 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 
 from lensemble.federation.secagg import identity
 from lensemble.federation.secagg.context import SessionContext
+from lensemble.federation.secagg.driver import ANSWERED, SENT, STAGES, Party, drive
 from lensemble.federation.secagg.errors import SecAggRefusal
-from lensemble.federation.secagg.messages import (
-    ConsistencySignature,
-    EncryptedShares,
-    KeyAdvert,
-    KeyRoster,
-    MaskedInput,
-    ShareDelivery,
-    SurvivorSet,
-    UnmaskRequest,
-    UnmaskShares,
-)
 from lensemble.federation.secagg.participant import ParticipantSession
 from lensemble.federation.secagg.server import SecureSum, ServerSession
 
@@ -50,8 +39,7 @@ class DropAfter(StrEnum):
     CONSISTENCY = "consistency"
 
 
-#: The protocol's stages in order; a participant takes part in stage i while i <= its last.
-_STAGES = ("advertise", "share", "mask", "consistency", "unmask")
+#: A participant takes part in stage i of :data:`~.driver.STAGES` while i <= its last.
 _LAST = {
     DropAfter.START: -1,
     DropAfter.ADVERTISE: 0,
@@ -96,17 +84,17 @@ class LocalResult:
 
 
 class _Run:
+    """The in-process wire: each stage's messages to the active participants, in a seeded order."""
+
     def __init__(
         self,
-        server: ServerSession,
-        parties: dict[str, ParticipantSession],
+        parties: dict[str, Party],
         drop: Mapping[str, DropAfter],
         rng: random.Random,
         *,
         tamper: Tamper | None,
         forge: Tamper | None,
     ) -> None:
-        self.server = server
         self.parties = parties
         self.drop = drop
         self.rng = rng
@@ -114,10 +102,11 @@ class _Run:
         self.forge = forge
         self.traffic = Traffic()
         self.refusals: dict[str, SecAggRefusal] = {}
+        self.exchange_s = 0.0
 
     def active(self, stage: str) -> list[str]:
         """Participants still there for ``stage``, in this stage's arrival order."""
-        index = _STAGES.index(stage)
+        index = STAGES.index(stage)
         names = [
             p
             for p in sorted(self.parties)
@@ -126,68 +115,37 @@ class _Run:
         self.rng.shuffle(names)
         return names
 
-    def client(self, name: str, step: Callable[[], Any]) -> Any:
+    def exchange(self, stage: str, outgoing: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
+        """One round trip: each active addressed participant gets its message and answers."""
+        start = time.perf_counter()
+        answers = []
+        for name in self.active(stage):
+            if name not in outgoing:
+                continue
+            data = outgoing[name]
+            if stage in SENT:
+                if self.tamper is not None:
+                    data = self.tamper(stage, name, data)
+                self.traffic.bytes[SENT[stage].__name__].append(len(data))
+            answer = self._answer(name, stage, data)
+            if answer is None:
+                continue
+            if self.forge is not None:
+                answer = self.forge(stage, name, answer)
+            self.traffic.bytes[ANSWERED[stage].__name__].append(len(answer))
+            answers.append((name, answer))
+        self.exchange_s += time.perf_counter() - start
+        return answers
+
+    def _answer(self, name: str, stage: str, data: bytes) -> bytes | None:
         start = time.perf_counter()
         try:
-            return step()
+            return self.parties[name].answer(stage, data)
         except SecAggRefusal as refusal:
             self.refusals[name] = refusal
             return None
         finally:
             self.traffic.client_s[name] += time.perf_counter() - start
-
-    def upload(
-        self,
-        stage: str,
-        message: Any,
-        decode: Callable[[bytes], Any],
-        receive: Callable[[Any], None],
-    ) -> None:
-        data = message.encode()
-        if self.forge is not None:
-            data = self.forge(stage, message.sender, data)
-        self.traffic.bytes[type(message).__name__].append(len(data))
-        start = time.perf_counter()
-        try:
-            receive(decode(data))
-        except SecAggRefusal as refusal:  # the sender counts as dropped
-            if refusal not in self.server.refusals:  # a parser's refusal, not the session's
-                self.server.refusals.append(refusal)
-        finally:
-            self.traffic.server_s += time.perf_counter() - start
-
-    def download(self, stage: str, recipient: str, message: Any) -> Any:
-        data = message.encode()
-        if self.tamper is not None:
-            data = self.tamper(stage, recipient, data)
-        self.traffic.bytes[type(message).__name__].append(len(data))
-        return type(message).decode(data)
-
-    def server_step(self, step: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
-        try:
-            return step()
-        finally:
-            self.traffic.server_s += time.perf_counter() - start
-
-    def stage(
-        self,
-        stage: str,
-        broadcast: Callable[[str], Any],
-        act: Callable[[ParticipantSession, Any], Any],
-        decode: Callable[[bytes], Any],
-        receive: Callable[[Any], None],
-    ) -> None:
-        """One round trip: each active participant gets its message, answers, is received."""
-        for name in self.active(stage):
-            incoming = broadcast(name)
-            if incoming is None:
-                continue
-            message = self.download(stage, name, incoming)
-            party = self.parties[name]
-            answer = self.client(name, functools.partial(act, party, message))
-            if answer is not None:
-                self.upload(stage, answer, decode, receive)
 
 
 def run_session(
@@ -222,51 +180,21 @@ def run_session(
     """
     drop = drop or {}
     verifiers = {p: key.public_key() for p, key in identity_keys.items()}
+    get = updates if callable(updates) else updates.__getitem__
     parties = {
-        p: ParticipantSession(context, p, seeds[p], identity_keys[p], verifiers)
+        p: Party(
+            ParticipantSession(context, p, seeds[p], identity_keys[p], verifiers),
+            functools.partial(get, p),
+        )
         for p in context.roster
         if drop.get(p) is not DropAfter.START
     }
+    run = _Run(parties, drop, random.Random(order_seed), tamper=tamper, forge=forge)
     server = ServerSession(context, verifiers)
-    run = _Run(server, parties, drop, random.Random(order_seed), tamper=tamper, forge=forge)
-    get = updates if callable(updates) else updates.__getitem__
-    for name in run.active("advertise"):
-        advert = run.client(name, parties[name].advertise)
-        if advert is not None:
-            run.upload("advertise", advert, KeyAdvert.decode, server.receive_advert)
-    roster: KeyRoster = run.server_step(server.close_advertising)
-    u1 = {a.sender for a in roster.adverts}
-    run.stage(
-        "share",
-        lambda name: roster if name in u1 else None,
-        lambda p, m: p.share_keys(m),
-        EncryptedShares.decode,
-        server.receive_shares,
-    )
-    deliveries: dict[str, ShareDelivery] = run.server_step(server.close_sharing)
-    run.stage(
-        "mask",
-        deliveries.get,
-        lambda p, m: p.mask(m, get(p.me)),
-        MaskedInput.decode,
-        server.receive_masked,
-    )
-    survivors: SurvivorSet = run.server_step(server.close_masking)
-    run.stage(
-        "consistency",
-        lambda name: survivors if name in survivors.survivors else None,
-        lambda p, m: p.check_consistency(m),
-        ConsistencySignature.decode,
-        server.receive_consistency,
-    )
-    request: UnmaskRequest = run.server_step(server.close_consistency)
-    u4 = {signer for signer, _ in request.signatures}
-    run.stage(
-        "unmask",
-        lambda name: request if name in u4 else None,
-        lambda p, m: p.unmask(m),
-        UnmaskShares.decode,
-        server.receive_unmask,
-    )
-    result = run.server_step(server.finish)
+    start = time.perf_counter()
+    try:
+        result = drive(server, run.exchange)
+    finally:
+        # The coordinator's time: the whole session but the participants' part of it.
+        run.traffic.server_s = time.perf_counter() - start - run.exchange_s
     return LocalResult(result, run.refusals, run.traffic)

@@ -1,0 +1,151 @@
+"""The two sides of one session over any transport: five round trips of encoded messages.
+
+:func:`drive` is the coordinator's side: it sends each stage's messages through an
+:data:`Exchange` (whatever carries bytes to the participants and their answers back by the
+stage's deadline), hands every answer to its :class:`~.server.ServerSession`, and returns the
+:class:`~.server.SecureSum`. :class:`Party` is a participant's side: it answers each stage's
+message with its :class:`~.participant.ParticipantSession`. Neither knows the transport, so the
+in-process simulation (:mod:`~.local`) and the network run the same steps on the same bytes.
+
+An answer counts for the participant the transport authenticated, never for the id the message
+claims: one whose claimed sender differs is refused (``unknown_participant``), so a participant
+cannot speak for another even before the signatures are checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from lensemble.federation.secagg.errors import Reason, SecAggRefusal
+from lensemble.federation.secagg.messages import (
+    ConsistencySignature,
+    EncryptedShares,
+    KeyAdvert,
+    KeyRoster,
+    MaskedInput,
+    ShareDelivery,
+    SurvivorSet,
+    UnmaskRequest,
+    UnmaskShares,
+)
+from lensemble.federation.secagg.participant import ParticipantSession
+from lensemble.federation.secagg.server import SecureSum, ServerSession
+
+#: The protocol's stages, in order (Bonawitz et al., CCS'17, rounds 0-4 of Figure 4).
+STAGES = ("advertise", "share", "mask", "consistency", "unmask")
+#: What each stage sends to the participants (none to start ``advertise``) and gets back.
+SENT: dict[str, type[Any]] = {
+    "share": KeyRoster,
+    "mask": ShareDelivery,
+    "consistency": SurvivorSet,
+    "unmask": UnmaskRequest,
+}
+ANSWERED: dict[str, type[Any]] = {
+    "advertise": KeyAdvert,
+    "share": EncryptedShares,
+    "mask": MaskedInput,
+    "consistency": ConsistencySignature,
+    "unmask": UnmaskShares,
+}
+
+#: ``exchange(stage, {participant: message bytes})`` -> ``(participant, answer bytes)`` pairs
+#: as they arrive, until every addressed participant answered or the stage's deadline passed;
+#: the participant is the one the transport authenticated. Who does not answer has dropped out.
+Exchange = Callable[[str, Mapping[str, bytes]], Iterable[tuple[str, bytes]]]
+
+
+def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
+    """Run the coordinator's side of ``server``'s session to its end.
+
+    Args:
+        server: A fresh session (nothing received yet).
+        exchange: Carries each stage's messages and brings the answers back.
+
+    Returns:
+        The sum of the survivors' encoded updates, with the sets of every stage.
+
+    Raises:
+        SecAggAbort: A stage closed with too few participants, or no shares reconstruct a
+            secret; the round cannot use this session.
+    """
+    start = dict.fromkeys(server.context.roster, b"")
+    _receive(server, "advertise", exchange("advertise", start), server.receive_advert)
+    roster = server.close_advertising()
+    sent = roster.encode()
+    invited = {advert.sender: sent for advert in roster.adverts}
+    _receive(server, "share", exchange("share", invited), server.receive_shares)
+    deliveries = server.close_sharing()
+    addressed = {p: delivery.encode() for p, delivery in deliveries.items()}
+    _receive(server, "mask", exchange("mask", addressed), server.receive_masked)
+    survivors = server.close_masking()
+    sent = survivors.encode()
+    asked = dict.fromkeys(survivors.survivors, sent)
+    _receive(server, "consistency", exchange("consistency", asked), server.receive_consistency)
+    request = server.close_consistency()
+    sent = request.encode()
+    signers = {signer: sent for signer, _ in request.signatures}
+    _receive(server, "unmask", exchange("unmask", signers), server.receive_unmask)
+    return server.finish()
+
+
+def _receive(
+    server: ServerSession,
+    stage: str,
+    answers: Iterable[tuple[str, bytes]],
+    receive: Callable[[Any], None],
+) -> None:
+    """Decode and hand over each answer; a refused one leaves its sender out (a dropout)."""
+    kind = ANSWERED[stage]
+    for sender, data in answers:
+        try:
+            message = kind.decode(data)
+            if message.sender != sender:
+                raise SecAggRefusal(
+                    Reason.UNKNOWN_PARTICIPANT,
+                    f"{sender} sent a message that claims to be {message.sender}'s.",
+                    stage=stage,
+                    participant=sender,
+                    remediation="The sender is treated as dropped from this session.",
+                )
+            receive(message)
+        except SecAggRefusal as refusal:
+            if refusal not in server.refusals:  # a parser's or the driver's, not the session's
+                server.refusals.append(refusal)
+
+
+class Party:
+    """A participant's side of one session: each stage's message in, its answer out.
+
+    Args:
+        session: The participant's session (fresh).
+        update: Gives the participant's float update (d values, any float dtype) when it
+            masks; called once, so the update need exist only from then on.
+    """
+
+    def __init__(self, session: ParticipantSession, update: Callable[[], np.ndarray]) -> None:
+        self.session = session
+        self._update = update
+
+    def answer(self, stage: str, data: bytes) -> bytes:
+        """The encoded answer to ``stage``'s message ``data``.
+
+        Raises:
+            SecAggRefusal: The message is malformed, out of order or fails a check; the
+                session answers nothing more.
+            KeyError: ``stage`` is not one of :data:`STAGES`.
+        """
+        session = self.session
+        if stage == "advertise":
+            return session.advertise().encode()
+        if stage == "share":
+            return session.share_keys(KeyRoster.decode(data)).encode()
+        if stage == "mask":
+            return session.mask(ShareDelivery.decode(data), self._update()).encode()
+        if stage == "consistency":
+            return session.check_consistency(SurvivorSet.decode(data)).encode()
+        if stage == "unmask":
+            return session.unmask(UnmaskRequest.decode(data)).encode()
+        raise KeyError(f"{stage!r} is not a secure-aggregation stage")
