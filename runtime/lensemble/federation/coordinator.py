@@ -46,7 +46,7 @@ from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.commit import Committer, outer_step
-from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
+from lensemble.federation.coordinator_store import CoordinatorStore, ModelState, model_payload_of
 from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
@@ -54,7 +54,7 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masked_round import collect_masked
 from lensemble.federation.masking import unflatten_into
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
-from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
+from lensemble.federation.payload import TensorSpec, manifest, model_hash
 from lensemble.federation.resume_record import coordinator_signer, record_to_resume
 from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
 from lensemble.federation.rounds import RoundMachine, RoundState
@@ -252,16 +252,7 @@ class Coordinator:
     def model_payload(self) -> bytes:
         """The current global model as a safetensors payload (cached per version)."""
         if self._payload_cache is None or self._payload_cache[0] != self.version:
-            data = encode(
-                self.params,
-                {
-                    "kind": "global-model",
-                    "version": str(self.version),
-                    "model_hash": self.model_hash,
-                    "parent_hash": self.parent_hash,
-                },
-            )
-            self._payload_cache = (self.version, data)
+            self._payload_cache = (self.version, model_payload_of(self.state))
         return self._payload_cache[1]
 
     # -------------------------------------------------------------------------- submissions
@@ -376,8 +367,10 @@ class Coordinator:
         """
         try:
             screening = None if current.masked else self._screen(current)
-            if screening is None and not self._masked_ready(current):
-                return None
+            if screening is None and current.masked_mean is None:
+                return None  # below quorum, or the secure sums cannot commit
+            if current.masked:
+                self._advance(current.machine, RoundState.AGGREGATING)
             judgement = self.defences.judge(current, self.state)
             if judgement is not None and judgement.rollback:
                 self._advance(current.machine, RoundState.COMMITTING)
@@ -419,11 +412,14 @@ class Coordinator:
             model_hash=self.model_hash,
             deadline_s=stragglers.opened_at + fed.round_timeout_s,
         )
-        if fed.aggregation == "masking":
-            return self._collect_masked(transport, current, opening)
-        col = self.admission.open(opening)
+        col = None if fed.aggregation == "masking" else self.admission.open(opening)
         transport.open_round(opening, self.model_payload())
         self._advance(current.machine, RoundState.COLLECTING)
+        if col is None:  # masked: no single update is ever seen, only each group's sum
+            self._settle()  # the previous round must be durable before this one changes anything
+            collect_masked(self.config, current, opening, transport, self.architecture)
+            current.traffic = transport.take_traffic()
+            return
         while not col.complete:
             submission = transport.receive(stragglers.wait_until(col))
             if submission is None:
@@ -442,26 +438,6 @@ class Coordinator:
         current.collection = self.admission.close()
         current.traffic = transport.take_traffic()
         current.defences = {"aggregator": fed.robustness.aggregator}
-
-    def _collect_masked(
-        self, transport: CoordinatorTransport, current: Attempt, opening: RoundOpening
-    ) -> None:
-        """Open the attempt and run its groups' secure sums (no single update is ever seen)."""
-        transport.open_round(opening, self.model_payload())
-        self._advance(current.machine, RoundState.COLLECTING)
-        self._settle()  # the previous round must be durable before this one changes anything
-        masked = collect_masked(self.config, opening, transport, self.architecture)
-        current.masked, current.masked_mean = True, masked.mean
-        current.collection = masked.collection
-        current.traffic = transport.take_traffic()
-        current.defences = {"aggregator": "masking", "masking": masked.record}
-
-    def _masked_ready(self, current: Attempt) -> bool:
-        """True when a masked attempt's secure sums can commit (it then aggregates)."""
-        if not current.masked or current.masked_mean is None:
-            return False
-        self._advance(current.machine, RoundState.AGGREGATING)
-        return True
 
     def _screen(self, current: Attempt) -> Screening | None:
         """Bound the updates' norms and score their senders; None when below quorum."""

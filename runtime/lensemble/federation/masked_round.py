@@ -26,7 +26,7 @@ import numpy as np
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.federation.admission import self_reported
-from lensemble.federation.attempt import Collection
+from lensemble.federation.attempt import Attempt, Collection
 from lensemble.federation.masking import SessionKey, session_contexts
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import TensorSpec
@@ -60,6 +60,31 @@ class MaskedAttempt:
 
 
 def collect_masked(
+    config: LensembleConfig,
+    current: Attempt,
+    opening: RoundOpening,
+    transport: CoordinatorTransport,
+    architecture: Mapping[str, TensorSpec],
+) -> None:
+    """Run every group's session of the open attempt; the outcome goes to ``current``.
+
+    Sets ``current.masked``, ``masked_mean`` (see :class:`MaskedAttempt`), ``collection`` and
+    ``defences`` (``aggregator: masking`` and the sessions' record).
+
+    Args:
+        config: The run's config.
+        current: The attempt.
+        opening: The attempt, already opened on ``transport`` (participants have trained).
+        transport: Carries the sessions' messages.
+        architecture: The global model's tensor specs (d).
+    """
+    masked = masked_attempt(config, opening, transport, architecture)
+    current.masked, current.masked_mean = True, masked.mean
+    current.collection = masked.collection
+    current.defences = {"aggregator": "masking", "masking": masked.record}
+
+
+def masked_attempt(
     config: LensembleConfig,
     opening: RoundOpening,
     transport: CoordinatorTransport,
