@@ -7,13 +7,14 @@ pseudo-gradients reach a few units, so the public clip is 10.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from lensemble.errors import QuorumNotReached
+from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.masking import flatten, unflatten_into
 from lensemble.federation.payload import manifest
@@ -103,3 +104,21 @@ def test_flatten_and_unflatten_keep_every_value_in_the_architectures_order() -> 
     assert all(torch.equal(out[k], params[k]) for k in params)
     with pytest.raises(ValueError, match="cannot fill"):
         unflatten_into(vector[:-1], out)
+
+
+def test_the_aggregate_bound_scales_a_hostile_sum_down_to_the_recent_norms() -> None:
+    """Under masking no update is screened alone; the combined one is bounded instead."""
+    wide = {"clip": 100.0}  # the codec's clip lets the attack through: the bound must act
+    clean, _ = _run(rounds=6, masking=wide)
+    attacked, _ = _run("scaled:alpha@4=-40", rounds=6, masking=wide)
+    assert _chain(clean.records)[:4] == _chain(attacked.records)[:4]
+    entry = attacked.records[4].defences["masking"]["aggregate"]
+    # The hostile sum is far above the bound, and what the outer step takes is at the bound.
+    assert entry["norm"] > 3 * entry["bound"]
+    assert entry["applied"] == pytest.approx(entry["bound"], rel=1e-6)
+    recent = [r.defences["masking"]["aggregate"]["applied"] for r in attacked.records[:4]]
+    assert entry["bound"] == pytest.approx(2.0 * statistics.median(recent), rel=1e-12)
+    # Without the bound only the pre-commit check stands in the attack's way, and it can only
+    # refuse the round: the run ends there.
+    with pytest.raises(PrecommitCheckFailed):
+        _run("scaled:alpha@4=-40", rounds=6, masking={**wide, "aggregate_factor": None})

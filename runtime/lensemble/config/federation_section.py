@@ -160,6 +160,16 @@ class MaskingConfig(_Section):
         "at least 3): participants are split into groups of at least this size, one masked sum "
         "per group, so a robust aggregator still has several inputs.",
     )
+    aggregate_factor: float | None = Field(
+        2.0,
+        ge=1.0,
+        le=1e6,
+        description="Bound on the L2 norm of a round's combined pseudo-gradient, as a multiple "
+        "of the median of the last 5 committed rounds' (unitless, [1, 1e6], from the 4th "
+        "committed round on); a larger one is scaled down to it. Under masking no single "
+        "update can be screened: this bounds what the sum lets a hostile participant do to one "
+        "round. null for none.",
+    )
 
     def resolved_threshold(self, participants: int) -> int:
         """Shamir's t for ``participants``: ``threshold``, or floor(2n/3) + 1 when null."""

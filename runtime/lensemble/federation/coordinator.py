@@ -417,9 +417,7 @@ class Coordinator:
         self._advance(current.machine, RoundState.COLLECTING)
         if col is None:  # masked: no single update is ever seen, only each group's sum
             self._settle()  # the previous round must be durable before this one changes anything
-            collect_masked(self.config, current, opening, transport, self.architecture)
-            current.traffic = transport.take_traffic()
-            return
+            return collect_masked(self, current, opening, transport)
         while not col.complete:
             submission = transport.receive(stragglers.wait_until(col))
             if submission is None:

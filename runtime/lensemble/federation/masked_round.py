@@ -19,17 +19,22 @@ the attempt aborts when fewer than ``federation.quorum`` survivors remain in all
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+import torch
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.federation.admission import self_reported
 from lensemble.federation.attempt import Attempt, Collection
+from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey, session_contexts
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import TensorSpec
+from lensemble.federation.robustness import update_norm
 from lensemble.federation.secagg.context import SessionContext
 from lensemble.federation.secagg.driver import Exchange, drive
 from lensemble.federation.secagg.errors import SecAggAbort
@@ -40,6 +45,10 @@ from lensemble.federation.transport import CoordinatorTransport
 ROBUST_OVER_GROUPS = ("median", "trimmed_mean")
 #: The ledger's exclusion reason prefix of a participant whose group's session aborted.
 ABORTED = "masking_aborted"
+#: The aggregate bound's window: the last committed masked rounds whose median it scales, and
+#: how many it needs before it applies.
+AGGREGATE_WINDOW = 5
+AGGREGATE_MIN_ROUNDS = 3
 
 
 @dataclass
@@ -59,28 +68,45 @@ class MaskedAttempt:
     record: dict[str, object] = field(default_factory=dict)
 
 
+class MaskedRoundOwner(Protocol):
+    """What :func:`collect_masked` reads of the coordinator."""
+
+    config: LensembleConfig
+    architecture: dict[str, TensorSpec]
+
+    @property
+    def history(self) -> list[RoundRecord]:
+        """Every earlier attempt of the run, in order."""
+        ...
+
+
 def collect_masked(
-    config: LensembleConfig,
+    owner: MaskedRoundOwner,
     current: Attempt,
     opening: RoundOpening,
     transport: CoordinatorTransport,
-    architecture: Mapping[str, TensorSpec],
 ) -> None:
     """Run every group's session of the open attempt; the outcome goes to ``current``.
 
-    Sets ``current.masked``, ``masked_mean`` (see :class:`MaskedAttempt`), ``collection`` and
-    ``defences`` (``aggregator: masking`` and the sessions' record).
+    Sets ``current.masked``, ``masked_mean`` (see :class:`MaskedAttempt`; bounded by
+    :func:`bounded` over ``owner.history``), ``collection``, ``traffic`` and ``defences``
+    (``aggregator: masking`` and the sessions' record).
 
     Args:
-        config: The run's config.
+        owner: The coordinator: its config, the global model's architecture (d), the run's
+            earlier attempts (the aggregate bound's window).
         current: The attempt.
         opening: The attempt, already opened on ``transport`` (participants have trained).
         transport: Carries the sessions' messages.
-        architecture: The global model's tensor specs (d).
     """
+    config, architecture, history = owner.config, owner.architecture, owner.history
     masked = masked_attempt(config, opening, transport, architecture)
+    if masked.mean is not None:
+        factor = config.federation.masking.aggregate_factor
+        masked.mean, masked.record["aggregate"] = bounded(masked.mean, history, factor)
     current.masked, current.masked_mean = True, masked.mean
     current.collection = masked.collection
+    current.traffic = transport.take_traffic()
     current.defences = {"aggregator": "masking", "masking": masked.record}
 
 
@@ -191,3 +217,41 @@ def _combined(sums: list[tuple[SessionContext, SecureSum]], aggregator: str) -> 
     for ctx, result in sums:
         total += ctx.codec.decode_sum(result.total[:d])
     return (total / sum(len(s.survivors) for _, s in sums)).astype(np.float32)
+
+
+def bounded(
+    mean: np.ndarray, history: Sequence[RoundRecord], factor: float | None
+) -> tuple[np.ndarray, dict[str, float]]:
+    """``mean`` scaled down to ``factor`` times the median of recent committed norms.
+
+    The window is the last :data:`AGGREGATE_WINDOW` committed masked rounds' norms after
+    bounding (so an attacker cannot ratchet the bound up faster than ``factor`` per window);
+    the bound applies once :data:`AGGREGATE_MIN_ROUNDS` exist. Norms are float64 on one thread
+    and the scaling rounds once to float32, so the bits depend on the inputs only.
+
+    Returns:
+        The (possibly scaled) mean, and the ledger entry: ``norm`` before, ``applied`` after,
+        and ``bound`` when one applied.
+    """
+    norm = update_norm({"mean": torch.from_numpy(mean)})
+    entry = {"norm": norm, "applied": norm}
+    recent = [n for n in (_applied_norm(r) for r in history if r.state == "closed") if n][
+        -AGGREGATE_WINDOW:
+    ]
+    if factor is None or len(recent) < AGGREGATE_MIN_ROUNDS:
+        return mean, entry
+    bound = factor * statistics.median(recent)
+    entry["bound"] = bound
+    if norm <= bound:
+        return mean, entry
+    scaled = (torch.from_numpy(mean).double() * (bound / norm)).to(torch.float32).numpy()
+    entry["applied"] = update_norm({"mean": torch.from_numpy(scaled)})
+    return scaled, entry
+
+
+def _applied_norm(record: RoundRecord) -> float | None:
+    """A committed masked round's combined norm after its bound, from its ledger record."""
+    masking = record.defences.get("masking")
+    aggregate = masking.get("aggregate") if isinstance(masking, dict) else None
+    applied = aggregate.get("applied") if isinstance(aggregate, dict) else None
+    return float(applied) if isinstance(applied, (int, float)) else None
