@@ -23,6 +23,11 @@ Attack faults make a participant tamper with its own update, as over the network
 (:meth:`Participant.take_faults`). An omniscient attacker (``*_omniscient``) trains after the
 others of the attempt and is handed their honest updates (decoded from the payloads they
 released), which only an in-process run can do.
+
+Under ``federation.aggregation: masking`` a participant that trained keeps its update
+(:class:`~lensemble.federation.masking_client.MaskingClient`, with an identity key and seed the
+simulation derives from ``run.root_seed``) and answers the coordinator's secure-aggregation
+sessions through :meth:`InProcessTransport.exchange`; nothing goes through the submission queue.
 """
 
 from __future__ import annotations
