@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from lensemble.config import LensembleConfig
-
 from lensemble.federation.masking import SessionKey, session_contexts
 from lensemble.federation.masking_client import MaskingClient
 from lensemble.federation.payload import manifest
