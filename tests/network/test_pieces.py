@@ -412,7 +412,7 @@ def test_the_network_coordinator_drops_a_built_theta0_once_it_has_its_own_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # theta_0 is a model's worth of memory that nothing needs after the coordinator copied it:
-    # by the time the transport is built (before any round), no tensor of it may be alive.
+    # once the coordinator is built (before any round), no tensor of it may be alive.
     from lensemble.network.launch import process
     from tests.support.federation import initial_params
 
@@ -428,12 +428,12 @@ def test_the_network_coordinator_drops_a_built_theta0_once_it_has_its_own_copy(
     class Stop(Exception):
         pass
 
-    def transport(*_args: object, **_kwargs: object) -> None:
+    def built_coordinator(*_args: object, **_kwargs: object) -> None:
         gc.collect()
         alive.extend(str(ref) for ref in built if ref() is not None)
         raise Stop
 
-    monkeypatch.setattr(process, "GrpcCoordinatorTransport", transport)
+    monkeypatch.setattr(process, "_say_if_resumed", built_coordinator)
     config = _config(tmp_path, auth="insecure", tls={"enabled": False})
     with pytest.raises(Stop):
         process.run_coordinator(config, build)
