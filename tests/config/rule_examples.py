@@ -34,6 +34,22 @@ class Breaking:
 
 
 STAGING = "helm-staging"
+LOCAL = "helm-local"
+MASKING = (("federation.aggregation", "masking"),)
+#: The first two participants of config/local.yaml, as its rendered values list them.
+TWO_LOCAL_PARTICIPANTS = [
+    {
+        "id": pid,
+        "trust_domain": domain,
+        "region": None,
+        "env_params": params,
+        "ranks": None,
+    }
+    for pid, domain, params in (
+        ("alpine", "alpine-labs", {"g": 6.5, "m": 0.8, "l": 0.9}),
+        ("coastal", "coastal-robotics", {"g": 9.8, "m": 1.0, "l": 1.0}),
+    )
+]
 PROD = "helm-sovereign-prod"
 P1 = "federation.participants[1]"
 
@@ -57,6 +73,35 @@ BREAKING: dict[str, Breaking] = {
     "supported-aggregation": Breaking(
         STAGING, (("federation.aggregation", "tee"),), "federation.aggregation"
     ),
+    # The chart always runs the network transport, which masking refuses too (ordered last).
+    "masking-threshold": Breaking(
+        LOCAL,
+        (*MASKING, ("federation.masking.threshold", 2)),
+        "federation.masking.threshold",
+        also=("federation.transport",),
+    ),
+    # 4 participants: 4 * 2**61 is 2**63, one more than an int64 holds; 60 bits fit.
+    "masking-headroom": Breaking(
+        LOCAL,
+        (*MASKING, ("federation.masking.fractional_bits", 61)),
+        "federation.masking.fractional_bits",
+        also=("federation.transport",),
+    ),
+    "masking-survivors": Breaking(
+        LOCAL,
+        (
+            *MASKING,
+            ("federation.participants", TWO_LOCAL_PARTICIPANTS),
+            ("federation.participant_count", 2),
+            ("federation.quorum", 2),
+        ),
+        "federation.participants",
+        also=("federation.transport",),
+    ),
+    "masking-sends-fixed-point": Breaking(
+        STAGING, MASKING, "federation.quantization", also=("federation.transport",)
+    ),
+    "masking-in-process-only": Breaking(LOCAL, MASKING, "federation.transport"),
     "reject-needs-headroom": Breaking(
         STAGING,
         (("federation.robustness.norm_bound_mode", "reject"),),

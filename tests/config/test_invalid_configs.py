@@ -102,11 +102,18 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
         "must be at least federation.round_timeout_s",
     ),
     (
-        "aggregation-masking",
+        "masking-over-the-network",
         LOCAL,
-        ["federation.aggregation=masking"],
-        "federation.aggregation",
-        "'masking' is not yet supported",
+        ["federation.aggregation=masking", "federation.transport=network"],
+        "federation.transport",
+        "runs in the in-process simulation only so far",
+    ),
+    (
+        "masking-int8",
+        LOCAL,
+        ["federation.aggregation=masking", "federation.quantization=int8"],
+        "federation.quantization",
+        "the masked upload is 64-bit fixed point",
     ),
     (
         "aggregation-tee",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lensemble.config.load import validate_mapping
-from lensemble.federation import checkpoint, coordinator, ledger, verify, verify_checkpoints
+from lensemble.federation import checkpoint, ledger, resume_record, verify, verify_checkpoints
 from lensemble.federation.checkpoint import CheckpointStore
 from tests.support.federation import build, small_config
 
@@ -69,7 +69,7 @@ def _count_everything(reads: Reads) -> None:
     reads.count(verify, "parse_ledger_bytes", "parse")
     # The verification entry point, wherever it is bound.
     reads.count(verify, "require_valid")
-    reads.count(coordinator, "require_valid")
+    reads.count(resume_record, "require_valid")
     reads.count(verify, "verify_run")
     reads.count(verify_checkpoints, "audit_checkpoint")
     reads.count(checkpoint.CheckpointStore, "load")

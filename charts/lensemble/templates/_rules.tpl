@@ -24,6 +24,24 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- end -}}
 {{- $domain_set = $domain_set | uniq | sortAlpha -}}
 {{- $domains := join ", " $domain_set -}}
+{{- $half := floor (divf $n 2.0) -}}
+{{- $masking := $c.federation.masking | default dict -}}
+{{- $threshold := addf (floor (divf (mulf 2.0 $n) 3.0)) 1.0 -}}
+{{- if not (kindIs "invalid" $masking.threshold) -}}
+{{- $threshold = float64 $masking.threshold -}}
+{{- end -}}
+{{- /* widest_bits: the largest f in 0..62 with n * ceil(clip * 2**f) <= 2**63 - 1, else -1,
+  exactly: ceil(clip * 2**f) is an integer below 2**63 and at most (2**63 - 1) // n in int64. */ -}}
+{{- $limit := div 9223372036854775807 (int (maxf $n 1.0)) -}}
+{{- $widest_bits := -1.0 -}}
+{{- $scale := 1.0 -}}
+{{- range $bits := until 63 -}}
+{{- $bound := ceil (mulf (float64 $masking.clip) $scale) -}}
+{{- if and (lt $bound 9.223372036854776e+18) (le (int64 $bound) $limit) -}}
+{{- $widest_bits = float64 $bits -}}
+{{- end -}}
+{{- $scale = mulf $scale 2.0 -}}
+{{- end -}}
 {{- $first_ids := dict -}}
 {{- $owners := dict -}}
 {{- $physics := dict -}}
@@ -89,8 +107,28 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- fail (printf "config.federation.quorum: %v is outside 1..%v (the number of participants); set federation.quorum between 1 and %v." $c.federation.quorum $n $n) -}}
 {{- end -}}
 {{- /* supported-aggregation */ -}}
-{{- if (has $c.federation.aggregation (list "masking" "tee")) -}}
-{{- fail (printf "config.federation.aggregation: '%v' is not yet supported; use 'plain' (secure aggregation is reserved for a later release)." $c.federation.aggregation) -}}
+{{- if (has $c.federation.aggregation (list "tee")) -}}
+{{- fail (printf "config.federation.aggregation: '%v' is not yet supported; use 'plain' or 'masking' (aggregation in a trusted execution environment is reserved for a later release)." $c.federation.aggregation) -}}
+{{- end -}}
+{{- /* masking-threshold */ -}}
+{{- if (and (and (eq $c.federation.aggregation "masking") (not (kindIs "invalid" $c.federation.masking.threshold))) (not (and (lt (float64 $half) (float64 $c.federation.masking.threshold)) (le (float64 $c.federation.masking.threshold) (float64 $n))))) -}}
+{{- fail (printf "config.federation.masking.threshold: %v is not above half of the %v participants or exceeds them; set it above %v and at most %v, or null for the default floor(2n/3) + 1." $c.federation.masking.threshold $n $half $n) -}}
+{{- end -}}
+{{- /* masking-headroom */ -}}
+{{- if (and (and (eq $c.federation.aggregation "masking") (not (kindIs "invalid" $c.federation.masking.fractional_bits))) (not (le (float64 $c.federation.masking.fractional_bits) (float64 $widest_bits)))) -}}
+{{- fail (printf "config.federation.masking.fractional_bits: %v participants times clip %v times 2**%v exceeds 2**63 - 1, so the masked sum could overflow; use at most %v (or null for the widest that fits) or lower federation.masking.clip." $n $c.federation.masking.clip $c.federation.masking.fractional_bits $widest_bits) -}}
+{{- end -}}
+{{- /* masking-survivors */ -}}
+{{- if (and (eq $c.federation.aggregation "masking") (not (le 3.0 (float64 $n)))) -}}
+{{- fail (printf "config.federation.participants: %v participants are too few for masking: every masked sum needs at least 3 inputs (with two, each learns the other's update); use 3 or more participants or federation.aggregation: plain." $n) -}}
+{{- end -}}
+{{- /* masking-sends-fixed-point */ -}}
+{{- if (and (eq $c.federation.aggregation "masking") (not (eq $c.federation.quantization "none"))) -}}
+{{- fail (printf "config.federation.quantization: '%v' cannot be masked: the masked upload is 64-bit fixed point, never int8, bf16 or fp16; set federation.quantization: none or federation.aggregation: plain." $c.federation.quantization) -}}
+{{- end -}}
+{{- /* masking-in-process-only */ -}}
+{{- if (and (eq $c.federation.aggregation "masking") (not (eq $c.federation.transport "in_process"))) -}}
+{{- fail (printf "config.federation.transport: '%v' cannot carry masking yet: secure aggregation runs in the in-process simulation only so far, and the network transport refuses it until it carries the protocol's messages (issue 37); set federation.transport: in_process or federation.aggregation: plain." $c.federation.transport) -}}
 {{- end -}}
 {{- /* int8-chunk-needs-int8 */ -}}
 {{- if (and (ne $c.federation.quantization "int8") (not (eq (float64 $c.federation.int8_chunk) 0.0))) -}}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from lensemble.config.sections import DNS1123_LABEL, RESERVED_PARTICIPANT_IDS, _Section
+
+#: The largest sum of masked words that stays an int64 (``secagg.fixed_point.WORD_LIMIT``).
+MASKED_WORD_LIMIT = 2**63 - 1
+#: Fewest inputs a masked sum may have: with two, each learns the other's update.
+MIN_MASKED_INPUTS = 3
 
 # -------------------------------------------------------------------------------- rank layout
 #: Environment variable naming a node's rank in its participant's group (0 .. nodes - 1, default
@@ -88,6 +94,102 @@ class RankLayoutOverride(_Section):
     rendezvous_port: int | None = Field(
         None, ge=1, le=65535, description="See federation.ranks.rendezvous_port."
     )
+
+
+# -------------------------------------------------------------------------------- masking
+def default_threshold(participants: int) -> int:
+    """Shamir's t when ``federation.masking.threshold`` is null: floor(2n/3) + 1.
+
+    The malicious-server setting of Bonawitz et al. (CCS'17); the same number as
+    ``lensemble.federation.secagg.context.default_threshold``.
+    """
+    return 2 * participants // 3 + 1
+
+
+def widest_fractional_bits(clip: float, participants: int) -> int | None:
+    """The largest f in [0, 62] with ``participants * ceil(clip * 2**f) <= 2**63 - 1``, or None.
+
+    The same number as ``lensemble.federation.secagg.fixed_point.widest_bits``: the most
+    fractional bits whose masked sum over ``participants`` cannot overflow int64.
+    """
+    for bits in range(62, -1, -1):
+        if participants * math.ceil(clip * 2.0**bits) <= MASKED_WORD_LIMIT:
+            return bits
+    return None
+
+
+class MaskingConfig(_Section):
+    """Secure aggregation by masking (``federation.aggregation: masking``; docs/security.md).
+
+    Every participant clips each pseudo-gradient coordinate to ``[-clip, clip]``, encodes it in
+    64-bit fixed point with ``fractional_bits`` fractional bits and uploads it masked; the
+    coordinator learns only the sum of each group of at least ``group_size`` participants, and
+    ``threshold`` Shamir shares of a participant's secrets let it remove the masks of those who
+    dropped out. The section is always present; only ``masking`` reads it. Resolved values:
+    :meth:`resolved_threshold` and :meth:`resolved_fractional_bits`.
+    """
+
+    clip: float = Field(
+        1.0,
+        gt=0.0,
+        le=1e6,
+        description="Public bound on every pseudo-gradient coordinate: each is clipped to "
+        "[-clip, clip] before fixed-point encoding, and the round's count of clipped "
+        "coordinates is reported (unitless, (0, 1e6]).",
+    )
+    fractional_bits: int | None = Field(
+        None,
+        ge=1,
+        le=62,
+        description="Fixed-point fractional bits f: a coordinate travels as an integer number "
+        "of 2**-f (1..62). null picks the widest f whose sum over the participants cannot "
+        "overflow int64 (participants * ceil(clip * 2**f) <= 2**63 - 1).",
+    )
+    threshold: int | None = Field(
+        None,
+        ge=1,
+        description="Shamir threshold t: shares needed to remove a participant's masks; above "
+        "half of the participants and at most all of them (count). null means floor(2n/3) + 1 "
+        "for n participants.",
+    )
+    group_size: int = Field(
+        3,
+        ge=MIN_MASKED_INPUTS,
+        le=1024,
+        description="Fewest participants in a group whose sum the coordinator learns (count, "
+        "at least 3): participants are split into groups of at least this size, one masked sum "
+        "per group, so a robust aggregator still has several inputs.",
+    )
+    aggregate_factor: float | None = Field(
+        2.0,
+        ge=1.0,
+        le=1e6,
+        description="Bound on the L2 norm of a round's combined pseudo-gradient, as a multiple "
+        "of the median of the last 5 committed rounds' (unitless, [1, 1e6], from the 4th "
+        "committed round on); a larger one is scaled down to it. Under masking no single "
+        "update can be screened: this bounds what the sum lets a hostile participant do to one "
+        "round. null for none.",
+    )
+
+    def resolved_threshold(self, participants: int) -> int:
+        """Shamir's t for ``participants``: ``threshold``, or floor(2n/3) + 1 when null."""
+        return self.threshold if self.threshold is not None else default_threshold(participants)
+
+    def resolved_fractional_bits(self, participants: int) -> int:
+        """Fractional bits for ``participants``: the set value, or the widest that cannot overflow.
+
+        The config's rules refuse a set ``fractional_bits`` that could overflow; ``clip`` is
+        bounded so that some f always fits (for fewer than 9 * 10**12 participants).
+
+        Raises:
+            ValueError: Not even f = 0 fits (no valid config gets here).
+        """
+        if self.fractional_bits is not None:
+            return self.fractional_bits
+        bits = widest_fractional_bits(self.clip, participants)
+        if bits is None:
+            raise ValueError(f"clip {self.clip} overflows int64 over {participants} participants")
+        return bits
 
 
 # -------------------------------------------------------------------------------- federation
@@ -352,5 +454,11 @@ class FederationConfig(_Section):
     aggregation: Literal["plain", "masking", "tee"] = Field(
         "plain",
         description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "
-        "coordinator. 'masking' and 'tee' are reserved and not yet supported.",
+        "coordinator. 'masking': secure aggregation, the coordinator learns only sums of "
+        "masked fixed-point updates (federation.masking; in-process transport only so far). "
+        "'tee' is reserved and not yet supported.",
+    )
+    masking: MaskingConfig = Field(
+        default_factory=MaskingConfig,
+        description="Secure aggregation's parameters; read only under aggregation 'masking'.",
     )

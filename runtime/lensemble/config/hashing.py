@@ -2,9 +2,10 @@
 
 The hash covers exactly the fields that change what is trained: the seed, the model, the data,
 the federation maths and the evaluation. It leaves out names, paths, log settings, the network
-address and TLS paths, deployment placement, the transport (transport parity is an invariant) and
-timeouts. Two processes of one federation must agree on it; when they do not,
-:func:`differing_fields` names the field paths that differ.
+address and TLS paths, deployment placement, the transport (transport parity is an invariant),
+timeouts, and ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
+adding that section kept the hash of every other config). Two processes of one federation must
+agree on it; when they do not, :func:`differing_fields` names the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
 excluded paths removed, serialised with sorted keys, compact separators and ASCII escapes, then
@@ -39,6 +40,8 @@ EXCLUDED_PATHS: tuple[str, ...] = (
 def hashed_view(config: LensembleConfig) -> dict[str, Any]:
     """The part of the resolved config that the hash covers, as plain JSON data."""
     data = config.model_dump(mode="json")
+    if config.federation.aggregation != "masking":
+        data["federation"].pop("masking", None)
     for path in EXCLUDED_PATHS:
         *parents, leaf = path.split(".")
         node = data

@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from lensemble.config.federation_section import ParticipantSpec, RankLayout
+from lensemble.config.federation_section import (
+    ParticipantSpec,
+    RankLayout,
+    widest_fractional_bits,
+)
 from lensemble.config.physics import KNOWN_PHYSICS
 from lensemble.config.rule_language import Kind, holds
 from lensemble.config.sections import CUDA_TAG
@@ -49,6 +53,10 @@ SCOPE_NAMES: dict[Scope, dict[str, Kind | type[BaseModel] | str]] = {
         "cuda": "bool",  # whether deployment.image.tag names a CUDA build
         "domain_set": "list",  # distinct trust domains, sorted
         "domains": "str",  # the same, joined by ", "
+        "half": "num",  # n // 2
+        "threshold": "num",  # Shamir's t: federation.masking.threshold, else floor(2n/3) + 1
+        # The most fractional bits whose masked sum over n cannot overflow int64, else -1.
+        "widest_bits": "num",
     },
     "participant": {
         "i": "num",  # its index in federation.participants
@@ -125,15 +133,21 @@ def scope_names(scope: Scope, root: type[BaseModel]) -> dict[str, Kind | type[Ba
 def _config_values(cfg: LensembleConfig) -> dict[str, Any]:
     held = round(cfg.data.episodes * cfg.data.holdout_fraction)
     domain_set = sorted({p.trust_domain for p in cfg.federation.participants})
+    n = len(cfg.federation.participants)
+    masking = cfg.federation.masking
+    widest = widest_fractional_bits(masking.clip, n)
     return {
         "c": cfg,
-        "n": len(cfg.federation.participants),
+        "n": n,
         "held": held,
         "train": cfg.data.episodes - held,
         "gpus": cfg.deployment.resources.participant.gpu,
         "cuda": bool(CUDA_TAG.search(cfg.deployment.image.tag)),
         "domain_set": domain_set,
         "domains": ", ".join(domain_set),
+        "half": n // 2,
+        "threshold": masking.resolved_threshold(n),
+        "widest_bits": -1 if widest is None else widest,
     }
 
 

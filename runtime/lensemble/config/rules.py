@@ -77,6 +77,7 @@ def _usable_values() -> dict[str, Any]:
 # -------------------------------------------------------------------------------- the rules
 NETWORK = "c.federation.transport == 'network'"
 SOVEREIGN = "c.deployment.environment == 'sovereign-prod'"
+MASKING = "c.federation.aggregation == 'masking'"
 RANKED = "world > 1"
 _RESERVED_IDS = ", ".join(RESERVED_PARTICIPANT_IDS)
 
@@ -128,8 +129,65 @@ RULES: tuple[Rule, ...] = (
         "config",
         "federation.aggregation",
         f"c.federation.aggregation not in {RESERVED_AGGREGATIONS!r}",
-        "'{c.federation.aggregation}' is not yet supported; use 'plain' (secure aggregation "
-        "is reserved for a later release).",
+        "'{c.federation.aggregation}' is not yet supported; use 'plain' or 'masking' "
+        "(aggregation in a trusted execution environment is reserved for a later release).",
+    ),
+    # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol). The helm
+    # chart stops at the first broken rule and always runs the network transport, so the rule
+    # refusing that comes after the other masking rules, which the chart then names first.
+    Rule(
+        "masking-threshold",
+        "config",
+        "federation.masking.threshold",
+        "half < c.federation.masking.threshold and c.federation.masking.threshold <= n",
+        "{c.federation.masking.threshold} is not above half of the {n} participants or exceeds "
+        "them; set it above {half} and at most {n}, or null for the default floor(2n/3) + 1.",
+        when=f"{MASKING} and c.federation.masking.threshold is not None",
+    ),
+    # lensemble.federation.secagg.fixed_point.FixedPoint.check_headroom, on the config.
+    Rule(
+        "masking-headroom",
+        "config",
+        "federation.masking.fractional_bits",
+        "c.federation.masking.fractional_bits <= widest_bits",
+        "{n} participants times clip {c.federation.masking.clip} times "
+        "2**{c.federation.masking.fractional_bits} exceeds 2**63 - 1, so the masked sum could "
+        "overflow; use at most {widest_bits} (or null for the widest that fits) or lower "
+        "federation.masking.clip.",
+        when=f"{MASKING} and c.federation.masking.fractional_bits is not None",
+    ),
+    # A sum needs max(quorum, 3, t) survivors: quorum <= n and t <= n are the rules above, so
+    # what is left is n >= 3.
+    Rule(
+        "masking-survivors",
+        "config",
+        "federation.participants",
+        "3 <= n",
+        "{n} participants are too few for masking: every masked sum needs at least 3 inputs "
+        "(with two, each learns the other's update); use 3 or more participants or "
+        "federation.aggregation: plain.",
+        when=MASKING,
+    ),
+    Rule(
+        "masking-sends-fixed-point",
+        "config",
+        "federation.quantization",
+        "c.federation.quantization == 'none'",
+        "'{c.federation.quantization}' cannot be masked: the masked upload is 64-bit fixed "
+        "point, never int8, bf16 or fp16; set federation.quantization: none or "
+        "federation.aggregation: plain.",
+        when=MASKING,
+    ),
+    Rule(
+        "masking-in-process-only",
+        "config",
+        "federation.transport",
+        "c.federation.transport == 'in_process'",
+        "'{c.federation.transport}' cannot carry masking yet: secure aggregation runs in the "
+        "in-process simulation only so far, and the network transport refuses it until it "
+        "carries the protocol's messages (issue 37); set federation.transport: in_process or "
+        "federation.aggregation: plain.",
+        when=MASKING,
     ),
     Rule(
         "int8-chunk-needs-int8",

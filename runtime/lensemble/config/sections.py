@@ -40,7 +40,7 @@ def unpinned_tag_refused(environment: str, tag: str) -> bool:
 
 MiB = 1024 * 1024
 #: ``federation.aggregation`` values reserved for a later release (refused by the rules).
-RESERVED_AGGREGATIONS = ("masking", "tee")
+RESERVED_AGGREGATIONS = ("tee",)
 
 Environment = Literal["local", "staging", "sovereign-prod"]
 

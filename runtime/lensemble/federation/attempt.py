@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import numpy as np
+
 from lensemble import __version__
 from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.guard import Judgement
@@ -39,6 +41,8 @@ class Collection:
             attempt started from (None when the momentum is zero).
         rejected: Participant id -> why its update for this attempt was refused (a reason code).
         details: Participant id -> the refusal's sentence.
+        survivors: Under masking, the participants whose masked updates are in the sum (the
+            contributors; no norm of a single update is known); None in a plain attempt.
     """
 
     opening: RoundOpening
@@ -50,6 +54,12 @@ class Collection:
     cosines: dict[str, float | None] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
+    survivors: tuple[str, ...] | None = None
+
+    @property
+    def contributors(self) -> list[str]:
+        """The participants whose updates the attempt combines, sorted."""
+        return sorted(self.norms) if self.survivors is None else sorted(self.survivors)
 
     @property
     def complete(self) -> bool:
@@ -83,6 +93,9 @@ class Attempt:
         scores: The suspicion scores after this attempt, to apply should it commit.
         collect_s: Transport-clock seconds from its opening to its last accepted update
             (None before one; the ledger's ``extra.collect_s``, see ``stragglers``).
+        masked: The attempt ran under masking (:mod:`lensemble.federation.masked_round`).
+        masked_mean: Under masking, the combined pseudo-gradient (d float32 values), or None
+            when it cannot commit.
     """
 
     machine: RoundMachine
@@ -95,6 +108,8 @@ class Attempt:
     judgement: Judgement | None = None
     scores: dict[str, float] | None = None
     collect_s: float | None = None
+    masked: bool = False
+    masked_mean: np.ndarray | None = None
 
     def screen(self, robustness: RobustnessConfig) -> Screening:
         """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
@@ -151,7 +166,7 @@ def attempt_record(
     """
     col, traffic = attempt.collection, attempt.traffic
     assert col is not None
-    contributors = sorted(col.norms)
+    contributors = col.contributors
     absent = sorted(col.expected - set(contributors))
     reported = {pid: col.reported[pid] for pid in contributors}
     losses = [r["mean_loss"] for r in reported.values() if r["mean_loss"] is not None]

@@ -42,24 +42,27 @@ from typing import Literal, Protocol
 import torch
 
 from lensemble.config import LensembleConfig
-from lensemble.errors import ConfigError, PrecommitCheckFailed, QuorumNotReached
+from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.commit import Committer, outer_step
-from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
+from lensemble.federation.coordinator_store import CoordinatorStore, ModelState, model_payload_of
 from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masked_round import collect_masked
+from lensemble.federation.masking import unflatten_into
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
-from lensemble.federation.payload import TensorSpec, encode, manifest, model_hash
+from lensemble.federation.payload import TensorSpec, manifest, model_hash
+from lensemble.federation.resume_record import coordinator_signer, record_to_resume
 from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
 from lensemble.federation.rounds import RoundMachine, RoundState
-from lensemble.federation.signing import Signer, signer_from_env
+from lensemble.federation.signing import Signer
 from lensemble.federation.spool import UpdateSpool
 from lensemble.federation.stragglers import Stragglers
 from lensemble.federation.transport import CoordinatorTransport
-from lensemble.federation.verify import VerifiedRecord, require_valid
+from lensemble.federation.verify import VerifiedRecord
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
 
 Params = dict[str, torch.Tensor]
@@ -172,7 +175,7 @@ class Coordinator:
             fed, self.architecture, self._spool, lambda: self.version, observer
         )
         self.admission.reference = lambda: self.momentum  # for each update's cosine
-        self.signer = _signer(signer, resume, output_dir)
+        self.signer = coordinator_signer(signer, resume, output_dir)
         self.store = CoordinatorStore(config, output_dir, self.signer)
         self.config_hash = self.store.config_hash
         # Suspicion scores, the divergence guard and its best model (replayed on resume).
@@ -194,7 +197,7 @@ class Coordinator:
         """Resume from the verified newest checkpoint, or start from ``theta_0``."""
         verified = None
         if output_dir is not None and resume:
-            verified = _verified(resume, output_dir, self.config, self.signer)
+            verified = record_to_resume(resume, output_dir, self.config, self.signer)
         latest = verified.take_latest() if verified is not None else None
         if verified is not None and latest is not None:
             self.state, self.earlier = self.store.restore(latest, verified)
@@ -249,16 +252,7 @@ class Coordinator:
     def model_payload(self) -> bytes:
         """The current global model as a safetensors payload (cached per version)."""
         if self._payload_cache is None or self._payload_cache[0] != self.version:
-            data = encode(
-                self.params,
-                {
-                    "kind": "global-model",
-                    "version": str(self.version),
-                    "model_hash": self.model_hash,
-                    "parent_hash": self.parent_hash,
-                },
-            )
-            self._payload_cache = (self.version, data)
+            self._payload_cache = (self.version, model_payload_of(self.state))
         return self._payload_cache[1]
 
     # -------------------------------------------------------------------------- submissions
@@ -372,17 +366,24 @@ class Coordinator:
         The spool is emptied either way.
         """
         try:
-            screening = self._screen(current)
-            if screening is None:
-                return None
+            screening = None if current.masked else self._screen(current)
+            if screening is None and current.masked_mean is None:
+                return None  # below quorum, or the secure sums cannot commit
+            if current.masked:
+                self._advance(current.machine, RoundState.AGGREGATING)
             judgement = self.defences.judge(current, self.state)
             if judgement is not None and judgement.rollback:
                 self._advance(current.machine, RoundState.COMMITTING)
                 return self.defences.roll_back(judgement, self.state)
             shapes = {name: spec.shape for name, spec in self.architecture.items()}
             self._accumulator = self._accumulator or flat_empty(shapes)  # reused every round
-            combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
-            lift_to_floor(combined, self.momentum, screening)
+            if current.masked_mean is not None:  # the secure sums' mean, no update seen alone
+                combined = self._accumulator
+                unflatten_into(current.masked_mean, combined)
+            else:
+                assert screening is not None
+                combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
+                lift_to_floor(combined, self.momentum, screening)
         finally:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)
@@ -411,9 +412,12 @@ class Coordinator:
             model_hash=self.model_hash,
             deadline_s=stragglers.opened_at + fed.round_timeout_s,
         )
-        col = self.admission.open(opening)
+        col = None if fed.aggregation == "masking" else self.admission.open(opening)
         transport.open_round(opening, self.model_payload())
         self._advance(current.machine, RoundState.COLLECTING)
+        if col is None:  # masked: no single update is ever seen, only each group's sum
+            self._settle()  # the previous round must be durable before this one changes anything
+            return collect_masked(self, current, opening, transport)
         while not col.complete:
             submission = transport.receive(stragglers.wait_until(col))
             if submission is None:
@@ -564,37 +568,3 @@ def _round_failed(record: RoundRecord, quorum: int, attempts: int) -> Exception:
         remediation="check the excluded participants' logs, raise "
         "federation.round_timeout_s, or lower federation.quorum.",
     )
-
-
-def _signer(
-    signer: Signer | Literal["env"] | None, resume: bool | VerifiedRecord, output_dir: Path | None
-) -> Signer | None:
-    """The key to sign with: the one given, else the verified record's, else the environment's."""
-    if signer != "env":
-        return signer
-    if isinstance(resume, VerifiedRecord) and resume.signer is not None:
-        return resume.signer
-    return signer_from_env() if output_dir else None
-
-
-def _verified(
-    resume: bool | VerifiedRecord, output_dir: Path, config: LensembleConfig, signer: Signer | None
-) -> VerifiedRecord:
-    """The verified run record to resume: the one handed over, or verified now.
-
-    Raises:
-        ConfigError: The record handed over was verified for another ledger or another key.
-    """
-    ledger_name = config.observability.ledger_path
-    if not isinstance(resume, VerifiedRecord):
-        return require_valid(output_dir, ledger_name, signer)  # before any work or write
-    ledger_path = output_dir / ledger_name
-    key = (signer.algorithm, signer.key_id) if signer else None
-    checked = (resume.signer.algorithm, resume.signer.key_id) if resume.signer else None
-    if resume.ledger_path != ledger_path or key != checked:
-        raise ConfigError(
-            f"the run record handed to the coordinator was verified for {resume.ledger_path} "
-            f"with key {checked}, not for {ledger_path} with key {key}; verify the folder the "
-            "coordinator writes, with the key it signs with."
-        )
-    return resume

@@ -21,6 +21,7 @@ from lensemble.errors import ConfigError, IntegrityError
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.checkpoint_audit import MOMENTUM_PREFIX, AuditedCheckpoint
 from lensemble.federation.ledger import Ledger, RoundRecord
+from lensemble.federation.payload import encode
 from lensemble.federation.signing import Signer
 from lensemble.federation.verify import VerifiedRecord
 from lensemble.machinery.flat import flat_copy
@@ -182,3 +183,16 @@ class CoordinatorStore:
             )
         self.ledger.continue_after(kept)
         return [line.record for line in kept]
+
+
+def model_payload_of(state: ModelState) -> bytes:
+    """``state``'s global model as the safetensors payload every participant downloads."""
+    return encode(
+        state.params,
+        {
+            "kind": "global-model",
+            "version": str(state.version),
+            "model_hash": state.model_hash,
+            "parent_hash": state.parent_hash,
+        },
+    )

@@ -94,7 +94,7 @@ class DefenceHistory:
             return None
         col = current.collection
         assert col is not None
-        reports = {pid: col.reported[pid].get("heldout_loss") for pid in sorted(col.norms)}
+        reports = {pid: col.reported[pid].get("heldout_loss") for pid in col.contributors}
         before = self.guard.state
         suspects = self.suspicion.suspects(current.scores or {})
         judgement = self.guard.judge(state.version, state.model_hash, reports, suspects)

@@ -23,6 +23,11 @@ Attack faults make a participant tamper with its own update, as over the network
 (:meth:`Participant.take_faults`). An omniscient attacker (``*_omniscient``) trains after the
 others of the attempt and is handed their honest updates (decoded from the payloads they
 released), which only an in-process run can do.
+
+Under ``federation.aggregation: masking`` a participant that trained keeps its update
+(:class:`~lensemble.federation.masking_client.MaskingClient`, with an identity key and seed the
+simulation derives from ``run.root_seed``) and answers the coordinator's secure-aggregation
+sessions through :meth:`InProcessTransport.exchange`; nothing goes through the submission queue.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -39,10 +44,14 @@ from lensemble.errors import RankFailure, RankGroupExhausted
 from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey, flatten
+from lensemble.federation.masking_client import MaskingClient
 from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import decode
 from lensemble.federation.quantization import dequantize
+from lensemble.federation.secagg.identity import VerifyingKey, simulation_identity
+from lensemble.federation.secagg.keys import simulation_seed
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 
 _log = logging.getLogger("lensemble.federation.inprocess")
@@ -121,6 +130,11 @@ class InProcessTransport(CoordinatorTransport):
         self._keep_released = any(f.kind in OMNISCIENT_ATTACKS for f in self.faults.faults)
         for participant in self.participants.values():
             participant.take_faults(self.faults)
+        self._masking = _masking_clients(self.participants)
+        #: Under masking: the open attempt's self-reported statistics, and who sends its
+        #: masked vector too late (a ``delay`` fault), misses the deadline.
+        self._reports: dict[str, dict[str, str]] = {}
+        self._late_masked: set[str] = set()
 
     def now(self) -> float:
         """Virtual time (seconds)."""
@@ -144,6 +158,8 @@ class InProcessTransport(CoordinatorTransport):
         self._waiting = {}
         self._absence = {}
         self._released = {}
+        self._reports = {}
+        self._late_masked = set()
         omniscient = []
         for rank, pid in enumerate(order):
             if pid in self.left:
@@ -212,7 +228,63 @@ class InProcessTransport(CoordinatorTransport):
             self._released[pid] = contribution.payload
         self._down += len(model_payload)
         self._compute += contribution.compute_s
-        self._send(pid, rank, contribution.payload, contribution.payload_hash)
+        if self._masking:
+            self._hold(pid, contribution.payload)
+        else:
+            self._send(pid, rank, contribution.payload, contribution.payload_hash)
+
+    def _hold(self, pid: str, payload: bytes) -> None:
+        """Under masking the update stays with its participant, which masks it when asked."""
+        assert self._opening is not None
+        t, a = self._opening[0].round_index, self._opening[0].attempt
+        poison = self.faults.hits("poison", pid, t, a)
+        if poison is not None and poison.value is not None:
+            payload, _ = poison_payload(payload, poison.value)
+        if self.faults.hits("delay", pid, t, a):
+            self._late_masked.add(pid)
+        decoded = decode(payload)
+        participant = self.participants[pid]
+        fed = participant.config.federation
+        tensors = dequantize(decoded.tensors, participant.architecture, fed.quantization, 0)
+        self._masking[pid].hold(t, a, flatten(tensors, participant.architecture))
+        self._reports[pid] = dict(decoded.metadata)
+
+    def masking_identities(self) -> dict[str, VerifyingKey]:
+        """Every in-process participant's simulated identity public key."""
+        return {pid: client.identity_key.public_key() for pid, client in self._masking.items()}
+
+    def exchange(
+        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+    ) -> Iterator[tuple[str, bytes]]:
+        """Each addressed participant's answer, in rank order (reversed by ``reorder``).
+
+        A participant whose masked vector is late (``delay``) answers nothing from the masked
+        upload on; ``corrupt`` cuts its masked vector short (refused as ``bad_message``) and
+        ``duplicate`` sends it twice.
+        """
+        t, a = session.round_index, session.attempt
+        order = sorted(outgoing, reverse=bool(self.faults.active("reorder", t, a)))
+        for pid in order:
+            client = self._masking.get(pid)
+            late = stage not in ("advertise", "share") and pid in self._late_masked
+            answer = (
+                None if client is None or late else client.answer(session, stage, outgoing[pid])
+            )
+            if answer is None:
+                continue
+            self._down += len(outgoing[pid])
+            if stage == "mask" and self.faults.hits("corrupt", pid, t, a):
+                # Bytes changed on the way are refused before they count (over the network by
+                # the upload's SHA-256, here as a vector cut short): never summed in silence.
+                answer = answer[:-1]
+            copies = 2 if stage == "mask" and self.faults.hits("duplicate", pid, t, a) else 1
+            for _ in range(copies):
+                self._up += len(answer)
+                yield pid, answer
+
+    def masked_reports(self) -> dict[str, dict[str, str]]:
+        """The open attempt's participants' statistics (their payloads' metadata)."""
+        return dict(self._reports)
 
     def _send(self, pid: str, rank: int, payload: bytes, payload_hash: str) -> None:
         """Put ``pid``'s update on the wire: the plan's faults, then its arrival time."""
@@ -276,6 +348,8 @@ class InProcessTransport(CoordinatorTransport):
         self._opening = None
         self._waiting = {}
         self._released = {}
+        for client in self._masking.values():
+            client.forget()
         for offset, seq, submission in self._late:
             heapq.heappush(self._queue, (self.clock + LATE_ARRIVAL_S + offset, seq, submission))
         self._late = []
@@ -292,3 +366,26 @@ class InProcessTransport(CoordinatorTransport):
         self._queue.clear()
         self._late.clear()
         self.finished = True
+
+
+def _masking_clients(participants: Mapping[str, Participant]) -> dict[str, MaskingClient]:
+    """Under masking, each participant's secure-aggregation side (simulated identities)."""
+    if not participants:
+        return {}
+    config = next(iter(participants.values())).config
+    if config.federation.aggregation != "masking":
+        return {}
+    seed = config.run.root_seed
+    keys = {pid: simulation_identity(seed, pid) for pid in participants}
+    verifiers = {pid: key.public_key() for pid, key in keys.items()}
+    return {
+        pid: MaskingClient(
+            p.config,
+            pid,
+            seed=simulation_seed(seed, pid),
+            identity_key=keys[pid],
+            verifiers=verifiers,
+            architecture=p.architecture,
+        )
+        for pid, p in participants.items()
+    }

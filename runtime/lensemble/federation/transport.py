@@ -17,13 +17,15 @@ timeouts), the network transport uses the monotonic clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
+from lensemble.federation.secagg.identity import VerifyingKey
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,39 @@ class CoordinatorTransport(Protocol):
     def take_traffic(self) -> Traffic:
         """Traffic since the last call (the coordinator calls it once per attempt)."""
         return Traffic()
+
+    # Masked rounds (federation.aggregation: masking, lensemble.federation.masked_round): the
+    # coordinator opens the attempt as usual, then runs each group's session through these.
+    def masking_identities(self) -> Mapping[str, VerifyingKey]:
+        """Every participant's identity public key, as the transport authenticates it.
+
+        The default knows none: every session of a transport without masking aborts.
+        """
+        return {}
+
+    def exchange(
+        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+    ) -> Iterable[tuple[str, bytes]]:
+        """Send ``stage``'s message of ``session`` to each participant; yield their answers.
+
+        Args:
+            session: The session (round, attempt, group).
+            stage: One of ``lensemble.federation.secagg.driver.STAGES``.
+            outgoing: Participant id -> the message bytes for it.
+
+        Returns:
+            ``(participant, answer bytes)`` pairs as they arrive, by the stage's deadline; the
+            participant is the one the transport authenticated. The default brings none.
+        """
+        return ()
+
+    def masked_reports(self) -> Mapping[str, Mapping[str, str]]:
+        """What each participant reported with its masked upload, for the sessions just ended.
+
+        Participant id -> its statistics (``mean_loss``, ``heldout_loss``, as the metadata of
+        a plain upload carries them); the default has none.
+        """
+        return {}
 
     def finish(self) -> None:
         """The run is over: tell participants to leave."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lensemble.config.federation_section import MASKED_WORD_LIMIT
 from lensemble.config.physics import KNOWN_PHYSICS
 from lensemble.config.rule_language import Kind, NotExpressible, attribute_path, kind_of, parsed
 from lensemble.config.rule_scopes import SERVED_PORTS, Rule, Scope, scope_names
@@ -201,6 +202,24 @@ _CONFIG = """\
 {{- end -}}
 {{- $domain_set = $domain_set | uniq | sortAlpha -}}
 {{- $domains := join ", " $domain_set -}}
+{{- $half := floor (divf $n 2.0) -}}
+{{- $masking := $c.federation.masking | default dict -}}
+{{- $threshold := addf (floor (divf (mulf 2.0 $n) 3.0)) 1.0 -}}
+{{- if not (kindIs "invalid" $masking.threshold) -}}
+{{- $threshold = float64 $masking.threshold -}}
+{{- end -}}
+{{- /* widest_bits: the largest f in 0..62 with n * ceil(clip * 2**f) <= 2**63 - 1, else -1,
+  exactly: ceil(clip * 2**f) is an integer below 2**63 and at most (2**63 - 1) // n in int64. */ -}}
+{{- $limit := div LIMIT (int (maxf $n 1.0)) -}}
+{{- $widest_bits := -1.0 -}}
+{{- $scale := 1.0 -}}
+{{- range $bits := until 63 -}}
+{{- $bound := ceil (mulf (float64 $masking.clip) $scale) -}}
+{{- if and (lt $bound TWO63) (le (int64 $bound) $limit) -}}
+{{- $widest_bits = float64 $bits -}}
+{{- end -}}
+{{- $scale = mulf $scale 2.0 -}}
+{{- end -}}
 """
 
 _PARTICIPANTS_OPEN = """\
@@ -296,6 +315,8 @@ def rules_template() -> str:
         header
         + '{{- define "lensemble.configRules" -}}\n'
         + _CONFIG.replace("CUDA", json.dumps(CUDA_TAG.pattern))
+        .replace("LIMIT", str(MASKED_WORD_LIMIT))
+        .replace("TWO63", _number(MASKED_WORD_LIMIT + 1))
         + _PARTICIPANTS_OPEN.replace("PHYSICS", _physics_table(), 1)
         + _checks("participant")
         + _ENV_PARAMS_OPEN

@@ -112,6 +112,8 @@ def _receive(
                 )
             receive(message)
         except SecAggRefusal as refusal:
+            if refusal.participant is None:  # a parser's refusal names no one: the sender
+                refusal.participant = sender
             if refusal not in server.refusals:  # a parser's or the driver's, not the session's
                 server.refusals.append(refusal)
 

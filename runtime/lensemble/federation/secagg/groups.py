@@ -9,8 +9,9 @@ bounds what a minority of poisoned groups can do. What it guarantees:
   members of its group (at least ``group_size - 1``), not among all participants.
 - Robustness: k malicious participants poison at most k group sums; the coordinate-wise median
   over g groups stays within the range of the honest group means while k <= (g - 1) // 2.
-  A malicious participant can still move its own group's mean anywhere within the public clip
-  bound, and with g = 1 (fewer than 2 * group_size participants) nothing is gained.
+  A malicious participant can still move its own group's sum anywhere the fixed-point range
+  holds (about n * clip per coordinate: the clip binds only participants that follow the
+  protocol), and with g = 1 (fewer than 2 * group_size participants) nothing is gained.
 
 The assignment is a deterministic function of ``run.root_seed``, the round and the ids (a
 SHA-256 keyed shuffle), so every party computes it alone and a rerun gives the same groups;

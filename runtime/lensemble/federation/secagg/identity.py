@@ -8,6 +8,8 @@ other key types are refused with one sentence naming the fix.
 
 from __future__ import annotations
 
+import hashlib
+
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -65,3 +67,14 @@ def check_key_type(key: SigningKey | VerifyingKey) -> None:
             f"a {type(key).__name__} identity key cannot sign secure-aggregation keys; "
             "issue the participant an EC (P-256) or Ed25519 TLS key."
         )
+
+
+def simulation_identity(root_seed: int, participant: str) -> ed25519.Ed25519PrivateKey:
+    """A participant's identity key in a simulated run, from ``run.root_seed`` (not secret).
+
+    In-process participants have no certificates; each gets an Ed25519 key that every party of
+    the simulation derives alike, so a rerun signs the same bytes. Over the network the key is
+    the participant's own mTLS key instead.
+    """
+    label = f"lensemble-secagg-identity-v1:{root_seed}:{participant}".encode()
+    return ed25519.Ed25519PrivateKey.from_private_bytes(hashlib.sha256(label).digest())

@@ -1,0 +1,257 @@
+"""The coordinator's side of a masked attempt: one secure sum per group, then their mean.
+
+Under ``federation.aggregation: masking`` the coordinator never holds a single participant's
+update: it drives one session per group (:func:`lensemble.federation.secagg.driver.drive`)
+through the transport, and gets each group's sum of the survivors' fixed-point updates. What it
+keeps of the attempt (:class:`MaskedAttempt`):
+
+- the combined pseudo-gradient: the survivors' mean (one group, or two), or with three or more
+  groups and a robust aggregator (``median``, ``trimmed_mean``) the coordinate-wise median of
+  the group means, so that a minority of poisoned groups cannot steer it (docs/security.md);
+- the ledger's view: survivors as contributors, each with the SHA-256 and size of the masked
+  vector it sent (what the coordinator received), every refusal and abort by its stable reason,
+  and per group the sets of each stage, the sum's digest and the clipped-coordinate count.
+
+A group whose session aborts contributes nothing and its members are excluded with the reason;
+the attempt aborts when fewer than ``federation.quorum`` survivors remain in all groups.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.federation.admission import self_reported
+from lensemble.federation.attempt import Attempt, Collection
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey, session_contexts
+from lensemble.federation.messages import RoundOpening
+from lensemble.federation.payload import TensorSpec
+from lensemble.federation.robustness import update_norm
+from lensemble.federation.secagg.context import SessionContext
+from lensemble.federation.secagg.driver import Exchange, drive
+from lensemble.federation.secagg.errors import SecAggAbort
+from lensemble.federation.secagg.server import SecureSum, ServerSession
+from lensemble.federation.transport import CoordinatorTransport
+
+#: Aggregators that take the median of the group means when there are at least 3 groups.
+ROBUST_OVER_GROUPS = ("median", "trimmed_mean")
+#: The ledger's exclusion reason prefix of a participant whose group's session aborted.
+ABORTED = "masking_aborted"
+#: The aggregate bound's window: the last committed masked rounds whose median it scales, and
+#: how many it needs before it applies.
+AGGREGATE_WINDOW = 5
+AGGREGATE_MIN_ROUNDS = 3
+
+
+@dataclass
+class MaskedAttempt:
+    """What a masked attempt gave the coordinator.
+
+    Attributes:
+        collection: The ledger's view of the attempt (``survivors`` set: the contributors).
+        mean: The combined pseudo-gradient (d float32 values), or None when the attempt
+            cannot commit (below quorum in all groups).
+        record: ``defences.masking``: per group its roster, every stage's set, the sum's
+            digest, clipped coordinates, refusals, or why its session aborted.
+    """
+
+    collection: Collection
+    mean: np.ndarray | None
+    record: dict[str, object] = field(default_factory=dict)
+
+
+class MaskedRoundOwner(Protocol):
+    """What :func:`collect_masked` reads of the coordinator."""
+
+    config: LensembleConfig
+    architecture: dict[str, TensorSpec]
+
+    @property
+    def history(self) -> list[RoundRecord]:
+        """Every earlier attempt of the run, in order."""
+        ...
+
+
+def collect_masked(
+    owner: MaskedRoundOwner,
+    current: Attempt,
+    opening: RoundOpening,
+    transport: CoordinatorTransport,
+) -> None:
+    """Run every group's session of the open attempt; the outcome goes to ``current``.
+
+    Sets ``current.masked``, ``masked_mean`` (see :class:`MaskedAttempt`; bounded by
+    :func:`bounded` over ``owner.history``), ``collection``, ``traffic`` and ``defences``
+    (``aggregator: masking`` and the sessions' record).
+
+    Args:
+        owner: The coordinator: its config, the global model's architecture (d), the run's
+            earlier attempts (the aggregate bound's window).
+        current: The attempt.
+        opening: The attempt, already opened on ``transport`` (participants have trained).
+        transport: Carries the sessions' messages.
+    """
+    config, architecture, history = owner.config, owner.architecture, owner.history
+    masked = masked_attempt(config, opening, transport, architecture)
+    if masked.mean is not None:
+        factor = config.federation.masking.aggregate_factor
+        masked.mean, masked.record["aggregate"] = bounded(masked.mean, history, factor)
+    current.masked, current.masked_mean = True, masked.mean
+    current.collection = masked.collection
+    current.traffic = transport.take_traffic()
+    current.defences = {"aggregator": "masking", "masking": masked.record}
+
+
+def masked_attempt(
+    config: LensembleConfig,
+    opening: RoundOpening,
+    transport: CoordinatorTransport,
+    architecture: Mapping[str, TensorSpec],
+) -> MaskedAttempt:
+    """Run every group's session of the open attempt and combine the sums.
+
+    Args:
+        config: The run's config.
+        opening: The attempt, already opened on ``transport`` (participants have trained).
+        transport: Carries the sessions' messages.
+        architecture: The global model's tensor specs (d).
+    """
+    col = Collection(opening, frozenset(config.participant_ids))
+    verifiers = transport.masking_identities()
+    contexts = session_contexts(config, opening.round_index, opening.attempt, architecture)
+    sums: list[tuple[SessionContext, SecureSum]] = []
+    groups: list[dict[str, object]] = []
+    for ctx in contexts:
+        key = SessionKey(opening.round_index, opening.attempt, ctx.group)
+        server = ServerSession(ctx, {p: verifiers[p] for p in ctx.roster if p in verifiers})
+        try:
+            result = drive(server, _recording(transport, key, col))
+        except SecAggAbort as abort:
+            groups.append(_aborted(ctx, abort, col))
+            continue
+        sums.append((ctx, result))
+        groups.append(_summed(ctx, result, col))
+    survivors = sorted(p for _, result in sums for p in result.survivors)
+    col.survivors = tuple(survivors)
+    reports = transport.masked_reports()
+    for pid in survivors:
+        col.reported[pid] = self_reported(reports.get(pid, {}))
+    enough = len(survivors) >= config.federation.quorum and bool(sums)
+    mean = _combined(sums, config.federation.robustness.aggregator) if enough else None
+    return MaskedAttempt(col, mean, {"groups": groups})
+
+
+def _recording(transport: CoordinatorTransport, key: SessionKey, col: Collection) -> Exchange:
+    """The transport's exchange for ``key``, noting each masked vector's hash and size."""
+
+    def exchange(stage: str, outgoing: Mapping[str, bytes]) -> Iterator[tuple[str, bytes]]:
+        for sender, data in transport.exchange(key, stage, outgoing):
+            if stage == "mask":
+                col.hashes[sender] = "sha256:" + hashlib.sha256(data).hexdigest()
+                col.sizes[sender] = len(data)
+            yield sender, data
+
+    return exchange
+
+
+def _summed(ctx: SessionContext, result: SecureSum, col: Collection) -> dict[str, object]:
+    """A finished session's ledger entry; its refused and dropped members join the exclusions."""
+    for pid, reason in result.refusals:
+        col.rejected.setdefault(pid, reason)
+    for pid in ctx.roster:
+        if pid not in result.survivors:
+            col.rejected.setdefault(pid, "masking_dropped")
+            col.details.setdefault(pid, f"left group {ctx.group}'s session before its sum")
+    return {
+        "group": ctx.group,
+        "roster": list(ctx.roster),
+        "threshold": ctx.threshold,
+        "advertised": list(result.advertised),
+        "shared": list(result.shared),
+        "survivors": list(result.survivors),
+        "signed": list(result.signed),
+        "unmasked": list(result.unmasked),
+        "sum": f"sha256:{result.digest()}",
+        "clipped": result.clipped,
+        "refusals": [[pid, reason] for pid, reason in result.refusals],
+    }
+
+
+def _aborted(ctx: SessionContext, abort: SecAggAbort, col: Collection) -> dict[str, object]:
+    """An aborted session's ledger entry; every member is excluded with its reason."""
+    for pid in ctx.roster:
+        col.rejected.setdefault(pid, f"{ABORTED}:{abort.reason.value}")
+        col.details.setdefault(pid, str(abort)[:240])
+    return {
+        "group": ctx.group,
+        "roster": list(ctx.roster),
+        "threshold": ctx.threshold,
+        "aborted": abort.reason.value,
+        "stage": abort.stage,
+        "named": list(abort.participants),
+    }
+
+
+def _combined(sums: list[tuple[SessionContext, SecureSum]], aggregator: str) -> np.ndarray:
+    """The survivors' mean (float32), or the median of the group means (3+ groups, robust).
+
+    Every step is exact or rounds once, in a fixed order, so the result's bits depend on the
+    sums only, never on arrival order.
+    """
+    d = sums[0][0].dimension
+    if len(sums) >= 3 and aggregator in ROBUST_OVER_GROUPS:
+        means = np.stack([ctx.codec.decode_sum(s.total[:d]) / len(s.survivors) for ctx, s in sums])
+        return np.median(means, axis=0).astype(np.float32)
+    if len(sums) == 1:
+        ctx, only = sums[0]
+        return ctx.codec.decode_mean(only.total[:d], len(only.survivors))
+    total = np.zeros(d, dtype=np.float64)
+    for ctx, result in sums:
+        total += ctx.codec.decode_sum(result.total[:d])
+    return (total / sum(len(s.survivors) for _, s in sums)).astype(np.float32)
+
+
+def bounded(
+    mean: np.ndarray, history: Sequence[RoundRecord], factor: float | None
+) -> tuple[np.ndarray, dict[str, float]]:
+    """``mean`` scaled down to ``factor`` times the median of recent committed norms.
+
+    The window is the last :data:`AGGREGATE_WINDOW` committed masked rounds' norms after
+    bounding (so an attacker cannot ratchet the bound up faster than ``factor`` per window);
+    the bound applies once :data:`AGGREGATE_MIN_ROUNDS` exist. Norms are float64 on one thread
+    and the scaling rounds once to float32, so the bits depend on the inputs only.
+
+    Returns:
+        The (possibly scaled) mean, and the ledger entry: ``norm`` before, ``applied`` after,
+        and ``bound`` when one applied.
+    """
+    norm = update_norm({"mean": torch.from_numpy(mean)})
+    entry = {"norm": norm, "applied": norm}
+    recent = [n for n in (_applied_norm(r) for r in history if r.state == "closed") if n][
+        -AGGREGATE_WINDOW:
+    ]
+    if factor is None or len(recent) < AGGREGATE_MIN_ROUNDS:
+        return mean, entry
+    bound = factor * statistics.median(recent)
+    entry["bound"] = bound
+    if norm <= bound:
+        return mean, entry
+    scaled = (torch.from_numpy(mean).double() * (bound / norm)).to(torch.float32).numpy()
+    entry["applied"] = update_norm({"mean": torch.from_numpy(scaled)})
+    return scaled, entry
+
+
+def _applied_norm(record: RoundRecord) -> float | None:
+    """A committed masked round's combined norm after its bound, from its ledger record."""
+    masking = record.defences.get("masking")
+    aggregate = masking.get("aggregate") if isinstance(masking, dict) else None
+    applied = aggregate.get("applied") if isinstance(aggregate, dict) else None
+    return float(applied) if isinstance(applied, (int, float)) else None

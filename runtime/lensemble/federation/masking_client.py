@@ -1,0 +1,100 @@
+"""A participant's side of masked rounds: it holds its update and answers each session's stages.
+
+The participant trains as in a plain round, then keeps its update to itself: the coordinator
+gets only the masked vector (:mod:`lensemble.federation.secagg`). For every session it is asked
+into, the client derives the session's public parameters itself
+(:mod:`lensemble.federation.masking`) and answers through a
+:class:`~lensemble.federation.secagg.driver.Party`; a message for a session it is not in, for an
+attempt it did not train, or that its session refuses, gets no answer (the coordinator counts it
+as dropped). Only the open attempt's sessions are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from lensemble.config.schema import LensembleConfig
+from lensemble.federation.masking import SessionKey, session_contexts
+from lensemble.federation.payload import TensorSpec
+from lensemble.federation.secagg import identity
+from lensemble.federation.secagg.driver import Party
+from lensemble.federation.secagg.errors import SecAggRefusal
+from lensemble.federation.secagg.participant import ParticipantSession
+
+
+class MaskingClient:
+    """One participant's secure-aggregation sessions.
+
+    Args:
+        config: The run's config (its masking fields, participants and seed).
+        participant: This participant's id.
+        seed: 32 secret bytes every session secret derives from (with the session digest).
+        identity_key: The participant's identity private key.
+        verifiers: Every participant's identity public key.
+        architecture: The global model's tensor specs (d and the vector layout).
+    """
+
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participant: str,
+        *,
+        seed: bytes,
+        identity_key: identity.SigningKey,
+        verifiers: Mapping[str, identity.VerifyingKey],
+        architecture: Mapping[str, TensorSpec],
+    ) -> None:
+        self.config = config
+        self.me = participant
+        self._seed = seed
+        self.identity_key = identity_key
+        self._verifiers = dict(verifiers)
+        self._architecture = dict(architecture)
+        self._update: tuple[int, int, np.ndarray] | None = None
+        self._parties: dict[SessionKey, Party] = {}
+        #: Every refusal of this participant's sessions, in order (for the run's log and tests).
+        self.refusals: list[SecAggRefusal] = []
+
+    def hold(self, round_index: int, attempt: int, update: np.ndarray) -> None:
+        """Keep ``update`` (d float values) for the attempt's session; earlier ones go."""
+        self._update = (round_index, attempt, update)
+        self._parties = {
+            k: p
+            for k, p in self._parties.items()
+            if (k.round_index, k.attempt) == (round_index, attempt)
+        }
+
+    def forget(self) -> None:
+        """Drop the held update and every session (the attempt is over)."""
+        self._update = None
+        self._parties = {}
+
+    def answer(self, key: SessionKey, stage: str, data: bytes) -> bytes | None:
+        """The encoded answer to ``stage``'s message of session ``key``, or None (no answer)."""
+        party = self._party(key) if stage == "advertise" else self._parties.get(key)
+        if party is None:
+            return None
+        try:
+            return party.answer(stage, data)
+        except SecAggRefusal as refusal:
+            self.refusals.append(refusal)
+            return None
+
+    def _party(self, key: SessionKey) -> Party | None:
+        """A fresh party for ``key`` when this participant trained that attempt and is in it."""
+        if self._update is None or self._update[:2] != (key.round_index, key.attempt):
+            return None
+        if key in self._parties:
+            return None  # a second start of one session: the first stands
+        contexts = session_contexts(self.config, key.round_index, key.attempt, self._architecture)
+        if not 0 <= key.group < len(contexts) or self.me not in contexts[key.group]:
+            return None
+        update = self._update[2]
+        session = ParticipantSession(
+            contexts[key.group], self.me, self._seed, self.identity_key, self._verifiers
+        )
+        party = Party(session, lambda: update)
+        self._parties[key] = party
+        return party
