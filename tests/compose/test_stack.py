@@ -443,6 +443,35 @@ def test_a_failed_start_is_still_torn_down(cfg: LensembleConfig, tmp_path: Path)
     assert engine.calls == ["create", ("down", True)]
 
 
+class FinishedRunEngine(FakeEngine):
+    """The coordinator's volume holds a finished run: it exits 0 at once, the start fails."""
+
+    def start(self, *, timeout_s: float, echo: Any) -> None:
+        self.calls.append("start")
+        self.started = True
+        raise StackFailed("Could not start the Compose project 'lensemble-local'")
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_up_on_a_finished_run_says_so_and_leaves_no_container(
+    finished: bool, cfg: LensembleConfig, tmp_path: Path
+) -> None:
+    """A field report: a second `up` after `down` (volumes kept) failed with Compose's words."""
+    containers = healthy_stack(cfg)
+    said = "all rounds committed; participants may leave." if finished else "resumed"
+    containers["coordinator"] = FakeContainer([said], states=[ContainerState("exited", 0)])
+    engine = FinishedRunEngine(containers)
+    with pytest.raises(StackFailed) as failed:
+        run_up(cfg, tmp_path, engine)
+    if finished:
+        assert "already holds a finished run" in str(failed.value)
+        assert "lensemble down --volumes" in failed.value.remediation
+        assert engine.calls[-1] == ("down", False) and not (tmp_path / RECORD_NAME).exists()
+    else:  # another cause: Compose's own words, and the record kept for `down`
+        assert "Could not start" in str(failed.value)
+        assert ("down", False) not in engine.calls and (tmp_path / RECORD_NAME).exists()
+
+
 def test_a_failed_teardown_keeps_the_record(cfg: LensembleConfig, tmp_path: Path) -> None:
     run_up(cfg, tmp_path, FakeEngine(healthy_stack(cfg)))
 

@@ -427,6 +427,38 @@ def _create_and_start(
     return began
 
 
+#: What a coordinator prints when its checkpoint already holds every round (``run_over``).
+RUN_OVER = "all rounds committed"
+
+
+def _refuse_a_finished_run(engine: Engine, config: LensembleConfig, stack_dir: Path) -> None:
+    """Explain a start that failed because the coordinator's volume holds a finished run.
+
+    Such a coordinator resumes, has nothing left to do and exits 0 at once, so the participants'
+    start condition fails and Compose reports only that. Its containers are removed (the
+    volumes, with the run, are kept) and the error says what to do.
+
+    Raises:
+        StackFailed: The coordinator exited 0 having said all rounds are committed.
+    """
+    container = engine.container("coordinator")
+    if container is None:
+        return
+    state = engine.state(container)
+    if not (state.finished and state.exit_code == 0 and RUN_OVER in engine.stdout(container)):
+        return
+    engine.down(volumes=False)
+    (stack_dir / RECORD_NAME).unlink(missing_ok=True)
+    raise StackFailed(
+        f"the coordinator's volume already holds a finished run: all "
+        f"{config.federation.rounds} rounds of '{config.run.name}' are committed, so the "
+        "coordinator exited at once and its participants had nothing to join (the containers "
+        "were removed, the volumes kept);",
+        remediation="raise federation.rounds (--set federation.rounds=N) to continue that run, "
+        "or run `lensemble down --volumes` to delete it and start over.",
+    )
+
+
 def up_compose(
     config: LensembleConfig,
     *,
@@ -473,20 +505,20 @@ def up_compose(
     _refuse_a_second_stack(stack_dir)
     files = _render_stack(config, stack_dir, source=source, make_certs=make_certs)
     record = StackRecord(
-        substrate="compose",
-        project=config.run.name,
-        compose_file=str(files.compose.resolve()),
-        profile=profile,
-        command=list(command),
+        "compose", config.run.name, str(files.compose.resolve()), profile, list(command)
     )
     engine = (engine_factory or _docker_engine)(record)
     check_image(engine, config, profile)
     # Recorded before starting: a start that fails halfway is still torn down by `down`.
     record.save(stack_dir / RECORD_NAME)
     expected = expected_services(config, profile)
-    began = _create_and_start(
-        engine, record, files, len(expected), timeout_s=start_timeout_s, echo=echo, clock=clock
-    )
+    try:
+        began = _create_and_start(
+            engine, record, files, len(expected), timeout_s=start_timeout_s, echo=echo, clock=clock
+        )
+    except StackFailed:
+        _refuse_a_finished_run(engine, config, stack_dir)
+        raise
     expected_hash = config_hash(config)
     timeout_s = ready_timeout_s or config.federation.join_timeout_s
     ready = wait_ready(
