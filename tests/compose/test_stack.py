@@ -452,24 +452,34 @@ class FinishedRunEngine(FakeEngine):
         raise StackFailed("Could not start the Compose project 'lensemble-local'")
 
 
-@pytest.mark.parametrize("finished", [True, False])
-def test_up_on_a_finished_run_says_so_and_leaves_no_container(
-    finished: bool, cfg: LensembleConfig, tmp_path: Path
+@pytest.mark.parametrize("coordinator", ["finished", "failed", "running"])
+def test_a_start_that_failed_because_the_coordinator_exited_says_why(
+    coordinator: str, cfg: LensembleConfig, tmp_path: Path
 ) -> None:
-    """A field report: a second `up` after `down` (volumes kept) failed with Compose's words."""
+    """A field report: after `down` (volumes kept), a second `up` failed with Compose's words."""
     containers = healthy_stack(cfg)
-    said = "all rounds committed; participants may leave." if finished else "resumed"
-    containers["coordinator"] = FakeContainer([said], states=[ContainerState("exited", 0)])
+    error = "error: <config>: federation.masking: unknown key 'masking'."  # an older image
+    containers["coordinator"] = {
+        "finished": FakeContainer(
+            ["all rounds committed; participants may leave."], [ContainerState("exited", 0)]
+        ),
+        "failed": FakeContainer([""], [ContainerState("exited", 2)], logs=[[error]]),
+        "running": FakeContainer([""], [RUNNING]),
+    }[coordinator]
     engine = FinishedRunEngine(containers)
     with pytest.raises(StackFailed) as failed:
         run_up(cfg, tmp_path, engine)
-    if finished:
+    if coordinator == "finished":
         assert "already holds a finished run" in str(failed.value)
         assert "lensemble down --volumes" in failed.value.remediation
         assert engine.calls[-1] == ("down", False) and not (tmp_path / RECORD_NAME).exists()
-    else:  # another cause: Compose's own words, and the record kept for `down`
+        return
+    assert ("down", False) not in engine.calls and (tmp_path / RECORD_NAME).exists()
+    if coordinator == "failed":  # its own exit code and error line, passed through
+        assert "coordinator stopped with exit code 2" in str(failed.value)
+        assert "unknown key" in str(failed.value) and failed.value.exit_code == 2
+    else:  # another cause: Compose's own words
         assert "Could not start" in str(failed.value)
-        assert ("down", False) not in engine.calls and (tmp_path / RECORD_NAME).exists()
 
 
 def test_a_failed_teardown_keeps_the_record(cfg: LensembleConfig, tmp_path: Path) -> None:

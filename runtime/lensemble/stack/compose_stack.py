@@ -431,21 +431,27 @@ def _create_and_start(
 RUN_OVER = "all rounds committed"
 
 
-def _refuse_a_finished_run(engine: Engine, config: LensembleConfig, stack_dir: Path) -> None:
-    """Explain a start that failed because the coordinator's volume holds a finished run.
+def _why_the_start_failed(
+    engine: Engine, config: LensembleConfig, stack_dir: Path, record: StackRecord
+) -> None:
+    """Name the cause when the start failed because the coordinator had already exited.
 
-    Such a coordinator resumes, has nothing left to do and exits 0 at once, so the participants'
-    start condition fails and Compose reports only that. Its containers are removed (the
-    volumes, with the run, are kept) and the error says what to do.
+    Compose then reports only that the participants' start condition failed. A coordinator
+    that exited 0 saying all rounds are committed resumed a finished run from its volume: its
+    containers are removed (the volumes, with the run, are kept) and the error says what to
+    do. One that exited otherwise failed on its own: its exit code and last error line.
 
     Raises:
-        StackFailed: The coordinator exited 0 having said all rounds are committed.
+        StackFailed: The coordinator had exited; nothing when it had not (the caller re-raises
+            Compose's error).
     """
-    container = engine.container("coordinator")
-    if container is None:
+    container = engine.container(COORDINATOR)
+    state = engine.state(container) if container is not None else None
+    if container is None or state is None or not state.finished:
         return
-    state = engine.state(container)
-    if not (state.finished and state.exit_code == 0 and RUN_OVER in engine.stdout(container)):
+    if state.exit_code != 0:
+        raise _stopped(engine, container, COORDINATOR, state.exit_code, record)
+    if RUN_OVER not in engine.stdout(container):
         return
     engine.down(volumes=False)
     (stack_dir / RECORD_NAME).unlink(missing_ok=True)
@@ -517,7 +523,7 @@ def up_compose(
             engine, record, files, len(expected), timeout_s=start_timeout_s, echo=echo, clock=clock
         )
     except StackFailed:
-        _refuse_a_finished_run(engine, config, stack_dir)
+        _why_the_start_failed(engine, config, stack_dir, record)
         raise
     expected_hash = config_hash(config)
     timeout_s = ready_timeout_s or config.federation.join_timeout_s
