@@ -461,7 +461,9 @@ def test_a_start_that_failed_because_the_coordinator_exited_says_why(
     error = "error: <config>: federation.masking: unknown key 'masking'."  # an older image
     containers["coordinator"] = {
         "finished": FakeContainer(
-            ["all rounds committed; participants may leave."], [ContainerState("exited", 0)]
+            [""],  # the ready line aside, a coordinator logs on stderr: `follow` has both
+            [ContainerState("exited", 0)],
+            logs=[[json.dumps({"message": "all rounds committed; participants may leave."})]],
         ),
         "failed": FakeContainer([""], [ContainerState("exited", 2)], logs=[[error]]),
         "running": FakeContainer([""], [RUNNING]),

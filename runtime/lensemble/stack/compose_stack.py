@@ -451,8 +451,8 @@ def _why_the_start_failed(
         return
     if state.exit_code != 0:
         raise _stopped(engine, container, COORDINATOR, state.exit_code, record)
-    if RUN_OVER not in engine.stdout(container):
-        return
+    if not any(RUN_OVER in line for line in engine.follow(container, new_only=False)):
+        return  # its log (stderr too) says nothing of a finished run
     engine.down(volumes=False)
     (stack_dir / RECORD_NAME).unlink(missing_ok=True)
     raise StackFailed(
