@@ -41,7 +41,10 @@ def test_prepare_says_what_happens_to_a_previous_run(tmp_path: Path) -> None:
     _committed_run(out, rounds=2)
     note = prepare_output_dir(_config(out), resume=False)
     assert note is not None and "replacing the previous run" in note and "(2 rounds" in note
-    assert prepare_output_dir(_config(out, rounds=2), resume=True) is None
+    finished = prepare_output_dir(_config(out, rounds=2), resume=True)
+    assert finished is not None and "already committed all 2 rounds" in finished
+    assert "larger --rounds" in finished
+    assert prepare_output_dir(_config(out, rounds=3), resume=True) is None  # rounds left
     with pytest.raises(UsageError, match="already committed 2 rounds"):
         prepare_output_dir(_config(out, rounds=1), resume=True)
 

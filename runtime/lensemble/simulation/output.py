@@ -43,8 +43,8 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
         resume: Whether the run continues the one in the folder.
 
     Returns:
-        A ``note: ...`` line for the user (nothing to resume, or a previous run being replaced),
-        or None.
+        A ``note: ...`` line for the user (nothing to resume, a finished run resumed, or a
+        previous run being replaced), or None.
 
     Raises:
         UsageError: The folder cannot be created or written, or ``--resume`` would shrink a run.
@@ -74,6 +74,11 @@ def prepare_output_dir(config: LensembleConfig, resume: bool) -> str | None:
         return (
             f"note: replacing the previous run in {out} ({committed} {rounds} committed); use "
             "--resume to continue it, or -o to write elsewhere."
+        )
+    if resume and committed == config.federation.rounds:
+        return (
+            f"note: the run in {out} already committed all {committed} {rounds}; nothing is "
+            "trained, only its summary is made again (pass a larger --rounds to continue it)."
         )
     if resume and committed > config.federation.rounds:
         # The count comes from checkpoint file names: a record broken there (a file renamed
