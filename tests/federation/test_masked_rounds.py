@@ -18,7 +18,7 @@ from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.masking import flatten, unflatten_into
 from lensemble.federation.payload import manifest
-from tests.support.federation import build, initial_params, small_config
+from tests.support.federation import RankFailingLearner, build, initial_params, small_config
 
 MASKING = {"aggregation": "masking", "masking": {"clip": 10.0}}
 
@@ -122,3 +122,11 @@ def test_the_aggregate_bound_scales_a_hostile_sum_down_to_the_recent_norms() -> 
     # refuse the round: the run ends there.
     with pytest.raises(PrecommitCheckFailed):
         _run("scaled:alpha@4=-40", rounds=6, masking={**wide, "aggregate_factor": None})
+
+
+def test_a_participant_whose_ranks_failed_is_named_for_that_not_as_a_dropout() -> None:
+    config = small_config(**MASKING)
+    plan = parse_faults("rank_kill:charlie@1")
+    coordinator, transport, _ = build(config, faults=plan, learner=RankFailingLearner)
+    record = next(r for r in coordinator.run(transport).records if r.round == 1)
+    assert record.state == "closed" and record.excluded == {"charlie": "rank_failure"}

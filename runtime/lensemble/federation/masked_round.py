@@ -125,6 +125,8 @@ def masked_attempt(
         architecture: The global model's tensor specs (d).
     """
     col = Collection(opening, frozenset(config.participant_ids))
+    # Who sent nothing for a known reason (its ranks failed, it left) is named as such.
+    col.rejected.update(transport.absence_reasons())
     verifiers = transport.masking_identities()
     contexts = session_contexts(config, opening.round_index, opening.attempt, architecture)
     sums: list[tuple[SessionContext, SecureSum]] = []
