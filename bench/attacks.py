@@ -119,20 +119,24 @@ def scores(
 
 
 def cell(
-    n: int, seed: int, config_path: Path, data: Path, done: set[str]
+    n: int, seed: int, config_path: Path, data: Path, done: set[str], *, sets: list[str]
 ) -> Iterator[dict[str, Any]]:
-    """Every run of one (N, seed) not in ``done``; yields their JSON rows as they finish."""
+    """Every run of one (N, seed) not in ``done``; yields their JSON rows as they finish.
+
+    ``sets`` are ``--set`` overrides for every run (e.g. ``federation.aggregation=masking``).
+    """
     base = [
         f"federation.participant_count={n}",
         "federation.quorum=0",
         f"run.root_seed={seed}",
         f"run.output_dir={data}",
+        *sets,
     ]
     config = load_config(config_path, base)
     ids = sorted(config.participant_ids)
     hostile = ids[: 1 if n < 8 else 2]
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
-    where = {"n": n, "seed": seed, "hostile": hostile}
+    where = {"n": n, "seed": seed, "hostile": hostile, "sets": sets}
     runs = {"clean": "", "clean, plain mean": ""} | {
         name: ",".join(spec.format(H=h) for h in hostile)
         for name, spec in (ATTACKS | ORACLE).items()
@@ -214,6 +218,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="7", help="Comma-separated root seeds.")
     parser.add_argument("--out", type=Path, default=Path("runs/attacks.jsonl"))
     parser.add_argument("--table-only", action="store_true", help="Summarise --out and stop.")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        help="A config override for every run, e.g. federation.aggregation=masking (repeatable).",
+    )
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in args.out.read_text().splitlines()] if args.out.exists() else []
@@ -222,7 +233,8 @@ def main() -> None:
             for n in args.counts or [4]:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     done = {r["run"] for r in rows if (r["n"], r["seed"]) == (n, seed)}
-                    for row in cell(n, seed, args.config, Path(data) / f"{n}-{seed}", done):
+                    folder = Path(data) / f"{n}-{seed}"
+                    for row in cell(n, seed, args.config, folder, done, sets=args.sets):
                         with args.out.open("a", encoding="utf-8") as f:
                             f.write(json.dumps(row, sort_keys=True) + "\n")
                         rows.append(row)
