@@ -63,8 +63,6 @@ ELSEWHERE = {
     "lensemble image": "a container engine (tests/image, marked docker)",
     "lensemble render k8s": "Helm's library and kubectl (tests/k8s)",
 }
-#: Placeholders of the pages, and what stands for them here.
-PLACEHOLDERS: dict[str, str] = {}
 #: Where a block runs, when not at the scratch folder's root: (page, block index) -> folder.
 CWD = {("compose.md", 1): "compose"}
 #: Blocks that cannot run on one host, and where they are covered instead.
@@ -164,8 +162,6 @@ def _skipped(kind: str) -> str | None:
 
 def _short(command: str, ports: tuple[int, int]) -> str:
     """The command's short form: few rounds, free coordinator ports."""
-    for placeholder, real in PLACEHOLDERS.items():
-        command = command.replace(placeholder, real)
     words = command.split()
     if words[:2] == ["lensemble", "simulate"]:
         rounds = re.search(r"(?:-r|--rounds)\s+(\d+)", command)
@@ -181,8 +177,6 @@ def _short(command: str, ports: tuple[int, int]) -> str:
 
 def _full(command: str, ports: tuple[int, int]) -> str:
     """The command as written; processes by hand still get free coordinator ports."""
-    for placeholder, real in PLACEHOLDERS.items():
-        command = command.replace(placeholder, real)
     if command.split()[:2] in (["lensemble", "coordinator"], ["lensemble", "participant"]):
         return _with_ports(command, ports)
     return command
@@ -301,8 +295,6 @@ def _bindings(block: Block) -> dict[str, str]:
 
 def _argv(command: str, bindings: dict[str, str]) -> list[str]:
     """A ``lensemble`` command's arguments (after ``lensemble``), its variables expanded."""
-    for placeholder, real in PLACEHOLDERS.items():
-        command = command.replace(placeholder, real)
     command = re.sub(r"\$(\w+)", lambda m: bindings[m[1]], command).rstrip("&").strip()
     words = shlex.split(command)
     assert words[0] == "lensemble", command
