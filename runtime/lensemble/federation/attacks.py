@@ -45,6 +45,7 @@ from lensemble.config.schema import OuterOptimizerConfig
 from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import Fault, FaultPlan
 from lensemble.machinery.determinism import single_threaded
+from lensemble.machinery.flat import concatenated
 
 Params = dict[str, torch.Tensor]
 
@@ -69,7 +70,7 @@ def alie_z(n: int, f: int) -> float:
 
 def flatten(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Every tensor in sorted name order, as one float64 vector."""
-    return torch.cat([params[name].reshape(-1).to(torch.float64) for name in sorted(params)])
+    return concatenated(params, torch.float64)
 
 
 def unflatten(vector: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Params:

@@ -25,6 +25,7 @@ from lensemble.federation.payload import TensorSpec
 from lensemble.federation.secagg.context import SessionContext, default_threshold
 from lensemble.federation.secagg.fixed_point import FixedPoint
 from lensemble.federation.secagg.groups import assign_groups
+from lensemble.machinery.flat import concatenated
 
 
 @dataclass(frozen=True, order=True)
@@ -81,8 +82,7 @@ def flatten(
     Raises:
         KeyError: A parameter of the architecture is missing.
     """
-    parts = [tensors[name].detach().reshape(-1).to(torch.float32) for name in architecture]
-    return torch.cat(parts).numpy() if parts else np.zeros(0, dtype=np.float32)
+    return concatenated({name: tensors[name] for name in architecture}, torch.float32).numpy()
 
 
 def unflatten_into(vector: np.ndarray, out: Mapping[str, torch.Tensor]) -> None:

@@ -61,3 +61,10 @@ def flat_zeros(shapes: Mapping[str, torch.Size | tuple[int, ...]]) -> Params:
     for view in out.values():
         view.zero_()
     return out
+
+
+def concatenated(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Every tensor in sorted name order, as one new 1-D vector of ``dtype`` (empty for none)."""
+    if not tensors:
+        return torch.zeros(0, dtype=dtype)
+    return torch.cat([tensors[name].detach().reshape(-1).to(dtype) for name in sorted(tensors)])
