@@ -187,6 +187,23 @@ def test_the_build_command_passes_secrets_as_secrets_and_labels_the_digest(tmp_p
             "TLS certificate",
         ),
         (["#12 ERROR: process did not complete successfully: exit code: 2"], "exit code: 2"),
+        (
+            [
+                "#10 9.12 ERROR: Could not install packages due to an OSError: [Errno 28] No "
+                "space left on device",
+                "#10 ERROR: executor failed running [/bin/sh -c set -eu; pip install]: exit code: 1",
+            ],
+            "disk the Docker engine writes to is full: #10 9.12 ERROR: Could not install",
+        ),
+        (
+            [
+                "#10 4.0 WARNING: Retrying (Retry(total=0)) after connection broken by "
+                "'NewConnectionError(Temporary failure in name resolution)'",
+                "#10 5.1 ERROR: Could not find a version that satisfies the requirement sympy",
+                "#10 ERROR: executor failed running [/bin/sh -c pip install]: exit code: 1",
+            ],
+            "could not reach the package index: #10 5.1 ERROR: Could not find a version",
+        ),
     ],
 )
 def test_build_failures_are_explained(tail: list[str], needle: str) -> None:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections import deque
@@ -218,11 +220,17 @@ def build_command(
 
 
 def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
-    """One sentence and a fix for a failed build, from the last lines of its output."""
+    """One sentence and a fix for a failed build, from the last lines of its output.
+
+    The reason quoted is the first line a tool inside the build marked as its own error (pip's
+    ``ERROR: ...``), else the builder's last error line: BuildKit's own last line only says
+    which step exited non-zero, not why.
+    """
     tail = [line.strip() for line in lines if line.strip()]
     text = "\n".join(tail).lower()
     errors = [line for line in tail if "error" in line.lower()]
-    reason = errors[-1] if errors else (tail[-1] if tail else "no output")
+    inner = [line for line in errors if _INNER_ERROR.search(line)]
+    reason = inner[0] if inner else errors[-1] if errors else (tail[-1] if tail else "no output")
     reference = base or "of the Dockerfile's default (a registry image)"
     if any(
         s in text
@@ -234,13 +242,38 @@ def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
             "Build a base without a registry with `lensemble image base` and pass "
             "--base lensemble-base:bookworm.",
         )
+    if "no space left on device" in text:
+        return (
+            f"The disk the Docker engine writes to is full: {reason}",
+            "Free space under the engine's data root (`docker system df`, then "
+            "`docker builder prune`) and build again.",
+        )
     if "certificate_verify_failed" in text or "certificate verify failed" in text:
         return (
             "pip inside the build could not verify the package index's TLS certificate.",
             "Pass the CA bundle of your proxy with --ca-bundle FILE (e.g. "
             "/etc/ssl/certs/ca-certificates.crt).",
         )
-    return (f"The image build failed: {reason}", "The full build output is above (stderr).")
+    if any(s in text for s in _INDEX_UNREACHABLE):
+        return (
+            f"pip inside the build could not reach the package index: {reason}",
+            "Check that containers on this engine reach the index (DNS and proxy), or pass a "
+            "mirror with --index-url URL.",
+        )
+    return (f"The image build failed: {reason}", "The build's last lines are above (stderr).")
+
+
+#: A tool's own error line inside a build step (``#10 3.21 ERROR: ...``), not BuildKit's.
+_INNER_ERROR = re.compile(r"^#\d+ \d+(\.\d+)? (error|fatal)\b", re.IGNORECASE)
+#: pip's words when it cannot reach an index.
+_INDEX_UNREACHABLE = (
+    "temporary failure in name resolution",
+    "name or service not known",
+    "max retries exceeded",
+    "connection refused",
+    "network is unreachable",
+    "read timed out",
+)
 
 
 def image_tags(
@@ -342,6 +375,9 @@ def build_image(
         code, tail = _stream(args, {**os.environ, **client.env}, log)
         seconds = clock() - start
     if code != 0:
+        if log is None:  # nothing was streamed: show what explains the failure
+            for line in tail:
+                print(line, file=sys.stderr)
         message, remediation = explain_failure(tail, base)
         raise ImageBuildFailed(message, remediation=remediation)
     size = image_size(client.docker, tags[0])
