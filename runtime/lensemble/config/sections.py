@@ -10,6 +10,7 @@ Every field carries a description with its unit so it shows in the exported JSON
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +29,11 @@ CUDA_TAG = re.compile(r"(^|[-_.])cu[0-9]{3}([-_.]|$)")
 UNPINNED_TAG = "latest"
 #: The only environment that may run an unpinned tag (images side-loaded on a laptop).
 UNPINNED_TAG_ALLOWED_IN = "local"
+
+
+def cpu_cores(quantity: str) -> Decimal:
+    """Cores of a Kubernetes CPU quantity (``K8S_CPU``): ``"500m"`` -> 0.5, ``"2"`` -> 2."""
+    return Decimal(quantity[:-1]) / 1000 if quantity.endswith("m") else Decimal(quantity)
 
 
 def unpinned_tag_refused(environment: str, tag: str) -> bool:

@@ -51,6 +51,7 @@ from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.config.schema import CUDA_TAG, ParticipantSpec
+from lensemble.config.sections import cpu_cores
 from lensemble.errors import ConfigError, ConfigProblem, UsageError
 from lensemble.render.container import (
     CONFIG_PATH,
@@ -231,8 +232,7 @@ def compose_cpus(quantity: str) -> str:
     Returns:
         Cores as a decimal string.
     """
-    cores = Decimal(quantity[:-1]) / 1000 if quantity.endswith("m") else Decimal(quantity)
-    return format(cores.normalize(), "f")
+    return format(cpu_cores(quantity).normalize(), "f")
 
 
 def compose_memory(quantity: str) -> str:

@@ -42,6 +42,7 @@ from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.server import start_coordinator_server
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.launch.harness import PortOptions, ProcessHarness, check_certificates
+from lensemble.network.launch.torch_threads import participant_threads
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.loop import ParticipantLoop
 from lensemble.network.shared.certs import check_own_certificate
@@ -310,6 +311,9 @@ def run_participant(
     """
     harness = ProcessHarness(config, "participant", participant_id, ports or PortOptions())
     client = None
+    budget = participant_threads(config)
+    torch.set_num_threads(budget.threads)
+    _log.info(budget.describe())
     try:
         token = _participant_credentials(config, participant_id)
         architecture = _architecture(initial_params)
