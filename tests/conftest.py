@@ -62,6 +62,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("ranks/test_gpu.py", "integration"),  # nccl and bf16 on a CUDA device
     ("network/test_parity.py", "integration"),  # both transports under the same faults
     ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport
+    ("simulation/test_workers.py", "integration"),  # whole runs, serial and side by side
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
     ("adversarial/test_fuzz.py", "integration"),  # ten thousand mutated updates, replayed
     ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests

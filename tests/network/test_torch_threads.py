@@ -8,7 +8,8 @@ import pytest
 
 from lensemble.config import load_config
 from lensemble.config.schema import LensembleConfig
-from lensemble.network.launch.torch_threads import cgroup_quota, participant_threads
+from lensemble.machinery.cpus import cgroup_quota
+from lensemble.network.launch.torch_threads import participant_threads
 
 REPO = Path(__file__).resolve().parents[2]
 

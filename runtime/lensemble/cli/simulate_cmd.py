@@ -58,6 +58,13 @@ def simulate(
     json_summary: bool = typer.Option(
         False, "--json", help="Print a JSON summary on stdout instead of the tables."
     ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Participants trained at once, on threads (default: one per core this process is "
+        "given). Any count commits the same hashes; 1 trains them one after another.",
+    ),
 ) -> None:
     """Train a world model with DiLoCo across the config's participants, deterministically.
 
@@ -75,7 +82,7 @@ def simulate(
     plan = parse_faults(faults, cfg.participant_ids)
     _check_faults(cfg, plan)  # before the output folder is touched
     try:
-        result = _run(cfg, config or default_config_path(), overrides, resume, plan)
+        result = _run(cfg, config or default_config_path(), overrides, resume, plan, workers)
     except KeyboardInterrupt:
         raise Interrupted(
             f"simulation interrupted; the committed rounds stay in {cfg.run.output_dir};",
@@ -121,7 +128,12 @@ def _check_faults(cfg: LensembleConfig, plan: FaultPlan) -> None:
 
 
 def _run(
-    cfg: LensembleConfig, config: Path, overrides: list[str], resume: bool, plan: FaultPlan
+    cfg: LensembleConfig,
+    config: Path,
+    overrides: list[str],
+    resume: bool,
+    plan: FaultPlan,
+    workers: int | None,
 ) -> SimulationResult:
     """Run the federation in its output folder, held for the run's life."""
     from lensemble.run_lock import run_folder_lock
@@ -141,7 +153,7 @@ def _run(
             sys.stderr.write(note + "\n")
         if cfg.federation.transport == "network":
             return _run_network(cfg, config, overrides, resume, plan)
-        return _run_with_progress(cfg, plan, resume)
+        return _run_with_progress(cfg, plan, resume, workers)
 
 
 def _report(cfg: LensembleConfig, result: SimulationResult, json_summary: bool) -> None:
@@ -163,7 +175,9 @@ def _report(cfg: LensembleConfig, result: SimulationResult, json_summary: bool) 
         print_summary(cfg, result, png)
 
 
-def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> SimulationResult:
+def _run_with_progress(
+    cfg: LensembleConfig, plan: Any, resume: bool, workers: int | None
+) -> SimulationResult:
     from lensemble.cli.progress import plural, round_line, round_progress
     from lensemble.federation.rounds import RoundState
     from lensemble.simulation.in_process import run_in_process
@@ -209,7 +223,7 @@ def _run_with_progress(cfg: LensembleConfig, plan: Any, resume: bool) -> Simulat
             progress.closed(committed, line)
 
     with progress:
-        return run_in_process(cfg, faults=plan, resume=resume, observer=Observer())
+        return run_in_process(cfg, faults=plan, resume=resume, observer=Observer(), workers=workers)
 
 
 def _run_network(

@@ -1,7 +1,8 @@
 """The in-process transport: deterministic, event-driven, with a virtual clock and faults.
 
 When the coordinator opens a round, every participant that is not dropped trains immediately
-(sequentially, in sorted id order) and its submission is scheduled to arrive at a virtual time:
+(side by side on threads, one per core; the order of everything else is sorted id order) and its
+submission is scheduled to arrive at a virtual time:
 ``1 + 0.01 * rank`` seconds after opening, or a fault's delay. :meth:`InProcessTransport.receive`
 pops arrivals in time order and advances the virtual clock; a timeout costs no wall time. A
 submission scheduled after the attempt closed (by its deadline, or by the straggler cutoff)
@@ -35,7 +36,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -47,12 +50,13 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey, flatten
 from lensemble.federation.masking_client import MaskingClient
 from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
-from lensemble.federation.participant import Participant
+from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import decode
 from lensemble.federation.quantization import dequantize
 from lensemble.federation.secagg.identity import VerifyingKey, simulation_identity
 from lensemble.federation.secagg.keys import simulation_seed
 from lensemble.federation.transport import CoordinatorTransport, Traffic
+from lensemble.machinery.cpus import cores_given
 
 _log = logging.getLogger("lensemble.federation.inprocess")
 
@@ -91,6 +95,9 @@ class InProcessTransport(CoordinatorTransport):
     Args:
         participants: Participant id -> participant.
         faults: Faults to inject.
+        workers: Participants trained at once (threads); default: one per core this process
+            is given, at most one per participant. 1 trains them one after another. The
+            outcome is the same bit for bit either way.
 
     Attributes:
         delivered: Every submission handed to the coordinator, in delivery order, without its
@@ -100,9 +107,21 @@ class InProcessTransport(CoordinatorTransport):
     """
 
     def __init__(
-        self, participants: Mapping[str, Participant], faults: FaultPlan | None = None
+        self,
+        participants: Mapping[str, Participant],
+        faults: FaultPlan | None = None,
+        *,
+        workers: int | None = None,
     ) -> None:
         self.participants = dict(participants)
+        if workers is None:
+            workers = min(len(self.participants), cores_given())
+        #: Trains participants side by side (:meth:`_contribute_all`); None: one after another.
+        self._pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="lensemble-participant")
+            if workers > 1
+            else None
+        )
         self.faults = faults or FaultPlan()
         self.clock = 0.0
         self._queue: list[tuple[float, int, Submission]] = []
@@ -160,7 +179,7 @@ class InProcessTransport(CoordinatorTransport):
         self._released = {}
         self._reports = {}
         self._late_masked = set()
-        omniscient = []
+        omniscient, ready = [], []
         for rank, pid in enumerate(order):
             if pid in self.left:
                 self._absence[pid] = LEFT
@@ -169,7 +188,8 @@ class InProcessTransport(CoordinatorTransport):
             elif self._omniscient(pid, t, a):
                 omniscient.append((rank, pid))  # trains once the honest updates exist
             else:
-                self._contribute(pid, rank)
+                ready.append((rank, pid))
+        self._contribute_all(ready)
         for rank, pid in omniscient:
             self._contribute(pid, rank)
 
@@ -200,38 +220,85 @@ class InProcessTransport(CoordinatorTransport):
 
     def _contribute(self, pid: str, rank: int) -> None:
         """Train ``pid`` on the open attempt now and schedule its update's arrival."""
+        self._contribute_all([(rank, pid)])
+
+    def _contribute_all(self, ready: list[tuple[int, str]]) -> None:
+        """Train every ``(rank, participant)`` of ``ready``, then schedule the updates in order.
+
+        With more than one worker the participants train on threads at once; everything that
+        orders the run (faults, arrival times, counters) happens before or after, in the order
+        of ``ready``, so the outcome is the serial one bit for bit (each participant trains on
+        its own generators, single-threaded: :mod:`lensemble.machinery.determinism`).
+        """
+        assert self._opening is not None
+        opening = self._opening[0]
+        t, a = opening.round_index, opening.attempt
+        jobs = []
+        for rank, pid in ready:
+            if self.faults.hits("drop", pid, t, a):
+                continue
+            kill = self.faults.hits("rank_kill", pid, t, a)
+            if kill is not None:
+                # Only a participant with a rank group has ranks to kill (checked by the caller).
+                self.participants[pid].learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
+            jobs.append((rank, pid))
+        if self._pool is not None and len(jobs) > 1:
+            start = time.perf_counter()
+            futures = [self._pool.submit(self._train, pid) for _, pid in jobs]
+            outcomes = [future.result() for future in futures]
+            # Side by side, the round waits for the slowest, not for the sum of them all.
+            side_by_side: float | None = time.perf_counter() - start
+        else:
+            outcomes = [self._train(pid) for _, pid in jobs]
+            side_by_side = None
+        for (rank, pid), outcome in zip(jobs, outcomes, strict=True):
+            self._deliver(pid, rank, outcome, summed=side_by_side is None)
+        if side_by_side is not None:
+            self._compute += side_by_side
+
+    def _train(self, pid: str) -> Contribution | RankFailure | RankGroupExhausted:
+        """``pid``'s contribution to the open attempt, or the rank error it ended with."""
         assert self._opening is not None
         opening, model_payload = self._opening
-        t, a = opening.round_index, opening.attempt
-        if self.faults.hits("drop", pid, t, a):
-            return
-        kill = self.faults.hits("rank_kill", pid, t, a)
-        if kill is not None:
-            # Only a participant with a rank group has ranks to kill (checked by the caller).
-            self.participants[pid].learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
         try:
-            contribution = self.participants[pid].contribute(
-                opening, model_payload, peers=self._peers(pid)
-            )
-        except RankFailure:
+            return self.participants[pid].contribute(opening, model_payload, peers=self._peers(pid))
+        except (RankFailure, RankGroupExhausted) as exc:
+            return exc
+
+    def _deliver(
+        self,
+        pid: str,
+        rank: int,
+        outcome: Contribution | RankFailure | RankGroupExhausted,
+        *,
+        summed: bool = True,
+    ) -> None:
+        """Record ``pid``'s outcome: its update on the wire (or held), or its absence.
+
+        ``summed``: add its compute seconds to the attempt's (participants trained one after
+        another); side by side, the caller adds the wall time of them all instead.
+        """
+        if isinstance(outcome, RankFailure):
             self._absence[pid] = RANK_FAILURE
             return
-        except RankGroupExhausted as exc:
+        if isinstance(outcome, RankGroupExhausted):
             # Over the network this participant's process says Leave and exits non-zero; the
             # run goes on without it (quorum permitting), so it does here too.
-            _log.error("participant '%s' leaves the run: %s", pid, exc)
-            self.left[pid] = exc
+            _log.error("participant '%s' leaves the run: %s", pid, outcome)
+            self.left[pid] = outcome
             self._absence[pid] = LEFT
             return
+        assert self._opening is not None
         self.sent_by[pid] += 1
         if self._keep_released:
-            self._released[pid] = contribution.payload
-        self._down += len(model_payload)
-        self._compute += contribution.compute_s
+            self._released[pid] = outcome.payload
+        self._down += len(self._opening[1])
+        if summed:
+            self._compute += outcome.compute_s
         if self._masking:
-            self._hold(pid, contribution.payload)
+            self._hold(pid, outcome.payload)
         else:
-            self._send(pid, rank, contribution.payload, contribution.payload_hash)
+            self._send(pid, rank, outcome.payload, outcome.payload_hash)
 
     def _hold(self, pid: str, payload: bytes) -> None:
         """Under masking the update stays with its participant, which masks it when asked."""
@@ -355,7 +422,11 @@ class InProcessTransport(CoordinatorTransport):
         self._late = []
 
     def take_traffic(self) -> Traffic:
-        """Bytes moved and compute time (sequential, so summed) since the last call."""
+        """Bytes moved and compute seconds since the last call.
+
+        Compute is summed over participants trained one after another, and the wall time of
+        the training where they trained side by side.
+        """
         traffic = Traffic(self._down, self._up, self._compute)
         self._down = self._up = 0
         self._compute = 0.0
@@ -366,6 +437,8 @@ class InProcessTransport(CoordinatorTransport):
         self._queue.clear()
         self._late.clear()
         self.finished = True
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
 def _masking_clients(participants: Mapping[str, Participant]) -> dict[str, MaskingClient]:

@@ -9,8 +9,12 @@ leaves on the table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
+
+from lensemble.machinery.cpus import cores_given
 
 if TYPE_CHECKING:
     import torch
@@ -27,10 +31,17 @@ class Evaluation:
         config: The run's config (``evaluation``, ``federation.inner_steps``).
         datasets: Participant id -> its data; read from each participant's cache (or collected)
             when omitted.
+        workers: Baselines trained at once, on threads (default: one per core this process is
+            given). Each baseline trains single-threaded on its own generators, so any count
+            gives the same scores.
     """
 
     def __init__(
-        self, config: LensembleConfig, datasets: Mapping[str, ParticipantData] | None = None
+        self,
+        config: LensembleConfig,
+        datasets: Mapping[str, ParticipantData] | None = None,
+        *,
+        workers: int | None = None,
     ) -> None:
         from lensemble.data.trajectories import load_or_collect
         from lensemble.model.inner_loop import LocalOnlyRun
@@ -51,6 +62,7 @@ class Evaluation:
         self.fedavg = (
             DilocoRun(config, self.datasets, FEDAVG, robust=False) if ev.fedavg_ablation else None
         )
+        self.workers = cores_given() if workers is None else workers
 
     def federated(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """``EvalReport.to_dict()`` of the global model ``params``."""
@@ -65,12 +77,7 @@ class Evaluation:
         Empty when ``evaluation.local_only_baseline`` is off. Trains each baseline up to
         ``rounds`` first (rounds already trained are not repeated).
         """
-        from lensemble.eval.heldout import evaluate
-
-        return {
-            pid: evaluate(self.config, run.train_until(rounds), self.datasets).to_dict()
-            for pid, run in self.baselines.items()
-        }
+        return {pid: self.local_only_of(pid, rounds) for pid in self.baselines}
 
     def pooled_oracle(self, rounds: int) -> dict[str, Any] | None:
         """``EvalReport.to_dict()`` of the pooled-data oracle after ``rounds`` (trained first).
@@ -110,7 +117,26 @@ class Evaluation:
 
         The baselines depend only on the config, the seed and the participants' data, never on
         the federated run, so a line rebuilt on resume gets exactly the values the lost line had.
+        They train side by side (``workers``); each one's scores are its own either way.
         """
-        line.local_only = self.local_only(rounds) or None
-        line.pooled_oracle = self.pooled_oracle(rounds)
-        line.fedavg = self.fedavg_ablation(rounds)
+        jobs: list[Callable[[], Any]] = [
+            partial(self.local_only_of, pid, rounds) for pid in self.baselines
+        ]
+        jobs += [partial(self.pooled_oracle, rounds), partial(self.fedavg_ablation, rounds)]
+        if self.workers > 1 and len(jobs) > 1:
+            with ThreadPoolExecutor(min(self.workers, len(jobs))) as pool:
+                results = [future.result() for future in [pool.submit(job) for job in jobs]]
+        else:
+            results = [job() for job in jobs]
+        local = dict(zip(self.baselines, results[: len(self.baselines)], strict=True))
+        line.local_only = local or None
+        line.pooled_oracle, line.fedavg = results[len(self.baselines) :]
+
+    def local_only_of(self, participant: str, rounds: int) -> dict[str, Any]:
+        """``EvalReport.to_dict()`` of ``participant``'s local-only model after ``rounds``."""
+        from lensemble.eval.heldout import evaluate
+
+        result: dict[str, Any] = evaluate(
+            self.config, self.baselines[participant].train_until(rounds), self.datasets
+        ).to_dict()
+        return result

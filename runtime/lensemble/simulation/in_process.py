@@ -42,6 +42,7 @@ def run_in_process(
     resume: bool = False,
     observer: CoordinatorObserver | None = None,
     on_metrics: Callable[[RoundMetrics], None] | None = None,
+    workers: int | None = None,
 ) -> SimulationResult:
     """Run the in-process federation described by ``config``.
 
@@ -53,6 +54,8 @@ def run_in_process(
             each participant's data cache).
         observer: Round-state callbacks (progress display).
         on_metrics: Called with each committed round's metrics.
+        workers: Participants trained at once (threads; default one per core this process is
+            given). Any count gives the same hashes.
 
     Returns:
         The result; files ``ledger.jsonl``, ``metrics.jsonl``, checkpoints and per-participant
@@ -72,7 +75,15 @@ def run_in_process(
     """
     out = Path(config.run.output_dir)
     with coordinator_lock(out):
-        return _run(config, out, faults, resume=resume, observer=observer, on_metrics=on_metrics)
+        return _run(
+            config,
+            out,
+            faults,
+            resume=resume,
+            observer=observer,
+            on_metrics=on_metrics,
+            workers=workers,
+        )
 
 
 def _run(
@@ -83,6 +94,7 @@ def _run(
     resume: bool,
     observer: CoordinatorObserver | None,
     on_metrics: Callable[[RoundMetrics], None] | None,
+    workers: int | None,
 ) -> SimulationResult:
     from lensemble.data.trajectories import load_or_collect
 
@@ -100,7 +112,7 @@ def _run(
     check_rank_faults(config, faults)
     coordinator, participants = _federation(config, out, datasets, verified, observer)
     resumed_from = coordinator.version if resume and coordinator.version > 0 else None
-    evaluation = Evaluation(config, datasets)
+    evaluation = Evaluation(config, datasets, workers=workers)
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
@@ -110,7 +122,7 @@ def _run(
             coordinator.version,
             lambda record: rebuild_metrics(config, out, evaluation, record),
         )
-    transport = InProcessTransport(participants, faults)
+    transport = InProcessTransport(participants, faults, workers=workers)
     scoring = RoundScoring(config, out, evaluation, coordinator, on_metrics)
     coordinator.run(transport, after_commit=scoring.committed)
     _raise_if_left(transport, out)

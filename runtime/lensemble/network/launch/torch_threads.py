@@ -16,14 +16,12 @@ turns into that limit.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.config.sections import cpu_cores
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from lensemble.machinery.cpus import CGROUP_ROOT, affinity_cpus, cgroup_quota
 
 
 @dataclass(frozen=True)
@@ -49,34 +47,6 @@ class ThreadBudget:
             f"torch threads: {self.threads} (affinity {self.affinity} CPUs, cgroup quota "
             f"{quota}, deployment.resources.participant.cpu {self.configured:g})"
         )
-
-
-def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
-    """The CPU quota of this process's cgroup in cores, or None when unlimited or unreadable.
-
-    Reads cgroup v2 ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``, microseconds),
-    else cgroup v1 ``cpu/cpu.cfs_quota_us`` and ``cpu/cpu.cfs_period_us`` (quota ``-1``: none).
-    """
-    try:
-        fields = (root / "cpu.max").read_text().split()
-        if len(fields) == 2 and fields[0] != "max":
-            return int(fields[0]) / int(fields[1])
-        return None
-    except (OSError, ValueError):
-        pass
-    try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
-def affinity_cpus() -> int:
-    """CPUs this process may run on (its affinity mask; the CPU count where there is none)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def participant_threads(
