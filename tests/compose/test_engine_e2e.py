@@ -142,10 +142,11 @@ def test_a_crashed_participant_restarts_and_a_cut_network_rejoins(tmp_path: Path
         "coastal" in r["contributors"] for r in closed if r["round"] > max(missed)
     )
     assert contributed_again or "reconnected" in after, after
-    # A crash breaks the connection (absent at once); a cut link is noticed by keepalive or
-    # the round's deadline.
+    # A crash breaks the connection (absent at once); a cut link is noticed by keepalive, by
+    # the round's deadline, or by the straggler cutoff once the quorum has submitted (which of
+    # them comes first depends on the machine's load).
     reasons = {reason for r in closed for reason in r["excluded"].values()}
-    assert reasons <= {"timeout", "disconnected"}, ledger
+    assert reasons <= {"timeout", "disconnected", "straggler"}, ledger
     # The same chain as the simulation with the same exclusions.
     assert [r["model_hash"] for r in closed] == simulated_chain(
         tmp_path / "sim", *rounds, faults=drops(ledger)

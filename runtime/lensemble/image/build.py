@@ -231,48 +231,59 @@ def explain_failure(lines: Iterable[str], base: str | None) -> tuple[str, str]:
     errors = [line for line in tail if "error" in line.lower()]
     inner = [line for line in errors if _INNER_ERROR.search(line)]
     reason = inner[0] if inner else errors[-1] if errors else (tail[-1] if tail else "no output")
-    reference = base or "of the Dockerfile's default (a registry image)"
-    if any(
-        s in text
-        for s in ("failed to resolve source metadata", "pull access denied", "failed to do request")
-    ):
-        return (
-            f"The builder could not fetch the base image {reference} (no registry reachable, "
-            "or no such image).",
-            "Build a base without a registry with `lensemble image base` and pass "
-            "--base lensemble-base:bookworm.",
-        )
-    if "no space left on device" in text:
-        return (
-            f"The disk the Docker engine writes to is full: {reason}",
-            "Free space under the engine's data root (`docker system df`, then "
-            "`docker builder prune`) and build again.",
-        )
-    if "certificate_verify_failed" in text or "certificate verify failed" in text:
-        return (
-            "pip inside the build could not verify the package index's TLS certificate.",
-            "Pass the CA bundle of your proxy with --ca-bundle FILE (e.g. "
-            "/etc/ssl/certs/ca-certificates.crt).",
-        )
-    if any(s in text for s in _INDEX_UNREACHABLE):
-        return (
-            f"pip inside the build could not reach the package index: {reason}",
-            "Check that containers on this engine reach the index (DNS and proxy), or pass a "
-            "mirror with --index-url URL.",
-        )
+    for cause in _KNOWN_CAUSES:
+        if any(needle in text for needle in cause.needles):
+            message = cause.message.format(base=base or _DEFAULT_BASE, reason=reason)
+            return message, cause.remediation
     return (f"The image build failed: {reason}", "The build's last lines are above (stderr).")
 
 
+@dataclass(frozen=True)
+class _Cause:
+    """A known cause of a failed build: words of the output, the sentence and the fix."""
+
+    needles: tuple[str, ...]
+    message: str
+    remediation: str
+
+
+_DEFAULT_BASE = "of the Dockerfile's default (a registry image)"
 #: A tool's own error line inside a build step (``#10 3.21 ERROR: ...``), not BuildKit's.
 _INNER_ERROR = re.compile(r"^#\d+ \d+(\.\d+)? (error|fatal)\b", re.IGNORECASE)
-#: pip's words when it cannot reach an index.
-_INDEX_UNREACHABLE = (
-    "temporary failure in name resolution",
-    "name or service not known",
-    "max retries exceeded",
-    "connection refused",
-    "network is unreachable",
-    "read timed out",
+#: First match wins.
+_KNOWN_CAUSES = (
+    _Cause(
+        ("failed to resolve source metadata", "pull access denied", "failed to do request"),
+        "The builder could not fetch the base image {base} (no registry reachable, or no such "
+        "image).",
+        "Build a base without a registry with `lensemble image base` and pass "
+        "--base lensemble-base:bookworm.",
+    ),
+    _Cause(
+        ("no space left on device",),
+        "The disk the Docker engine writes to is full: {reason}",
+        "Free space under the engine's data root (`docker system df`, then "
+        "`docker builder prune`) and build again.",
+    ),
+    _Cause(
+        ("certificate_verify_failed", "certificate verify failed"),
+        "pip inside the build could not verify the package index's TLS certificate.",
+        "Pass the CA bundle of your proxy with --ca-bundle FILE (e.g. "
+        "/etc/ssl/certs/ca-certificates.crt).",
+    ),
+    _Cause(
+        (
+            "temporary failure in name resolution",
+            "name or service not known",
+            "max retries exceeded",
+            "connection refused",
+            "network is unreachable",
+            "read timed out",
+        ),
+        "pip inside the build could not reach the package index: {reason}",
+        "Check that containers on this engine reach the index (DNS and proxy), or pass a "
+        "mirror with --index-url URL.",
+    ),
 )
 
 
