@@ -255,6 +255,20 @@ class OuterOptimizerConfig(_Section):
     lr: float = Field(0.7, gt=0.0, le=10.0, description="Outer learning rate (unitless).")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="Momentum coefficient (unitless).")
     nesterov: bool = Field(True, description="Use Nesterov momentum (DiLoCo's default).")
+    lr_half_life_rounds: float | None = Field(
+        None,
+        gt=0.0,
+        le=100_000.0,
+        description="The outer learning rate halves every this many rounds (lr * 0.5 ** "
+        "(version / half-life)); null keeps it constant.",
+    )
+    momentum_half_life_rounds: float | None = Field(
+        None,
+        gt=0.0,
+        le=100_000.0,
+        description="The momentum coefficient halves every this many rounds; null keeps it "
+        "constant.",
+    )
 
 
 class DivergenceGuardConfig(_Section):

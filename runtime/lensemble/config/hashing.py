@@ -3,8 +3,9 @@
 The hash covers exactly the fields that change what is trained: the seed, the model, the data,
 the federation maths and the evaluation. It leaves out names, paths, log settings, the network
 address and TLS paths, deployment placement, the transport (transport parity is an invariant),
-timeouts, and ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
-adding that section kept the hash of every other config). Two processes of one federation must
+timeouts, ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
+adding that section kept the hash of every other config), and the outer optimizer's schedules
+while they are unset. Two processes of one federation must
 agree on it; when they do not, :func:`differing_fields` names the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
@@ -37,11 +38,20 @@ EXCLUDED_PATHS: tuple[str, ...] = (
 )
 
 
+#: ``federation.outer_optimizer`` fields left out while unset (null: no schedule), so adding them
+#: kept the hash of every config without one.
+OPTIONAL_SCHEDULES = ("lr_half_life_rounds", "momentum_half_life_rounds")
+
+
 def hashed_view(config: LensembleConfig) -> dict[str, Any]:
     """The part of the resolved config that the hash covers, as plain JSON data."""
     data = config.model_dump(mode="json")
     if config.federation.aggregation != "masking":
         data["federation"].pop("masking", None)
+    outer = data["federation"]["outer_optimizer"]
+    for schedule in OPTIONAL_SCHEDULES:
+        if outer.get(schedule) is None:
+            outer.pop(schedule, None)
     for path in EXCLUDED_PATHS:
         *parents, leaf = path.split(".")
         node = data

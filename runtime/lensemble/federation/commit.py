@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from lensemble.config.schema import RobustnessConfig
+from lensemble.config.schema import LensembleConfig, RobustnessConfig
 from lensemble.federation.checkpoint import CoordinatorCheckpoint
 from lensemble.federation.coordinator_store import CoordinatorStore
 from lensemble.federation.diloco import OuterStep
@@ -35,6 +35,22 @@ from lensemble.federation.transport import CoordinatorTransport
 Params = dict[str, torch.Tensor]
 
 _log = logging.getLogger("lensemble.federation.coordinator")
+
+
+def scheduled(
+    outer: OuterStep, config: LensembleConfig, version: int, defences: dict[str, object]
+) -> OuterStep:
+    """``outer`` as ``federation.outer_optimizer``'s schedule sets it for ``version``.
+
+    A scheduled step's coefficients go into ``defences["outer"]`` (the signed ledger); without
+    a schedule ``outer`` is returned as it is and nothing is recorded.
+    """
+    opt = config.federation.outer_optimizer
+    if opt.lr_half_life_rounds is None and opt.momentum_half_life_rounds is None:
+        return outer
+    step = outer.at(version, opt.lr_half_life_rounds, opt.momentum_half_life_rounds)
+    defences["outer"] = {"lr": step.lr, "momentum": step.momentum}
+    return step
 
 
 def outer_step(

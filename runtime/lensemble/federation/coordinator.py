@@ -45,7 +45,7 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
-from lensemble.federation.commit import Committer, outer_step
+from lensemble.federation.commit import Committer, outer_step, scheduled
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState, model_payload_of
 from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
@@ -388,7 +388,7 @@ class Coordinator:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)
         return outer_step(
-            self.outer,
+            scheduled(self.outer, self.config, self.version, current.defences),
             self.params,
             self.momentum,
             combined,

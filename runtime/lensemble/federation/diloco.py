@@ -111,6 +111,24 @@ class OuterStep:
     momentum: float
     nesterov: bool
 
+    def at(
+        self, version: int, lr_half_life: float | None, momentum_half_life: float | None
+    ) -> OuterStep:
+        """This step as scheduled for the model ``version`` (the version it steps from).
+
+        Each coefficient halves every ``*_half_life`` rounds (``c * 0.5 ** (version / h)``,
+        computed in float64 and rounded once to float32 by :meth:`step`); None keeps it
+        constant. A function of the version alone, so a resumed run and every substrate take
+        the same steps.
+        """
+        lr = self.lr if lr_half_life is None else self.lr * 0.5 ** (version / lr_half_life)
+        momentum = (
+            self.momentum
+            if momentum_half_life is None
+            else self.momentum * 0.5 ** (version / momentum_half_life)
+        )
+        return OuterStep(lr, momentum, self.nesterov)
+
     def step(
         self, param: torch.Tensor, mean_delta: torch.Tensor, momentum: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
