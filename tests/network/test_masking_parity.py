@@ -11,18 +11,30 @@ Participants run the production :class:`ParticipantLoop` in threads
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey
+from lensemble.federation.payload import manifest
+from lensemble.network.participant.call_errors import classify
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.masked_round import MaskedRounds
 from lensemble.network.shared.transport_errors import ShutdownRequested
 from tests.support.faulty_network import FaultyParticipantThread
-from tests.support.federation import build
-from tests.support.network import LiveCoordinator, network_mapping, write_config
+from tests.support.federation import build, initial_params
+from tests.support.network import (
+    LiveCoordinator,
+    ParticipantThread,
+    network_mapping,
+    write_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,3 +102,36 @@ def test_a_masked_network_run_commits_the_in_process_hashes(
             state == "closed" and "masking_dropped" in excluded.values()
             for _, _, state, _, excluded, _, _ in expected
         )
+
+
+def test_hostile_answers_over_grpc_are_refused_by_name_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    mapping = network_mapping(tmp_path, aggregation="masking", rounds=2, round_timeout_s=20)
+    mapping["network"].update(rpc_timeout_s=1, keepalive_s=1, liveness_timeout_s=2.5)
+    _, config = write_config(tmp_path, mapping)
+    in_process = validate_mapping(
+        dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    )
+    coordinator, transport, _ = build(in_process)
+    expected = _outcome(coordinator.run(transport).records)
+    with LiveCoordinator(config) as live:
+        hostile = CoordinatorClient(config, "alpha")  # alpha's own certificate, misbehaving
+        assert hostile.join().accepted
+        masked = MaskedRounds(config, hostile, manifest(initial_params(3)), threading.Event())
+        for key, stage, reason in [
+            (SessionKey(0, 0, 0), "gossip", "unknown_stage"),
+            (SessionKey(99, 0, 0), "share", "unknown_session"),
+            (SessionKey(0, 0, 0), "s" * 40, "oversized_field"),
+        ]:
+            with pytest.raises(grpc.RpcError) as refused:
+                masked.answer(key, stage, b"x" * 64, {})
+            assert classify(refused.value).reason == reason
+        hostile.close()
+        threads = [ParticipantThread(config, pid) for pid in config.participant_ids]
+        live.thread.join(120)
+        assert live.error is None, live.error
+        for t in threads:
+            t.thread.join(30)
+            t.close()
+        assert _outcome(live.coordinator.records) == expected

@@ -35,7 +35,9 @@ PEM_CERT_KEY = "x509_pem_cert"
 
 
 def remember_certificate(service: CoordinatorService, participant: str, context: Any) -> None:
-    """Keep the certificate a joining participant's mTLS handshake presented (if any)."""
+    """Keep the certificate a joining participant's mTLS handshake presented (masked runs)."""
+    if service.transport.config.federation.aggregation != "masking":
+        return
     pems = context.auth_context().get(PEM_CERT_KEY, ())
     if pems:
         service.transport.masking.remember(participant, bytes(pems[0]))
