@@ -2,10 +2,11 @@
 
 The processes run the production process code through ``tests.support.netproc`` (the tiny
 quadratic learner). A masked run commits the global models of its in-process simulation bit for
-bit; a participant that dies after advertising its keys (``--die-at share@R``: the process exits
-without a goodbye when the coordinator sends it the key roster) costs the round nothing but its
-own contribution: the round commits with the survivors, the ledger names the dead one, and the
-sum (so the model) is the one of the survivors alone.
+bit. A participant killed at any stage after advertising its keys (``--die-at STAGE@R``: the
+process exits without a goodbye when the coordinator sends it that stage's message) costs at most
+its own contribution: the round commits with the survivors, the ledger names the dead one, and
+the sum (so the model) is the survivors' alone, or everyone's when its masked vector arrived
+before it died.
 """
 
 from __future__ import annotations
@@ -52,21 +53,37 @@ def test_masked_processes_commit_the_in_process_chain(tmp_path: Path) -> None:
     assert committed_chain(records) == _in_process_chain(mapping)
 
 
-def test_a_participant_killed_after_advertising_leaves_the_survivors_sum(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stage", "counted"),
+    [
+        ("share", False),  # advertised its keys, never shared: not in the sum
+        ("mask", False),  # shared its keys, never sent its masked vector: not in the sum
+        ("consistency", True),  # its masked vector arrived: its self-mask is removed, it counts
+        ("unmask", True),  # signed the survivor set, died before revealing: t others suffice
+    ],
+)
+def test_a_participant_killed_at_a_stage_leaves_the_round_to_the_survivors(
+    tmp_path: Path, stage: str, counted: bool
+) -> None:
     mapping = _mapping(tmp_path, rounds=2)
     path, config = write_config(tmp_path, mapping)
     with federation(tmp_path, path) as fed:
         others = [fed.start_participant(pid) for pid in ("alpha", "bravo", "delta")]
-        victim = fed.start_participant("charlie", extra_args=["--die-at", "share@1"])
+        victim = fed.start_participant("charlie", extra_args=["--die-at", f"{stage}@1"])
         coordinator = fed.start_coordinator()
         assert victim.wait(START_S * 2) == DIED
         assert coordinator.wait(START_S) == 0
         assert [p.wait(30) for p in others] == [0, 0, 0]
     last = ledger(config)[-1]
     assert (last.round, last.state) == (1, "closed")
-    assert last.contributors == ["alpha", "bravo", "delta"]
-    assert last.excluded == {"charlie": "masking_dropped"}
     (group,) = last.defences["masking"]["groups"]
-    assert "charlie" in group["advertised"] and "charlie" not in group["shared"]
-    # The sum is the survivors' alone: the model is the one of a round charlie sat out.
-    assert committed_chain(ledger(config)) == _in_process_chain(mapping, "drop:charlie@1")
+    assert "charlie" in group["advertised"]
+    if counted:
+        assert last.contributors == ["alpha", "bravo", "charlie", "delta"]
+        assert "charlie" in group["survivors"]
+        assert committed_chain(ledger(config)) == _in_process_chain(mapping)
+    else:
+        assert last.contributors == ["alpha", "bravo", "delta"]
+        assert last.excluded == {"charlie": "masking_dropped"}
+        # The sum is the survivors' alone: the model of a round charlie sat out.
+        assert committed_chain(ledger(config)) == _in_process_chain(mapping, "drop:charlie@1")
