@@ -77,7 +77,9 @@ def _config(tmp: Path) -> LensembleConfig:
 class _Stage:
     """A transport with every participant present, collecting one stage in a thread."""
 
-    def __init__(self, tmp: Path, stage: str, addressed: list[str]) -> None:
+    def __init__(
+        self, tmp: Path, stage: str, addressed: list[str], fetched: list[str] | None = None
+    ) -> None:
         config = _config(tmp)
         self.transport = GrpcCoordinatorTransport(config, next_round=0)
         for pid in IDS:
@@ -95,7 +97,7 @@ class _Stage:
             target=lambda: self.answers.extend(self.transport.exchange(SESSION, stage, outgoing))
         )
         self.thread.start()
-        for pid in addressed:  # each addressed participant fetches its message
+        for pid in addressed if fetched is None else fetched:  # each fetches its message
             message = self.transport.masking.next_message(pid, 0, 0, time.monotonic() + 5)
             assert message is not None and message.stage == stage
             assert message.payload == b"message"
@@ -211,6 +213,19 @@ def test_a_stage_watcher_hears_that_its_attempt_is_over(tmp_path: Path) -> None:
     assert [m.closed for m in closed] == [True]
     stage.send("alpha", b"done")
     stage.finish()
+
+
+def test_a_message_is_never_handed_to_a_call_that_is_gone(tmp_path: Path) -> None:
+    stage = _Stage(tmp_path, "share", ["alpha", "bravo"], fetched=["alpha"])
+    exchange = stage.transport.masking
+    soon = time.monotonic() + 0.2
+    assert exchange.next_message("bravo", 0, 0, soon, alive=lambda: False) is None
+    message = exchange.next_message("bravo", 0, 0, time.monotonic() + 5)  # the next call has it
+    assert message is not None and message.payload == b"message"
+    assert exchange.next_message("bravo", 0, 0, time.monotonic() + 0.2) is None  # once only
+    stage.send("alpha", b"a")
+    stage.send("bravo", b"b")
+    assert [pid for pid, _ in stage.finish()] == ["alpha", "bravo"]
 
 
 @pytest.mark.parametrize(

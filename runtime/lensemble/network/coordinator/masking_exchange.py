@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -209,18 +209,24 @@ class MaskingExchange:
 
     # ---------------------------------------------------------------- handler threads
     def next_message(
-        self, participant: str, round_index: int, attempt: int, until_s: float
+        self,
+        participant: str,
+        round_index: int,
+        attempt: int,
+        until_s: float,
+        alive: Callable[[], bool] = lambda: True,
     ) -> StageMessage | None:
         """The next stage message for ``participant`` in the attempt, or None.
 
-        None at ``until_s`` (the watcher's window), or as soon as the attempt is no longer the
-        open one (:meth:`attempt_open` then says so).
+        None at ``until_s`` (the watcher's window), as soon as the attempt is no longer the open
+        one (:meth:`attempt_open` then says so), or once ``alive`` says the watcher's call is
+        gone: a message is handed out (and counted delivered) only to a live call.
         """
         board = self._board
         with board.cond:
             while True:
                 stage = self._stage
-                if not board.is_open(round_index, attempt) or board.stopping:
+                if not board.is_open(round_index, attempt) or board.stopping or not alive():
                     return None
                 if (
                     stage is not None
@@ -237,7 +243,7 @@ class MaskingExchange:
                 remaining = until_s - board.now()
                 if remaining <= 0:
                     return None
-                board.cond.wait(remaining)
+                board.cond.wait(min(remaining, RECHECK_S))
 
     def attempt_open(self, round_index: int, attempt: int) -> bool:
         """True while ``(round_index, attempt)`` is the open attempt (no lock)."""

@@ -72,30 +72,33 @@ class MaskingService:
     def MaskingStages(
         self, request: pb.MaskingStagesRequest, context: Any
     ) -> Iterator[pb.MaskingStage]:
-        """Stream the caller's stage messages of one attempt for one window (see the proto)."""
+        """Stream the caller's next stage message of one attempt, within a window (see the proto).
+
+        At most one message per call: the participant handles it with no call open, then asks
+        again, so no message is ever handed to a call whose caller has stopped reading.
+        """
         fields = {"participant_id": request.participant_id, "session": request.session}
         self._checked(context, fields, "MaskingStages")
         exchange = self.transport.masking
         pid, key = request.participant_id, (request.round_index, request.attempt)
         end = self.transport.now() + self.window_s
-        while context.is_active():
-            message = exchange.next_message(pid, *key, end)
-            if message is None:
-                if not exchange.attempt_open(*key):
-                    yield pb.MaskingStage(round_index=key[0], attempt=key[1], closed=True)
-                return
-            yield pb.MaskingStage(
-                round_index=message.session.round_index,
-                attempt=message.session.attempt,
-                group=message.session.group,
-                stage=message.stage,
-                payload=message.payload,
-                peers=[
-                    pb.PeerCertificate(participant_id=p, certificate_pem=pem)
-                    for p, pem in sorted(message.peers.items())
-                ],
-                deadline_in_s=max(0.0, message.deadline_s - self.transport.now()),
-            )
+        message = exchange.next_message(pid, *key, end, alive=context.is_active)
+        if message is None:
+            if not exchange.attempt_open(*key):
+                yield pb.MaskingStage(round_index=key[0], attempt=key[1], closed=True)
+            return
+        yield pb.MaskingStage(
+            round_index=message.session.round_index,
+            attempt=message.session.attempt,
+            group=message.session.group,
+            stage=message.stage,
+            payload=message.payload,
+            peers=[
+                pb.PeerCertificate(participant_id=p, certificate_pem=pem)
+                for p, pem in sorted(message.peers.items())
+            ],
+            deadline_in_s=max(0.0, message.deadline_s - self.transport.now()),
+        )
 
     def AnswerStage(
         self, request_iterator: Iterator[pb.MaskingAnswerChunk], context: Any

@@ -118,16 +118,17 @@ class MaskedRounds:
         where = f"round {opening.round_index} attempt {opening.attempt}"
         while not state.done and not self.stop.is_set():
             try:
-                for message in self._stages(opening):
-                    if message.closed:
-                        state.done = True
-                        break
-                    self._handle(state, message, on_error)
+                message = self._next_stage(opening)
             except grpc.RpcError as exc:
                 error = classify(exc)
                 on_error(f"watching the masked stages of {where}", error)
                 if error.kind not in (Failure.TRANSIENT, Failure.STALE_SESSION):
                     return
+                continue
+            if message is not None and message.closed:
+                state.done = True
+            elif message is not None:  # handled with no call open: it may take its time
+                self._handle(state, message, on_error)
         event(
             _log,
             "masked",
@@ -144,8 +145,12 @@ class MaskedRounds:
         report = {k: v for k, v in decoded.metadata.items() if k in REPORTED}
         return flatten(tensors, self.architecture), report
 
-    def _stages(self, opening: RoundOpening) -> Iterator[pb.MaskingStage]:
-        """One window of the attempt's stage messages."""
+    def _next_stage(self, opening: RoundOpening) -> pb.MaskingStage | None:
+        """The attempt's next stage message, or None when the coordinator's window ended.
+
+        Raises:
+            grpc.RpcError: The call failed.
+        """
         client = self.client
         call = client.stub.MaskingStages(
             pb.MaskingStagesRequest(
@@ -158,9 +163,11 @@ class MaskedRounds:
             metadata=client.metadata,
         )
         try:
-            yield from call
+            for message in call:
+                return message  # type: ignore[no-any-return]
         finally:
             call.cancel()
+        return None
 
     def _handle(self, state: _Attempt, message: pb.MaskingStage, on_error: OnError) -> None:
         """Answer one stage message (when this participant may and can) and upload the answer."""

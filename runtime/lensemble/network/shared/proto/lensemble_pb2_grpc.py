@@ -146,11 +146,11 @@ class CoordinatorServicer:
 
     def MaskingStages(self, request, context):
         """Secure aggregation (federation.aggregation: masking): after training, a participant
-        holds this stream open for the attempt it trained and receives each stage's message of
-        its session (lensemble.federation.secagg.driver.STAGES) as the coordinator sends it. The
-        stream ends after a window (the participant opens the next one) and carries a final
-        message with closed set once the attempt is over. Refused (FAILED_PRECONDITION, reason
-        "closed_round") for any attempt but the open one.
+        calls this for the attempt it trained and receives its session's next stage message
+        (lensemble.federation.secagg.driver.STAGES) as soon as the coordinator sends it: at most
+        one message per call, so the participant answers with no call open and then asks again.
+        The stream ends empty after a window (the participant asks again), and carries a message
+        with closed set once the attempt is over (or for any attempt but the open one).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
