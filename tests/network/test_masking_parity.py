@@ -97,6 +97,9 @@ def test_a_masked_network_run_commits_the_in_process_hashes(
         assert errors == [], errors
         assert [t.loop.masked.refusals for t in threads] == [[]] * 4  # type: ignore[union-attr]
         assert _outcome(live.coordinator.records) == expected
+        if not faults:  # every participant answered every stage of every round
+            rounds = [(r, 0) for r in range(config.federation.rounds)]
+            assert [t.loop.rounds_contributed for t in threads] == [rounds] * 4
     if "delay" in faults:  # the silent one is named, the round committed without it
         assert any(
             state == "closed" and "masking_dropped" in excluded.values()

@@ -279,7 +279,8 @@ class ParticipantLoop:
         contribution = self._train(announcement, opening)
         if contribution is not None and self.masked is not None:
             self.participant.settle_snapshot()  # durable before anything of it can count
-            self.masked.take_part(opening, contribution, self._on_error)
+            if self.masked.take_part(opening, contribution, self._on_error):
+                self.rounds_contributed.append((opening.round_index, opening.attempt))
         elif contribution is not None:
             self._submit(opening, contribution)
             self.participant.settle_snapshot()  # when the update never reached its last chunk

@@ -67,6 +67,7 @@ class _Attempt:
     report: dict[str, str]
     client: MaskingClient | None = None
     done: bool = False
+    completed: bool = False
 
 
 class MaskedRounds:
@@ -107,8 +108,11 @@ class MaskedRounds:
     # ------------------------------------------------------------------------ the attempt
     def take_part(
         self, opening: RoundOpening, contribution: Contribution, on_error: OnError
-    ) -> None:
+    ) -> bool:
         """Hold ``contribution``'s update and answer the attempt's stages until it is over.
+
+        Returns:
+            True when this participant answered every stage to the last (``unmask``).
 
         Raises:
             Whatever ``on_error`` raises (denied credentials, coordinator unreachable).
@@ -123,7 +127,7 @@ class MaskedRounds:
                 error = classify(exc)
                 on_error(f"watching the masked stages of {where}", error)
                 if error.kind not in (Failure.TRANSIENT, Failure.STALE_SESSION):
-                    return
+                    return state.completed
                 continue
             if message is not None and message.closed:
                 state.done = True
@@ -136,6 +140,7 @@ class MaskedRounds:
             round=opening.round_index,
             attempt=opening.attempt,
         )
+        return state.completed
 
     def _held(self, contribution: Contribution) -> tuple[np.ndarray, dict[str, str]]:
         """The update as the flat float vector the session masks, and the statistics reported."""
@@ -193,7 +198,7 @@ class MaskedRounds:
         deadline = time.monotonic() + message.deadline_in_s
         self._upload(key, stage, answer, report, deadline=deadline, on_error=on_error)
         if stage == "unmask":
-            state.done = True
+            state.done = state.completed = True
 
     def _client_for(self, state: _Attempt, message: pb.MaskingStage) -> MaskingClient | None:
         """A masking client whose peers' keys are the relayed certificates', each checked."""
