@@ -96,6 +96,7 @@ class _Stage:
         self.thread = threading.Thread(
             target=lambda: self.answers.extend(self.transport.exchange(SESSION, stage, outgoing))
         )
+        self.started = time.monotonic()
         self.thread.start()
         for pid in addressed if fetched is None else fetched:  # each fetches its message
             message = self.transport.masking.next_message(pid, 0, 0, time.monotonic() + 5)
@@ -247,3 +248,14 @@ def test_every_stage_has_a_bound_and_the_masked_vector_grows_with_d(tmp_path: Pa
     limits = answer_limits(config, arch)
     assert set(limits) == {"advertise", "share", "mask", "consistency", "unmask"}
     assert limits["mask"] == FRAME_ROOM + 8 * (dimension(arch) + 2)
+
+
+def test_a_stage_does_not_wait_for_who_is_missing_for_a_known_reason(tmp_path: Path) -> None:
+    stage = _Stage(tmp_path, "share", ["alpha", "bravo", "charlie"], fetched=["alpha"])
+    transport = stage.transport
+    transport.abstain("bravo", 0, 0, "rank_failure")  # sits the attempt out
+    transport.leave("charlie", "bye")  # left the run
+    stage.send("alpha", b"a")
+    assert stage.finish() == [("alpha", b"a")]
+    # It ended on the answers, well before the stage's deadline (2 x rpc_timeout_s = 8 s).
+    assert time.monotonic() - stage.started < 2 * transport.config.network.rpc_timeout_s

@@ -193,7 +193,10 @@ class MaskingExchange:
         """The stage waits no more: its deadline passed, or every one present answered."""
         if self._board.now() >= stage.deadline_s:
             return True
-        gone = set(self._liveness.absent_now()) | set(self._board.abstained)
+        # Absent now, missing from the attempt for a known reason (joined late, left...), or
+        # sitting it out: none of them will answer.
+        board = self._board
+        gone = set(self._liveness.absent_now()) | set(board.absence) | set(board.abstained)
         return all(p in stage.answered or p in gone for p in stage.outgoing)
 
     def reports(self) -> dict[str, dict[str, str]]:
