@@ -195,7 +195,9 @@ class MaskedRounds:
                 self.refusals.append(f"{refused[-1].reason.value}: {shown(str(refused[-1]))}")
             return
         report = state.report if stage == "mask" else {}
-        deadline = time.monotonic() + message.deadline_in_s
+        # The coordinator's word on its deadline, capped by the config's (it is peer input).
+        wait_s = min(message.deadline_in_s, self.config.federation.round_timeout_s)
+        deadline = time.monotonic() + max(0.0, wait_s)
         self._upload(key, stage, answer, report, deadline=deadline, on_error=on_error)
         if stage == "unmask":
             state.done = state.completed = True
