@@ -78,14 +78,12 @@ BREAKING: dict[str, Breaking] = {
         LOCAL,
         (*MASKING, ("federation.masking.threshold", 2)),
         "federation.masking.threshold",
-        also=("federation.transport",),
     ),
     # 4 participants: 4 * 2**61 is 2**63, one more than an int64 holds; 60 bits fit.
     "masking-headroom": Breaking(
         LOCAL,
         (*MASKING, ("federation.masking.fractional_bits", 61)),
         "federation.masking.fractional_bits",
-        also=("federation.transport",),
     ),
     "masking-survivors": Breaking(
         LOCAL,
@@ -96,12 +94,13 @@ BREAKING: dict[str, Breaking] = {
             ("federation.quorum", 2),
         ),
         "federation.participants",
-        also=("federation.transport",),
     ),
-    "masking-sends-fixed-point": Breaking(
-        STAGING, MASKING, "federation.quantization", also=("federation.transport",)
+    "masking-sends-fixed-point": Breaking(STAGING, MASKING, "federation.quantization"),
+    "masking-needs-client-certificates": Breaking(
+        LOCAL,
+        (*MASKING, ("network.auth", "token"), ("network.tls.client_auth", False)),
+        "network.tls.client_auth",
     ),
-    "masking-in-process-only": Breaking(LOCAL, MASKING, "federation.transport"),
     "reject-needs-headroom": Breaking(
         STAGING,
         (("federation.robustness.norm_bound_mode", "reject"),),

@@ -102,11 +102,16 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
         "must be at least federation.round_timeout_s",
     ),
     (
-        "masking-over-the-network",
+        "masking-over-the-network-without-client-certificates",
         LOCAL,
-        ["federation.aggregation=masking", "federation.transport=network"],
-        "federation.transport",
-        "runs in the in-process simulation only so far",
+        [
+            "federation.aggregation=masking",
+            "federation.transport=network",
+            "network.auth=token",
+            "network.tls.client_auth=false",
+        ],
+        "network.tls.client_auth",
+        "signs its secure-aggregation keys with the key of its client certificate",
     ),
     (
         "masking-int8",

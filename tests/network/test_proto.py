@@ -17,4 +17,6 @@ def test_service_has_the_contracted_rpcs() -> None:
         "Leave": (False, False),
         "Presence": (False, True),
         "Abstain": (False, False),
+        "MaskingStages": (False, True),
+        "AnswerStage": (True, False),
     }

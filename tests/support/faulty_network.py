@@ -10,6 +10,8 @@ with the faults of a plan applied where a real network would cause them:
   original's.
 - ``duplicate``: the same bytes are sent twice.
 - ``reorder``: arrival order is the network's own; the committed hash never depends on it.
+- under ``federation.aggregation: masking``, ``delay``: the participant answers nothing from the
+  masked upload on (it advertised and shared its keys), as the in-process transport plays it.
 - the attacks and ``misreport``: the participant makes them on itself
   (:meth:`Participant.take_faults`), as ``lensemble participant --faults`` does.
 
@@ -56,6 +58,12 @@ class FaultyLoop(ParticipantLoop):
         super().__init__(*args, **kwargs)
         self.plan = plan
         self.attempt_closed = attempt_closed
+        if self.masked is not None:
+            pid = self.client.id
+            self.masked.silent = lambda key, stage: (
+                stage not in ("advertise", "share")
+                and bool(self.plan.hits("delay", pid, key.round_index, key.attempt))
+            )
 
     def _take_part(self, announcement: Any) -> None:
         key = (announcement.round_index, announcement.attempt)

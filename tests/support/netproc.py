@@ -9,7 +9,9 @@ participant whose marker exists does not block again. ``--faults rank_kill:ID@R`
 ``lensemble participant --faults`` applies it, to a learner that fails the round with
 ``RankFailure`` without launching ranks (``tests.support.federation.RankFailingLearner``).
 ``--train-s S`` makes every round's training take at least S seconds (a sleep), so a round
-lasts long enough that scheduling noise is small against it.
+lasts long enough that scheduling noise is small against it. ``--die-at STAGE@R`` (masked
+rounds) makes the participant process exit at once, without a goodbye, when the coordinator
+sends it that secure-aggregation stage's message in round R: a crash at an exact stage.
 
     python -m tests.support.netproc coordinator --config C --set ... --health-port 0
     python -m tests.support.netproc participant --config C --id alpha [--block-round 1 --markers D]
@@ -23,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,6 +37,8 @@ from lensemble.learner import LocalRound
 from tests.support.federation import QuadraticLearner, RankFailingLearner, initial_params
 
 BLOCK_LIMIT_S = 120.0
+#: Exit code of a participant that ``--die-at`` ended.
+DIED = 86
 
 
 class BlockingLearner:
@@ -88,6 +93,25 @@ class SlowLearner:
         return self.inner.heldout_loss(global_params)
 
 
+def _die_at(stage: str, round_index: str) -> None:
+    """Make this participant process exit (as if killed) on ``stage``'s message of a round."""
+    from lensemble.network.participant.masked_round import MaskedRounds
+
+    start = MaskedRounds.__init__
+
+    def init(self: MaskedRounds, *args: Any, **kwargs: Any) -> None:
+        start(self, *args, **kwargs)
+
+        def silent(key: Any, at: str) -> bool:
+            if at == stage and key.round_index == int(round_index):
+                os._exit(DIED)
+            return False
+
+        self.silent = silent
+
+    MaskedRounds.__init__ = init  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     from lensemble.network.launch.harness import PortOptions
     from lensemble.network.launch.process import run_coordinator, run_participant
@@ -107,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linger", action="store_true")
     parser.add_argument("--faults", default="")
     parser.add_argument("--train-s", type=float, default=0.0)
+    parser.add_argument("--die-at", default=None)
     args = parser.parse_args(argv)
+    if args.die_at:
+        _die_at(*args.die_at.split("@"))
     try:
         config = load_config(args.config, args.overrides)
         ports = PortOptions(args.port, args.health_port, args.metrics_port)

@@ -126,9 +126,9 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (and (eq $c.federation.aggregation "masking") (not (eq $c.federation.quantization "none"))) -}}
 {{- fail (printf "config.federation.quantization: '%v' cannot be masked: the masked upload is 64-bit fixed point, never int8, bf16 or fp16; set federation.quantization: none or federation.aggregation: plain." $c.federation.quantization) -}}
 {{- end -}}
-{{- /* masking-in-process-only */ -}}
-{{- if (and (eq $c.federation.aggregation "masking") (not (eq $c.federation.transport "in_process"))) -}}
-{{- fail (printf "config.federation.transport: '%v' cannot carry masking yet: secure aggregation runs in the in-process simulation only so far, and the network transport refuses it until it carries the protocol's messages (issue 37); set federation.transport: in_process or federation.aggregation: plain." $c.federation.transport) -}}
+{{- /* masking-needs-client-certificates */ -}}
+{{- if (and (and (eq $c.federation.aggregation "masking") (eq $c.federation.transport "network")) (not (and (eq $c.network.tls.enabled true) (eq $c.network.tls.client_auth true)))) -}}
+{{- fail (printf "config.network.tls.client_auth: %v cannot carry masking over the network: every participant signs its secure-aggregation keys with the key of its client certificate, so set network.tls.enabled: true and network.tls.client_auth: true (network.auth: mtls), or federation.aggregation: plain." $c.network.tls.client_auth) -}}
 {{- end -}}
 {{- /* int8-chunk-needs-int8 */ -}}
 {{- if (and (ne $c.federation.quantization "int8") (not (eq (float64 $c.federation.int8_chunk) 0.0))) -}}

@@ -469,7 +469,8 @@ class FederationConfig(_Section):
         "plain",
         description="How pseudo-gradients are combined. 'plain': canonical-order mean on the "
         "coordinator. 'masking': secure aggregation, the coordinator learns only sums of "
-        "masked fixed-point updates (federation.masking; in-process transport only so far). "
+        "masked fixed-point updates (federation.masking; in process or over the network with "
+        "mTLS). "
         "'tee' is reserved and not yet supported.",
     )
     masking: MaskingConfig = Field(

@@ -132,9 +132,7 @@ RULES: tuple[Rule, ...] = (
         "'{c.federation.aggregation}' is not yet supported; use 'plain' or 'masking' "
         "(aggregation in a trusted execution environment is reserved for a later release).",
     ),
-    # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol). The helm
-    # chart stops at the first broken rule and always runs the network transport, so the rule
-    # refusing that comes after the other masking rules, which the chart then names first.
+    # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol).
     Rule(
         "masking-threshold",
         "config",
@@ -178,16 +176,18 @@ RULES: tuple[Rule, ...] = (
         "federation.aggregation: plain.",
         when=MASKING,
     ),
+    # Over the network each participant signs its masked rounds' keys with its mTLS key, and
+    # its peers check that key against their CA (lensemble.network.participant.masked_round).
     Rule(
-        "masking-in-process-only",
+        "masking-needs-client-certificates",
         "config",
-        "federation.transport",
-        "c.federation.transport == 'in_process'",
-        "'{c.federation.transport}' cannot carry masking yet: secure aggregation runs in the "
-        "in-process simulation only so far, and the network transport refuses it until it "
-        "carries the protocol's messages (issue 37); set federation.transport: in_process or "
+        "network.tls.client_auth",
+        "c.network.tls.enabled == True and c.network.tls.client_auth == True",
+        "{c.network.tls.client_auth} cannot carry masking over the network: every participant "
+        "signs its secure-aggregation keys with the key of its client certificate, so set "
+        "network.tls.enabled: true and network.tls.client_auth: true (network.auth: mtls), or "
         "federation.aggregation: plain.",
-        when=MASKING,
+        when=f"{MASKING} and {NETWORK}",
     ),
     Rule(
         "int8-chunk-needs-int8",

@@ -34,6 +34,11 @@ STATUS_OF_REASON: dict[str, grpc.StatusCode] = {
     nerr.UNKNOWN_ABSTENTION: grpc.StatusCode.INVALID_ARGUMENT,
     nerr.ALREADY_SUBMITTED: grpc.StatusCode.FAILED_PRECONDITION,
     nerr.ABSTAINED: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.UNKNOWN_STAGE: grpc.StatusCode.INVALID_ARGUMENT,
+    nerr.UNKNOWN_SESSION: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.CLOSED_STAGE: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.NOT_ADDRESSED: grpc.StatusCode.FAILED_PRECONDITION,
+    nerr.DUPLICATE_ANSWER: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 

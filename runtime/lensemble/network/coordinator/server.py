@@ -22,13 +22,16 @@ from lensemble.federation.payload import TensorSpec
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import CallGuard, CallPolicy, pool_size
 from lensemble.network.coordinator.connection_budget import ConnectionBudget, plan_budget
+from lensemble.network.coordinator.masking_service import MaskingService
 from lensemble.network.coordinator.service import CoordinatorService
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared.frames import SERVICE_NAME, parse_update_frame, passthrough
 from lensemble.network.shared.grpc_options import presence_window_s, server_options
 from lensemble.network.shared.health import bind_port
+from lensemble.network.shared.masking_limits import answer_limits
 from lensemble.network.shared.payload_limits import payload_limits
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
+from lensemble.network.shared.streams import chunk_count
 
 
 def call_policy(config: LensembleConfig) -> CallPolicy:
@@ -45,6 +48,9 @@ def call_policy(config: LensembleConfig) -> CallPolicy:
         deadline_s={
             "WatchRounds": net.rpc_timeout_s * 1.5,
             "Presence": presence_window_s(config) + net.rpc_timeout_s,
+            # A stage stream's window is rpc_timeout_s (MaskingService); an answer upload is
+            # extended once its header declares the size.
+            "MaskingStages": net.rpc_timeout_s * 2,
         },
         default_deadline_s=net.rpc_timeout_s,
     )
@@ -63,12 +69,15 @@ class _Handlers:
         self.handlers = dict(handlers)
 
 
-def add_service(service: CoordinatorService, server: Any) -> None:
+def add_service(
+    service: CoordinatorService, server: Any, masking: MaskingService | None = None
+) -> None:
     """Register ``service`` on ``server`` as the generated code does, FetchModel's frames as is.
 
     ``FetchModel`` yields serialized ``ModelChunk`` frames (:func:`streams.with_bytes_field`),
     so its response serializer passes bytes through; ``SubmitUpdate`` reads its chunks with
-    :func:`parse_update_frame` (the data as a view of the frame); every other method keeps the
+    :func:`parse_update_frame` (the data as a view of the frame); the masked rounds' two
+    methods are ``masking``'s handlers (UNIMPLEMENTED without it); every other method keeps the
     generated protobuf handlers.
     """
     collected = _Handlers()
@@ -85,6 +94,17 @@ def add_service(service: CoordinatorService, server: Any) -> None:
         request_deserializer=parse_update_frame,
         response_serializer=handlers["SubmitUpdate"].response_serializer,
     )
+    if masking is not None:
+        handlers["MaskingStages"] = grpc.unary_stream_rpc_method_handler(
+            masking.MaskingStages,
+            request_deserializer=handlers["MaskingStages"].request_deserializer,
+            response_serializer=handlers["MaskingStages"].response_serializer,
+        )
+        handlers["AnswerStage"] = grpc.stream_unary_rpc_method_handler(
+            masking.AnswerStage,
+            request_deserializer=handlers["AnswerStage"].request_deserializer,
+            response_serializer=handlers["AnswerStage"].response_serializer,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
@@ -120,6 +140,12 @@ def start_coordinator_server(
     config = transport.config
     limits = payload_limits(config, architecture)
     service = CoordinatorService(transport, authenticator, limits.update_bytes)
+    stage_limits = answer_limits(config, architecture)
+    masking = MaskingService(service, stage_limits)
+    net = config.network
+    transport.masking.mask_timeout_s = net.rpc_timeout_s * (
+        chunk_count(stage_limits["mask"], net.chunk_bytes) + 2
+    )
     policy = call_policy(config)
 
     def refuse(
@@ -135,7 +161,7 @@ def start_coordinator_server(
         options=server_options(config, (budget or plan_budget(config)).grpc),
         maximum_concurrent_rpcs=size,
     )
-    add_service(service, server)
+    add_service(service, server, masking)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = bind_port(
         server,

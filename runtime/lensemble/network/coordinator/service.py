@@ -22,6 +22,7 @@ from lensemble.federation.intake import Landing
 from lensemble.federation.messages import Reason, Submission, Verdict
 from lensemble.network.coordinator.authenticator import Authenticator
 from lensemble.network.coordinator.call_guard import claimed_participant, extend_deadline
+from lensemble.network.coordinator.masking_service import remember_certificate
 from lensemble.network.coordinator.rejection import Rejection
 from lensemble.network.coordinator.transport import GrpcCoordinatorTransport
 from lensemble.network.shared import transport_errors as nerr
@@ -134,6 +135,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             rejection = Rejection(nerr.OVERSIZED, too_long, self.transport.collecting_round)
             self._abort(context, rejection, rpc="Join")
         self._authorize(context, request.participant_id, "Join")
+        # Its certificate's key signs its masked rounds' messages: kept before it counts joined.
+        remember_certificate(self, request.participant_id, context)
         outcome = self.transport.join(
             request.participant_id,
             request.config_hash,

@@ -35,17 +35,21 @@ safetensors header, architecture, NaN/Inf, duplicates) is the coordinator's
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lensemble.config import LensembleConfig
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
+from lensemble.federation.secagg.identity import VerifyingKey
 from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.network.coordinator.admission import Admission, JoinOutcome
 from lensemble.network.coordinator.attempt_board import AttemptBoard
 from lensemble.network.coordinator.hand_over import HandOver
 from lensemble.network.coordinator.liveness import Liveness
+from lensemble.network.coordinator.masking_exchange import MaskingExchange
 from lensemble.network.coordinator.rejection import Rejection
 from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.uploads import Abstention, Uploads
@@ -93,6 +97,14 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         self._hand_over = HandOver(self._board, self._liveness, self.metrics)
         self._admission = Admission(config, self._board, self._liveness, self.metrics)
         self._uploads = Uploads(self._board, self._hand_over)
+        # Masked rounds: the server sets the masked vectors' timeout once it knows d.
+        net = config.network
+        self.masking = MaskingExchange(
+            self._board,
+            self._liveness,
+            stage_timeout_s=2 * net.rpc_timeout_s,
+            mask_timeout_s=2 * net.rpc_timeout_s,
+        )
         self.config_hash = self._admission.config_hash
         self._down = 0
         self.metrics.federation(sorted(self.expected), config.federation.quorum)
@@ -174,6 +186,7 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         self.round_log.closed(record)  # a commit: later rounds' events wait for its line
         with self._board.cond:
             self._board.close(record)
+            self.masking.attempt_closed()
             leftovers, decode_s = self._hand_over.take_leftovers()
         self._hand_over.answer_leftovers(leftovers)
         self.metrics.round_closed(record, sorted(self.expected), deserialize_s=decode_s)
@@ -189,9 +202,27 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         """Model bytes streamed, update bytes received, and the slowest contributor's compute."""
         with self._board.cond:
             up, compute = self._hand_over.take_traffic()
-            traffic = Traffic(self._down, up, compute)
-            self._down = 0
+            masked = self.masking
+            traffic = Traffic(self._down + masked.bytes_down, up + masked.bytes_up, compute)
+            self._down = masked.bytes_down = masked.bytes_up = 0
         return traffic
+
+    def masking_identities(self) -> dict[str, VerifyingKey]:
+        """Each participant's identity key: the one in the certificate it joined with (mTLS)."""
+        return self.masking.identities()
+
+    def exchange(
+        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+    ) -> Iterator[tuple[str, bytes]]:
+        """Hand each participant its stage message; yield the answers until the stage deadline.
+
+        See :meth:`MaskingExchange.exchange`.
+        """
+        return self.masking.exchange(session, stage, outgoing)
+
+    def masked_reports(self) -> dict[str, dict[str, str]]:
+        """The statistics each participant sent with its masked vector in the open attempt."""
+        return self.masking.reports()
 
     def finish(self) -> None:
         """The run is over: watchers receive the final announcement."""

@@ -10,7 +10,9 @@ over :class:`~lensemble.network.participant.client.CoordinatorClient`:
    restarted participant is never counted twice and never trains on a stale state.
 2. **Watch** for a round opening newer than the last one handled.
 3. **Fetch** the model (hash-verified by ``Participant.contribute``), **train**, and **submit**
-   the sealed pseudo-gradient. A submission that failed in transit is resent byte for byte until
+   the sealed pseudo-gradient (under ``federation.aggregation: masking``, answer the attempt's
+   secure-aggregation stages instead: :mod:`lensemble.network.participant.masked_round`). A
+   submission that failed in transit is resent byte for byte until
    the round's deadline; the coordinator counts it once. A round lost to a dead rank
    (:class:`~lensemble.errors.RankFailure`) is reported with **Abstain** (reason
    ``rank_failure``), so the coordinator records it as the in-process transport does and stops
@@ -45,6 +47,7 @@ from lensemble.federation.participant import Contribution, Participant
 from lensemble.network.participant.backoff import Backoff
 from lensemble.network.participant.call_errors import CallError, Failure, classify
 from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.masked_round import MaskedRounds
 from lensemble.network.participant.retries import Retries
 from lensemble.network.shared.logs import event
 from lensemble.network.shared.peer_text import shown, shown_all
@@ -98,6 +101,12 @@ class ParticipantLoop:
             backoff=self.backoff,
             stop=self.stop,
             on_ready=self._ready,
+        )
+        # Masked rounds: the update stays here, only the secure-aggregation answers leave.
+        self.masked = (
+            MaskedRounds(config, client, participant.architecture, self.stop)
+            if config.federation.aggregation == "masking"
+            else None
         )
         self.after: tuple[int, int] = (-1, -1)
         self.rounds_contributed: list[tuple[int, int]] = []
@@ -268,7 +277,11 @@ class ParticipantLoop:
         self.metrics.round_index.set(opening.round_index)
         self.metrics.round_attempt.set(opening.attempt)
         contribution = self._train(announcement, opening)
-        if contribution is not None:
+        if contribution is not None and self.masked is not None:
+            self.participant.settle_snapshot()  # durable before anything of it can count
+            if self.masked.take_part(opening, contribution, self._on_error):
+                self.rounds_contributed.append((opening.round_index, opening.attempt))
+        elif contribution is not None:
             self._submit(opening, contribution)
             self.participant.settle_snapshot()  # when the update never reached its last chunk
 

@@ -31,6 +31,14 @@ UNKNOWN_ABSTENTION = "unknown_abstention"
 ALREADY_SUBMITTED = "already_submitted"
 #: An update for an attempt the participant said it sits out (``Abstain``).
 ABSTAINED = "abstained"
+#: Masked rounds (``AnswerStage``): a stage name outside the protocol's stages; an answer for a
+#: session that is not being collected; for a stage of it that is not (or no longer) collected;
+#: from a participant the stage sent no message; a second answer to one stage.
+UNKNOWN_STAGE = "unknown_stage"
+UNKNOWN_SESSION = "unknown_session"
+CLOSED_STAGE = "closed_stage"
+NOT_ADDRESSED = "not_addressed"
+DUPLICATE_ANSWER = "duplicate_answer"
 
 
 class CoordinatorUnreachable(LensembleError):

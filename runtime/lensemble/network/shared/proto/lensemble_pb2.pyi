@@ -183,3 +183,88 @@ class AbstainReply(_message.Message):
     outcome: str
     current_round: int
     def __init__(self, outcome: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...
+
+class MaskingStagesRequest(_message.Message):
+    __slots__ = ("participant_id", "session", "round_index", "attempt")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    session: str
+    round_index: int
+    attempt: int
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., round_index: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class PeerCertificate(_message.Message):
+    __slots__ = ("participant_id", "certificate_pem")
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    certificate_pem: bytes
+    def __init__(self, participant_id: _Optional[str] = ..., certificate_pem: _Optional[bytes] = ...) -> None: ...
+
+class MaskingStage(_message.Message):
+    __slots__ = ("round_index", "attempt", "group", "stage", "payload", "peers", "deadline_in_s", "closed")
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_IN_S_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    round_index: int
+    attempt: int
+    group: int
+    stage: str
+    payload: bytes
+    peers: _containers.RepeatedCompositeFieldContainer[PeerCertificate]
+    deadline_in_s: float
+    closed: bool
+    def __init__(self, round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., group: _Optional[int] = ..., stage: _Optional[str] = ..., payload: _Optional[bytes] = ..., peers: _Optional[_Iterable[_Union[PeerCertificate, _Mapping]]] = ..., deadline_in_s: _Optional[float] = ..., closed: _Optional[bool] = ...) -> None: ...
+
+class MaskingAnswerHeader(_message.Message):
+    __slots__ = ("participant_id", "session", "round_index", "attempt", "group", "stage", "total_bytes", "payload_hash", "report")
+    class ReportEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    session: str
+    round_index: int
+    attempt: int
+    group: int
+    stage: str
+    total_bytes: int
+    payload_hash: str
+    report: _containers.ScalarMap[str, str]
+    def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., group: _Optional[int] = ..., stage: _Optional[str] = ..., total_bytes: _Optional[int] = ..., payload_hash: _Optional[str] = ..., report: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class MaskingAnswerChunk(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: MaskingAnswerHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[MaskingAnswerHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class MaskingAnswerReply(_message.Message):
+    __slots__ = ("outcome", "current_round")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    outcome: str
+    current_round: int
+    def __init__(self, outcome: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...

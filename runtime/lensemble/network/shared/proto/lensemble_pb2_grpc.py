@@ -70,6 +70,16 @@ class CoordinatorStub:
                 request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
                 response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
                 _registered_method=True)
+        self.MaskingStages = channel.unary_stream(
+                '/lensemble.v1.Coordinator/MaskingStages',
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStagesRequest.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStage.FromString,
+                _registered_method=True)
+        self.AnswerStage = channel.stream_unary(
+                '/lensemble.v1.Coordinator/AnswerStage',
+                request_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerChunk.SerializeToString,
+                response_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -134,6 +144,28 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MaskingStages(self, request, context):
+        """Secure aggregation (federation.aggregation: masking): after training, a participant
+        calls this for the attempt it trained and receives its session's next stage message
+        (lensemble.federation.secagg.driver.STAGES) as soon as the coordinator sends it: at most
+        one message per call, so the participant answers with no call open and then asks again.
+        The stream ends empty after a window (the participant asks again), and carries a message
+        with closed set once the attempt is over (or for any attempt but the open one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnswerStage(self, request_iterator, context):
+        """The answer to one stage's message, in chunks; the first chunk carries the header. The
+        size is bounded per stage from the config (d, group size); an answer for a session or
+        stage that is not the one being collected, a second answer, or one of the wrong size is
+        refused with a named reason (lensemble-reason) and never reaches the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +203,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Abstain,
                     request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.FromString,
                     response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.SerializeToString,
+            ),
+            'MaskingStages': grpc.unary_stream_rpc_method_handler(
+                    servicer.MaskingStages,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStagesRequest.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStage.SerializeToString,
+            ),
+            'AnswerStage': grpc.stream_unary_rpc_method_handler(
+                    servicer.AnswerStage,
+                    request_deserializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerChunk.FromString,
+                    response_serializer=lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -363,6 +405,60 @@ class Coordinator:
             '/lensemble.v1.Coordinator/Abstain',
             lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainRequest.SerializeToString,
             lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.AbstainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MaskingStages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lensemble.v1.Coordinator/MaskingStages',
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStagesRequest.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingStage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnswerStage(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/lensemble.v1.Coordinator/AnswerStage',
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerChunk.SerializeToString,
+            lensemble_dot_network_dot_shared_dot_proto_dot_lensemble__pb2.MaskingAnswerReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,140 @@
+"""Masked rounds over gRPC (mTLS on loopback) commit the in-process simulation's model hashes.
+
+The masked sum is exact fixed point, so a network run of a config and its in-process simulation
+must commit the same global models bit for bit, with the same contributors and exclusions, also
+when a participant stops answering after it advertised and shared its keys (``delay``: it never
+uploads its masked vector; the round commits with the survivors and the ledger names it). Only
+what depends on the identity keys (signatures, digests of masked vectors) may differ.
+Participants run the production :class:`ParticipantLoop` in threads
+(``tests.support.faulty_network``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from lensemble.config.load import validate_mapping
+from lensemble.federation.faults import parse_faults
+from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.masking import SessionKey
+from lensemble.federation.payload import manifest
+from lensemble.network.participant.call_errors import classify
+from lensemble.network.participant.client import CoordinatorClient
+from lensemble.network.participant.masked_round import MaskedRounds
+from lensemble.network.shared.transport_errors import ShutdownRequested
+from tests.support.faulty_network import FaultyParticipantThread
+from tests.support.federation import build, initial_params
+from tests.support.network import (
+    LiveCoordinator,
+    ParticipantThread,
+    network_mapping,
+    write_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _outcome(records: list[RoundRecord]) -> list[tuple[Any, ...]]:
+    groups = [
+        [(g.get("survivors"), g.get("aborted")) for g in r.defences["masking"]["groups"]]
+        for r in records
+    ]
+    return [
+        (r.round, r.attempt, r.state, r.contributors, r.excluded, r.model_hash, g)
+        for r, g in zip(records, groups, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("faults", "federation"),
+    [
+        pytest.param("", {"rounds": 3}, id="clean"),
+        pytest.param("delay:charlie@1", {"rounds": 2}, id="silent-after-sharing"),
+        pytest.param(
+            "drop:alpha@0,delay:bravo@1",
+            {"rounds": 2, "masking": {"group_size": 3}, "quorum": 3},
+            id="dropped-then-silent",
+        ),
+    ],
+)
+def test_a_masked_network_run_commits_the_in_process_hashes(
+    tmp_path: Path, faults: str, federation: dict[str, Any]
+) -> None:
+    mapping = network_mapping(tmp_path, aggregation="masking", round_timeout_s=20, **federation)
+    mapping["network"].update(rpc_timeout_s=1, keepalive_s=1, liveness_timeout_s=2.5)
+    _, config = write_config(tmp_path, mapping)
+    in_process_config = validate_mapping(
+        dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    )
+    coordinator, transport, _ = build(
+        in_process_config, faults=parse_faults(faults), output_dir=tmp_path / "in-process"
+    )
+    coordinator.run(transport)
+    expected = _outcome(coordinator.records)
+    plan = parse_faults(faults)
+    with LiveCoordinator(config, output_dir=tmp_path / "network") as live:
+
+        def attempt_closed(round_index: int, attempt: int) -> bool:
+            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
+            return (round_index, attempt) in done or not live.thread.is_alive()
+
+        threads = [
+            FaultyParticipantThread(config, pid, tmp_path / "network", plan, attempt_closed)
+            for pid in config.participant_ids
+        ]
+        live.thread.join(180)
+        assert not live.thread.is_alive(), "the coordinator did not finish"
+        assert live.error is None, live.error
+        for t in threads:
+            t.thread.join(30)
+            t.close()
+        errors = [t.error for t in threads if not isinstance(t.error, ShutdownRequested | None)]
+        assert errors == [], errors
+        assert [t.loop.masked.refusals for t in threads] == [[]] * 4  # type: ignore[union-attr]
+        assert _outcome(live.coordinator.records) == expected
+        if not faults:  # every participant answered every stage of every round
+            rounds = [(r, 0) for r in range(config.federation.rounds)]
+            assert [t.loop.rounds_contributed for t in threads] == [rounds] * 4
+    if "delay" in faults:  # the silent one is named, the round committed without it
+        assert any(
+            state == "closed" and "masking_dropped" in excluded.values()
+            for _, _, state, _, excluded, _, _ in expected
+        )
+
+
+def test_hostile_answers_over_grpc_are_refused_by_name_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    mapping = network_mapping(tmp_path, aggregation="masking", rounds=2, round_timeout_s=20)
+    mapping["network"].update(rpc_timeout_s=1, keepalive_s=1, liveness_timeout_s=2.5)
+    _, config = write_config(tmp_path, mapping)
+    in_process = validate_mapping(
+        dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    )
+    coordinator, transport, _ = build(in_process)
+    expected = _outcome(coordinator.run(transport).records)
+    with LiveCoordinator(config) as live:
+        hostile = CoordinatorClient(config, "alpha")  # alpha's own certificate, misbehaving
+        assert hostile.join().accepted
+        masked = MaskedRounds(config, hostile, manifest(initial_params(3)), threading.Event())
+        for key, stage, reason in [
+            (SessionKey(0, 0, 0), "gossip", "unknown_stage"),
+            (SessionKey(99, 0, 0), "share", "unknown_session"),
+            (SessionKey(0, 0, 0), "s" * 40, "oversized_field"),
+        ]:
+            with pytest.raises(grpc.RpcError) as refused:
+                masked.answer(key, stage, b"x" * 64, {})
+            assert classify(refused.value).reason == reason
+        hostile.close()
+        threads = [ParticipantThread(config, pid) for pid in config.participant_ids]
+        live.thread.join(120)
+        assert live.error is None, live.error
+        for t in threads:
+            t.thread.join(30)
+            t.close()
+        assert _outcome(live.coordinator.records) == expected
