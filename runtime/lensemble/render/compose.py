@@ -122,8 +122,7 @@ def check_composable(config: LensembleConfig) -> None:
 
     Raises:
         ConfigError: The transport is not ``network``, authentication is ``token`` (no token
-            files are rendered for Compose), the aggregation is ``masking`` (not run in
-            containers yet), a participant id would collide with another
+            files are rendered for Compose), a participant id would collide with another
             participant's gpu service name, or a participant's ranks span several nodes.
     """
     problems: list[ConfigProblem] = []
@@ -142,16 +141,6 @@ def check_composable(config: LensembleConfig) -> None:
                 "network.auth",
                 "'token' is not rendered for Compose (no token files are mounted); use 'mtls' "
                 "with `lensemble certs init`, or 'insecure' on a trusted machine.",
-            )
-        )
-    if config.federation.aggregation == "masking":
-        problems.append(
-            ConfigProblem(
-                "federation.aggregation",
-                "'masking' is not run on Compose yet: masked rounds are tested over the network "
-                "transport as local processes (`lensemble simulate --set "
-                "federation.transport=network`) and in process, not in containers; use one of "
-                "those, or federation.aggregation: plain.",
             )
         )
     ids = {p.id for p in config.federation.participants}
