@@ -3,9 +3,11 @@
 The hash covers exactly the fields that change what is trained: the seed, the model, the data,
 the federation maths and the evaluation. It leaves out names, paths, log settings, the network
 address and TLS paths, deployment placement, the transport (transport parity is an invariant),
-timeouts, and ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
-adding that section kept the hash of every other config). Two processes of one federation must
-agree on it; when they do not, :func:`differing_fields` names the field paths that differ.
+timeouts, ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
+adding that section kept the hash of every other config), and a participant's ``privacy`` while
+it is null (so adding it kept the hash of every config without differential privacy). Two
+processes of one federation must agree on it; when they do not, :func:`differing_fields` names
+the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
 excluded paths removed, serialised with sorted keys, compact separators and ASCII escapes, then
@@ -42,6 +44,9 @@ def hashed_view(config: LensembleConfig) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     if config.federation.aggregation != "masking":
         data["federation"].pop("masking", None)
+    for participant in data["federation"]["participants"]:
+        if participant.get("privacy") is None:
+            participant.pop("privacy", None)
     for path in EXCLUDED_PATHS:
         *parents, leaf = path.split(".")
         node = data

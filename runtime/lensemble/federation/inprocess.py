@@ -15,6 +15,10 @@ an update the coordinator refuses is forgotten (:meth:`Participant.forget`), so 
 the network transport's for the same faults. Everything is a function of the config, seed and
 fault plan.
 
+A participant whose next attempt would spend past its own differential-privacy budget
+(:class:`~lensemble.errors.PrivacyBudgetExhausted`) says so once in the log and is absent
+(``privacy_budget``) from that attempt on.
+
 A participant whose rank group exhausts its restarts (:class:`~lensemble.errors.RankGroupExhausted`)
 leaves the run as its network process does (it says ``Leave`` and exits): it is absent (``left``)
 from that attempt on, and the run goes on without it while the quorum allows.
@@ -40,13 +44,20 @@ from dataclasses import dataclass
 
 import torch
 
-from lensemble.errors import RankFailure, RankGroupExhausted
+from lensemble.errors import PrivacyBudgetExhausted, RankFailure, RankGroupExhausted
 from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey, flatten
 from lensemble.federation.masking_client import MaskingClient
-from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import (
+    LEFT,
+    PRIVACY_BUDGET,
+    RANK_FAILURE,
+    RoundOpening,
+    Submission,
+    Verdict,
+)
 from lensemble.federation.participant import Participant
 from lensemble.federation.payload import decode
 from lensemble.federation.quantization import dequantize
@@ -124,6 +135,8 @@ class InProcessTransport(CoordinatorTransport):
         #: Participant id -> the error it left the run with (its rank group exhausted its
         #: restarts): absent from every later attempt, as a network participant that exited.
         self.left: dict[str, RankGroupExhausted] = {}
+        #: Participants that said their differential-privacy budget is spent (logged once).
+        self.out_of_budget: set[str] = set()
         #: Participant id -> the payload it released in the open attempt (for omniscient
         #: attackers, which see the honest ones).
         self._released: dict[str, bytes] = {}
@@ -215,6 +228,13 @@ class InProcessTransport(CoordinatorTransport):
             )
         except RankFailure:
             self._absence[pid] = RANK_FAILURE
+            return
+        except PrivacyBudgetExhausted as exc:
+            # The participant's own refusal: said once, then it sits out every attempt.
+            if pid not in self.out_of_budget:
+                _log.warning("%s", exc)
+                self.out_of_budget.add(pid)
+            self._absence[pid] = PRIVACY_BUDGET
             return
         except RankGroupExhausted as exc:
             # Over the network this participant's process says Leave and exits non-zero; the
