@@ -104,8 +104,8 @@ def test_a_private_round_is_bit_identical_on_a_rerun_and_reports_its_spend(
     assert a.privacy_epsilon == b.privacy_epsilon
     # No unprotected statistic of the training records is reported.
     assert math.isnan(a.mean_loss)
-    # The spend is inner state: a snapshot carries it.
-    assert int(first.inner_state()["privacy.steps"]) == 4
+    # The spend is inner state: a snapshot carries it, as (sigma, q, steps).
+    assert first.inner_state()["privacy.spend"].tolist() == [[1.0, 0.5, 4.0]]
 
 
 def test_the_noise_is_the_secret_seed_s_and_a_private_round_differs_from_a_plain_one(
@@ -179,3 +179,24 @@ def test_a_record_s_gradient_depends_on_that_record_alone(make_config: MakeConfi
     )
     for name, g in grads.items():
         torch.testing.assert_close(g[0], alone[name][0], rtol=1e-5, atol=1e-7)
+
+
+def test_the_spend_never_goes_down_and_other_settings_compose(make_config: MakeConfig) -> None:
+    privacy = make_config(OWN).federation.participants[0].privacy
+    assert privacy is not None
+    budget = PrivacyBudget("alpine", privacy, noise_multiplier=1.0, steps=30)
+    budget.restore([(1.0, 0.5, 20)])  # an older snapshot: this process spent more
+    assert budget.segments() == [(1.0, 0.5, 30)]
+    # A snapshot taken at another sigma (a resume with other settings) is composed, not
+    # counted at the new sigma.
+    resumed = PrivacyBudget("alpine", privacy, noise_multiplier=2.0)
+    resumed.restore([(1.0, 0.5, 30)])
+    assert resumed.segments() == [(1.0, 0.5, 30), (2.0, 0.5, 0)]
+    assert resumed.spent == pytest.approx(spent_epsilon(1.0, 0.5, 30, 1e-5, "rdp"))
+    from opacus.accountants import RDPAccountant
+
+    reference = RDPAccountant()
+    for sigma, steps in ((1.0, 30), (2.0, 10)):
+        for _ in range(steps):
+            reference.step(noise_multiplier=sigma, sample_rate=0.5)
+    assert resumed.epsilon_after(10) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)

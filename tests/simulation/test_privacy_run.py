@@ -17,7 +17,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.federation.messages import PRIVACY_BUDGET
 from lensemble.simulation.in_process import run_in_process
 
-pytestmark = pytest.mark.integration  # three short federated runs
+pytestmark = pytest.mark.integration  # short federated runs, seven in all
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,3 +84,20 @@ def test_a_private_participant_changes_the_chain(tmp_path: Path) -> None:
     assert [r.state for r in private.records] == ["closed"] * 3
     assert all(len(r.contributors) == 3 for r in private.records)  # 50 affords every round
     assert plain.records[0].model_hash != private.records[0].model_hash
+
+
+def test_the_spend_survives_a_resume(tmp_path: Path) -> None:
+    # sigma 3, q 0.5: two rounds of 3 steps spend 2.02, three 2.47: a budget of 2.2 affords two.
+    own = (
+        "federation.participants[0].privacy="
+        "{epsilon: 2.2, noise_multiplier: 3.0, sample_rate: 0.5, windows_per_record: 2}"
+    )
+    straight = run_in_process(_config(tmp_path / "straight", own, "federation.rounds=4"))
+    run_in_process(_config(tmp_path / "split", own, "federation.rounds=2"))
+    resumed = run_in_process(_config(tmp_path / "split", own, "federation.rounds=4"), resume=True)
+    private = straight.records[0].contributors[0]
+    assert [r.excluded.get(private) for r in straight.records] == [None, None] + [
+        PRIVACY_BUDGET
+    ] * 2
+    assert [r.model_hash for r in resumed.records] == [r.model_hash for r in straight.records]
+    assert [r.excluded for r in resumed.records] == [r.excluded for r in straight.records]

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from lensemble.data.trajectories import ParticipantData
 
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
-#: Inner-state entry of the DP-SGD steps a participant has taken (its privacy spend).
-PRIVACY_STEPS = "privacy.steps"
+#: Inner-state entry of the DP-SGD steps a participant has taken (its privacy spend): float64
+#: ``[k, 3]``, one ``(sigma, q, steps)`` row per stretch of steps at the same mechanism.
+PRIVACY_SPEND = "privacy.spend"
 
 
 def check_inner_state(
@@ -61,8 +62,8 @@ def check_inner_state(
 
     The state holds ``optimizer.{exp_avg,exp_avg_sq,step}.<name>`` for every parameter when it
     holds any optimizer entry, ``ema.encoder.<name>`` for every encoder parameter when it
-    holds any EMA entry (only with an ``encoder`` given), and may hold ``privacy.steps`` (a
-    scalar); an empty state is always valid.
+    holds any EMA entry (only with an ``encoder`` given), and may hold ``privacy.spend`` (rows
+    of ``(sigma, q, steps)``); an empty state is always valid.
 
     Args:
         state: Name -> tensor, as a learner's ``inner_state()`` returned it.
@@ -81,8 +82,10 @@ def check_inner_state(
             expected[f"optimizer.step.{name}"] = torch.zeros(())
     if encoder is not None and any(key.startswith("ema.") for key in state):
         expected.update({f"ema.encoder.{n}": p for n, p in encoder.items()})
-    if PRIVACY_STEPS in state:
-        expected[PRIVACY_STEPS] = torch.zeros((), dtype=torch.int64)
+    spend = state.get(PRIVACY_SPEND)
+    if spend is not None:
+        rows = spend.shape[0] if spend.dim() == 2 else 1  # any number of (sigma, q, steps) rows
+        expected[PRIVACY_SPEND] = torch.zeros((rows, 3), dtype=torch.float64)
     try:
         check_architecture(state, expected, f"inner state of participant '{participant_id}'")
     except ArchitectureMismatch as exc:
@@ -278,9 +281,9 @@ class WorldModelLearner:
         Returns:
             ``optimizer.exp_avg.<param>``, ``optimizer.exp_avg_sq.<param>`` and
             ``optimizer.step.<param>`` (float32 scalar) for every parameter once a round has
-            run, ``ema.<encoder param>`` when the EMA target exists, and ``privacy.steps``
-            (int64 scalar: DP-SGD steps taken) under differential privacy; empty before the
-            first round.
+            run, ``ema.<encoder param>`` when the EMA target exists, and ``privacy.spend``
+            (float64 ``[k, 3]``: ``(sigma, q, steps)`` per stretch of DP-SGD steps) under
+            differential privacy; empty before the first round.
         """
         out: Params = {}
         params = dict(self.model.named_parameters())
@@ -293,7 +296,7 @@ class WorldModelLearner:
             for name, p in self._target.encoder.named_parameters():
                 out[f"ema.encoder.{name}"] = p.detach().clone()
         if self.budget is not None:
-            out[PRIVACY_STEPS] = torch.tensor(self.budget.steps, dtype=torch.int64)
+            out[PRIVACY_SPEND] = torch.tensor(self.budget.segments(), dtype=torch.float64)
         return out
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -322,11 +325,9 @@ class WorldModelLearner:
                     p.copy_(state[f"ema.encoder.{n}"])
         else:
             self._target = None
-        if self.budget is not None:
-            # Never below what this process already spent: an update trained and then
-            # forgotten (refused, or lost on the way) may still have been seen.
-            saved = int(state[PRIVACY_STEPS]) if PRIVACY_STEPS in state else 0
-            self.budget.steps = max(self.budget.steps, saved)
+        if self.budget is not None and PRIVACY_SPEND in state:
+            rows = state[PRIVACY_SPEND].reshape(-1, 3).tolist()
+            self.budget.restore([(float(s), float(q), int(n)) for s, q, n in rows])
 
     # ---------------------------------------------------------------------------- helpers
     def _sample(self, generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

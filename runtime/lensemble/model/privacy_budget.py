@@ -11,13 +11,17 @@ coordinator sends reaches it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lensemble.errors import PrivacyBudgetExhausted
 
 if TYPE_CHECKING:
     from lensemble.config.schema import PrivacyConfig
+
+
+#: One stretch of DP-SGD steps at the same mechanism: (sigma, q, steps), Opacus' history entry.
+Segment = tuple[float, float, int]
 
 
 def spent_epsilon(
@@ -35,13 +39,28 @@ def spent_epsilon(
     Returns:
         Epsilon (unitless, >= 0).
     """
-    if steps <= 0:
+    return composed_epsilon([(noise_multiplier, sample_rate, steps)], delta, accountant)
+
+
+def composed_epsilon(segments: list[Segment], delta: float, accountant: str) -> float:
+    """Epsilon spent by stretches of steps at possibly different sigma and q, composed.
+
+    Args:
+        segments: ``(sigma, q, steps)`` stretches, in any order; empty ones spend nothing.
+        delta: The guarantee's delta (probability).
+        accountant: ``rdp`` or ``prv``.
+
+    Returns:
+        Epsilon (unitless, >= 0), 0 when no step was taken.
+    """
+    history = [(sigma, q, n) for sigma, q, n in segments if n > 0]
+    if not history:
         return 0.0
     from opacus.accountants import create_accountant
 
     counter = create_accountant(mechanism=accountant)
-    # One entry: the same mechanism composed `steps` times (the accountants' own history form).
-    counter.history = [(noise_multiplier, sample_rate, steps)]
+    # The accountants' own history form: each entry one mechanism composed `steps` times.
+    counter.history = history
     return float(counter.get_epsilon(delta=delta))
 
 
@@ -79,25 +98,48 @@ class PrivacyBudget:
         participant_id: Names the participant in the refusal.
         privacy: Its own settings (``federation.participants[i].privacy``).
         noise_multiplier: sigma in use (:func:`planned_noise_multiplier`).
-        steps: DP-SGD steps taken so far (count).
+        steps: DP-SGD steps taken at this sigma and q (count).
+        earlier: Stretches taken before at another sigma or q (a resume with other
+            settings), composed with the current one.
     """
 
     participant_id: str
     privacy: PrivacyConfig
     noise_multiplier: float
     steps: int = 0
+    earlier: list[Segment] = field(default_factory=list)
+
+    def segments(self, more_steps: int = 0) -> list[Segment]:
+        """Every stretch of steps, the current one with ``more_steps`` further steps."""
+        current = (self.noise_multiplier, self.privacy.sample_rate, self.steps + more_steps)
+        return [*self.earlier, current]
 
     def epsilon_after(self, more_steps: int) -> float:
         """Epsilon spent once ``more_steps`` further steps are taken (unitless)."""
         p = self.privacy
-        return spent_epsilon(
-            self.noise_multiplier, p.sample_rate, self.steps + more_steps, p.delta, p.accountant
-        )
+        return composed_epsilon(self.segments(more_steps), p.delta, p.accountant)
 
     @property
     def spent(self) -> float:
         """Epsilon spent so far, at the participant's delta (unitless)."""
         return self.epsilon_after(0)
+
+    def restore(self, segments: list[Segment]) -> None:
+        """Take the spend a snapshot recorded, unless this process already spent more.
+
+        The spend never goes down: an update trained and then forgotten (refused, or lost on
+        the way) may still have been seen. A snapshot's last stretch continues when its sigma
+        and q are the ones in use; otherwise it is kept as an earlier stretch and composed.
+
+        Args:
+            segments: ``(sigma, q, steps)`` stretches, as :meth:`segments` gave them.
+        """
+        if sum(n for _, _, n in segments) < sum(n for _, _, n in self.segments()):
+            return
+        if segments and segments[-1][:2] == (self.noise_multiplier, self.privacy.sample_rate):
+            self.earlier, self.steps = list(segments[:-1]), segments[-1][2]
+        else:
+            self.earlier, self.steps = list(segments), 0
 
     def require(self, more_steps: int, round_index: int) -> None:
         """Refuse a round of ``more_steps`` steps that would take the spend past the budget.
