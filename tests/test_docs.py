@@ -124,7 +124,7 @@ def test_readme_quick_start_is_what_ci_runs() -> None:
     # CI installs with -q and runs the test command on its own line: the same steps, in order.
     ci_steps = [
         "pip install torch==2.13.0",
-        "pip install -c constraints.txt -e '.[dev,infra,train,worldmodel]'",
+        "pip install -c constraints.txt -e '.[dev,dp,infra,train,worldmodel]'",
         "python -m tools.vendor sync",
         "ruff check . && ruff format --check . && mypy && lint-imports && pytest",
     ]

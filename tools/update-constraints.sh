@@ -8,5 +8,5 @@ pip install -q pip-tools
 echo "torch==2.13.0" > .torch-pin.txt
 trap 'rm -f .torch-pin.txt' EXIT
 pip-compile -q --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
-  --extra train --extra dev --extra infra --extra worldmodel --extra kms -c .torch-pin.txt \
+  --extra train --extra dev --extra dp --extra infra --extra worldmodel --extra kms -c .torch-pin.txt \
   -o constraints.txt pyproject.toml

@@ -221,6 +221,17 @@ class RankFailure(LensembleError):
     exit_code = EXIT_RUN_FAILED
 
 
+class PrivacyBudgetExhausted(LensembleError):
+    """A participant's next round would spend more than its differential-privacy budget.
+
+    The participant trains and sends nothing for that round or any later one; the coordinator
+    records it absent with the reason ``privacy_budget``.
+    """
+
+    code = "privacy_budget"
+    exit_code = EXIT_RUN_FAILED
+
+
 class RankGroupExhausted(LensembleError):
     """A participant's rank group failed more often than its layout's ``max_restarts`` allows."""
 

@@ -24,6 +24,7 @@ EXTRA_OF_IMPORT: dict[str, tuple[str, str]] = {
     "google": ("protobuf", "train"),  # google.protobuf
     "prometheus_client": ("prometheus-client", "train"),
     "pythonjsonlogger": ("python-json-logger", "train"),
+    "opacus": ("opacus", "dp"),
     "pulumi": ("pulumi", "infra"),
     "pulumi_aws": ("pulumi-aws", "infra"),
     "pulumi_kubernetes": ("pulumi-kubernetes", "infra"),
@@ -33,6 +34,7 @@ EXTRA_OF_IMPORT: dict[str, tuple[str, str]] = {
 PURPOSE: dict[str, str] = {
     "train": "training and running a federation",
     "infra": "the Pulumi programs",
+    "dp": "a participant's differential privacy",
 }
 
 

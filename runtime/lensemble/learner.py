@@ -26,13 +26,17 @@ class LocalRound:
     Attributes:
         params: Local parameters after the inner steps: name -> float32 tensor, same names and
             shapes as the global model.
-        mean_loss: Mean training loss over the inner steps (unitless).
+        mean_loss: Mean training loss over the inner steps (unitless); NaN when the learner
+            does not report it (under differential privacy it is an unprotected statistic).
         compute_seconds: Wall time spent in the inner steps (seconds).
+        privacy_epsilon: The differential-privacy epsilon the participant has spent after this
+            round, at its own delta (unitless); None without differential privacy.
     """
 
     params: Params
     mean_loss: float
     compute_seconds: float
+    privacy_epsilon: float | None = None
 
 
 @runtime_checkable
@@ -52,6 +56,10 @@ class Learner(Protocol):
         Deterministic given the global parameters, the round index, the learner's inner state
         and the config: batches are drawn from a generator seeded by
         ``derive(root_seed, f"batches:{participant_id}:round:{round_index}")``.
+
+        Raises:
+            PrivacyBudgetExhausted: The round would spend more than the participant's own
+                differential-privacy budget; nothing was trained.
         """
         ...
 

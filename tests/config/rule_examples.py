@@ -44,6 +44,7 @@ TWO_LOCAL_PARTICIPANTS = [
         "region": None,
         "env_params": params,
         "ranks": None,
+        "privacy": None,
     }
     for pid, domain, params in (
         ("alpine", "alpine-labs", {"g": 6.5, "m": 0.8, "l": 0.9}),
@@ -52,6 +53,16 @@ TWO_LOCAL_PARTICIPANTS = [
 ]
 PROD = "helm-sovereign-prod"
 P1 = "federation.participants[1]"
+#: A participant's differential privacy, every field given (as rendered values list them).
+PRIVACY = {
+    "epsilon": 8.0,
+    "delta": 1e-5,
+    "noise_multiplier": None,
+    "max_grad_norm": 1.0,
+    "sample_rate": 0.25,
+    "windows_per_record": 8,
+    "accountant": "rdp",
+}
 
 #: Rule id -> the edits that break it (and, where unavoidable, a rule it implies).
 BREAKING: dict[str, Breaking] = {
@@ -67,6 +78,20 @@ BREAKING: dict[str, Breaking] = {
         (("federation.participants[0].env_params.m", -1.0),),
         "federation.participants[0].env_params.m",
     ),
+    # The chart always runs the network transport, which a participant's privacy refuses too.
+    "privacy-delta-below-records": Breaking(
+        LOCAL,
+        ((f"{P1}.privacy", {**PRIVACY, "delta": 0.1}),),
+        f"{P1}.privacy.delta",
+        also=(f"{P1}.privacy",),
+    ),
+    "privacy-one-rank": Breaking(
+        LOCAL,
+        ((f"{P1}.privacy", PRIVACY), (f"{P1}.ranks", {"processes_per_node": 2})),
+        f"{P1}.privacy",
+        also=(f"{P1}.privacy",),
+    ),
+    "privacy-in-process-only": Breaking(STAGING, ((f"{P1}.privacy", PRIVACY),), f"{P1}.privacy"),
     "quorum-within-participants": Breaking(
         STAGING, (("federation.quorum", 9),), "federation.quorum"
     ),

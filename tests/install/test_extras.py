@@ -48,7 +48,7 @@ def _cli_without_train(repo: Path, *argv: str, role: str = "") -> subprocess.Com
     return _run_without(TRAIN, body, repo)
 
 
-@pytest.mark.parametrize("extra", ["train", "infra"])
+@pytest.mark.parametrize("extra", ["train", "infra", "dp"])
 def test_the_import_map_lists_exactly_the_extras_packages(repo: Path, extra: str) -> None:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name

@@ -71,6 +71,18 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (not (lt (float64 $first_id) 0.0)) -}}
 {{- fail (printf "config.federation.participants[%v].id: '%v' is already used by participants[%v]; give every participant a unique id." $i $p.id $first_id) -}}
 {{- end -}}
+{{- /* privacy-delta-below-records */ -}}
+{{- if (and (not (kindIs "invalid" $p.privacy)) (not (lt (float64 (mulf $p.privacy.delta $train)) 1.0))) -}}
+{{- fail (printf "config.federation.participants[%v].privacy.delta: %v is not below 1 / %v (the participant's training episodes): a delta that large allows releasing a whole record; lower it (1e-5 is usual)." $i $p.privacy.delta $train) -}}
+{{- end -}}
+{{- /* privacy-one-rank */ -}}
+{{- if (and (not (kindIs "invalid" $p.privacy)) (not (and (kindIs "invalid" $p.ranks) (eq (float64 $c.federation.ranks.nodes) 1.0) (eq (float64 $c.federation.ranks.processes_per_node) 1.0)))) -}}
+{{- fail (printf "config.federation.participants[%v].privacy: differential privacy runs on a participant of one rank so far; remove the participant's ranks and keep federation.ranks at one node and one process, or set privacy: null." $i) -}}
+{{- end -}}
+{{- /* privacy-in-process-only */ -}}
+{{- if (and (not (kindIs "invalid" $p.privacy)) (not (eq $c.federation.transport "in_process"))) -}}
+{{- fail (printf "config.federation.participants[%v].privacy: '%v' cannot carry a participant's differential privacy yet: it runs in the in-process simulation only so far (issue 38); set federation.transport: in_process or privacy: null." $i $c.federation.transport) -}}
+{{- end -}}
 {{- /* sovereign-own-trust-domain */ -}}
 {{- if (and (eq $c.deployment.environment "sovereign-prod") (not (eq $owner ""))) -}}
 {{- fail (printf "config.federation.participants[%v].trust_domain: '%v' is shared with participant '%v'; give every participant its own trust domain in sovereign-prod." $i $p.trust_domain $owner) -}}

@@ -192,6 +192,70 @@ class MaskingConfig(_Section):
         return bits
 
 
+# -------------------------------------------------------------------------------- privacy
+class PrivacyConfig(_Section):
+    """Record-level differential privacy a participant applies to its own inner loop (DP-SGD).
+
+    The participant's own setting, in its own entry of ``federation.participants``: nothing the
+    coordinator sends can change it. A record is one of the participant's training episodes.
+    Each inner step draws every record with probability ``sample_rate`` (Poisson sampling),
+    takes ``windows_per_record`` windows of each drawn record, clips each record's gradient to
+    ``max_grad_norm`` and adds Gaussian noise of standard deviation ``noise_multiplier *
+    max_grad_norm`` to their sum before the AdamW step (Abadi et al., CCS'16). The participant
+    counts what it spent with Opacus' accountant after every round and sits out (``privacy_budget``)
+    the first round that would take it past ``epsilon`` (docs/security.md).
+    """
+
+    epsilon: float = Field(
+        ...,
+        gt=0.0,
+        le=1000.0,
+        description="The participant's total privacy budget epsilon over the run (unitless, "
+        "(0, 1000]): it trains no round that would take its spent epsilon, at delta, past this. "
+        "With noise_multiplier null, the noise is chosen so that training every planned round "
+        "(federation.rounds * federation.inner_steps steps) spends exactly this.",
+    )
+    delta: float = Field(
+        1e-5,
+        gt=0.0,
+        lt=1.0,
+        description="delta of the (epsilon, delta) guarantee (probability, (0, 1)); keep it "
+        "below 1 / the participant's training episodes.",
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="sigma: the noise's standard deviation as a multiple of max_grad_norm "
+        "(unitless, (0, 1000]); null derives it from epsilon over the planned run.",
+    )
+    max_grad_norm: float = Field(
+        1.0,
+        gt=0.0,
+        le=1e6,
+        description="C: every record's gradient is clipped to this L2 norm (unitless, (0, 1e6]).",
+    )
+    sample_rate: float = Field(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        description="q: the probability that an inner step draws each training episode "
+        "(probability, (0, 1]; Poisson sampling).",
+    )
+    windows_per_record: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Windows taken from each drawn episode in one inner step (count); their "
+        "mean loss is the record's loss, whose gradient is clipped as one.",
+    )
+    accountant: Literal["rdp", "prv"] = Field(
+        "rdp",
+        description="Opacus' privacy accountant: 'rdp' (Renyi DP, Mironov 2017) or 'prv' "
+        "(privacy random variables, Gopi et al. 2021; tighter).",
+    )
+
+
 # -------------------------------------------------------------------------------- federation
 class ParticipantSpec(_Section):
     """One participant: an organisation that trains on its own data in its own trust domain."""
@@ -228,6 +292,12 @@ class ParticipantSpec(_Section):
         None,
         description="This participant's rank layout, field by field over federation.ranks "
         "(e.g. {processes_per_node: 2}).",
+    )
+    privacy: PrivacyConfig | None = Field(
+        None,
+        description="Record-level differential privacy this participant applies to its own "
+        "training (DP-SGD with its own budget); null trains without it. In-process "
+        "simulation only so far.",
     )
 
 

@@ -4,8 +4,9 @@ The hash covers exactly the fields that change what is trained: the seed, the mo
 the federation maths and the evaluation. It leaves out names, paths, log settings, the network
 address and TLS paths, deployment placement, the transport (transport parity is an invariant),
 timeouts, ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
-adding that section kept the hash of every other config), and the outer optimizer's schedules
-while they are unset. Two processes of one federation must
+adding that section kept the hash of every other config), the outer optimizer's schedules while
+they are unset, and a participant's ``privacy`` while it is null (so adding them kept the hash of
+every config without a schedule or differential privacy). Two processes of one federation must
 agree on it; when they do not, :func:`differing_fields` names the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
@@ -52,6 +53,9 @@ def hashed_view(config: LensembleConfig) -> dict[str, Any]:
     for schedule in OPTIONAL_SCHEDULES:
         if outer.get(schedule) is None:
             outer.pop(schedule, None)
+    for participant in data["federation"]["participants"]:
+        if participant.get("privacy") is None:
+            participant.pop("privacy", None)
     for path in EXCLUDED_PATHS:
         *parents, leaf = path.split(".")
         node = data

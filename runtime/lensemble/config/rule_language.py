@@ -12,9 +12,9 @@ is small on purpose, so that one text can be
 
 The subset: names and attribute chains; string, number, boolean and ``None`` constants; one
 comparison per ``Compare`` (``< <= > >= == != in`` ``not in`` over a literal tuple or a list
-name, ``is None``, ``is not None``); ``and``, ``or``, ``not``; ``%``; and the calls ``max(a, b)``,
-``len(x)`` and ``matches(pattern, text)`` (an unanchored regular-expression search, as in JSON
-Schema's ``pattern`` and Sprig's ``regexMatch``).
+name, ``is None``, ``is not None``); ``and``, ``or``, ``not``; ``%`` and ``*``; and the calls
+``max(a, b)``, ``len(x)`` and ``matches(pattern, text)`` (an unanchored regular-expression
+search, as in JSON Schema's ``pattern`` and Sprig's ``regexMatch``).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def parsed(text: str) -> ast.expr:
     tree = ast.parse(text, mode="eval").body
     allowed = (
         ast.Name, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp,
-        ast.Call, ast.Tuple, ast.List, ast.Load, ast.And, ast.Or, ast.Not, ast.Mod, ast.Lt,
-        ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot,
+        ast.Call, ast.Tuple, ast.List, ast.Load, ast.And, ast.Or, ast.Not, ast.Mod, ast.Mult,
+        ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot,
     )  # fmt: skip
     for node in ast.walk(tree):
         if not isinstance(node, allowed):

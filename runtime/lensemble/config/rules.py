@@ -115,6 +115,37 @@ RULES: tuple[Rule, ...] = (
         when="known_key",
         schema=_usable_values,
     ),
+    # Differential privacy is a participant's own (docs/security.md#differential-privacy).
+    Rule(
+        "privacy-delta-below-records",
+        "participant",
+        "federation.participants[{i}].privacy.delta",
+        "p.privacy.delta * train < 1",
+        "{p.privacy.delta} is not below 1 / {train} (the participant's training episodes): a "
+        "delta that large allows releasing a whole record; lower it (1e-5 is usual).",
+        when="p.privacy is not None",
+    ),
+    Rule(
+        "privacy-one-rank",
+        "participant",
+        "federation.participants[{i}].privacy",
+        "p.ranks is None and c.federation.ranks.nodes == 1 "
+        "and c.federation.ranks.processes_per_node == 1",
+        "differential privacy runs on a participant of one rank so far; remove the "
+        "participant's ranks and keep federation.ranks at one node and one process, or set "
+        "privacy: null.",
+        when="p.privacy is not None",
+    ),
+    Rule(
+        "privacy-in-process-only",
+        "participant",
+        "federation.participants[{i}].privacy",
+        "c.federation.transport == 'in_process'",
+        "'{c.federation.transport}' cannot carry a participant's differential privacy yet: it "
+        "runs in the in-process simulation only so far (issue 38); set "
+        "federation.transport: in_process or privacy: null.",
+        when="p.privacy is not None",
+    ),
     # ---------------------------------------------------------------- federation
     Rule(
         "quorum-within-participants",

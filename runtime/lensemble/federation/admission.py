@@ -47,12 +47,19 @@ SELF_REPORTED_RANGES: dict[str, tuple[float, float]] = {
     "compute_s": (0.0, 1e6),
     "heldout_loss": (0.0, 1e6),
 }
+#: Statistics kept only when a participant reports them (so a run without them records what it
+#: always did): ``privacy_epsilon``, the differential-privacy epsilon it says it has spent.
+OPTIONAL_REPORTED_RANGES: dict[str, tuple[float, float]] = {
+    "privacy_epsilon": (0.0, 1e6),
+}
 #: Longest rejection detail kept in the ledger (characters).
 MAX_DETAIL = 240
 
 
 def self_reported(metadata: Mapping[str, str]) -> dict[str, float | None]:
     """The statistics a participant reported about itself, bounded by :data:`SELF_REPORTED_RANGES`.
+
+    Those of :data:`OPTIONAL_REPORTED_RANGES` appear only when the metadata has them.
 
     Args:
         metadata: Payload metadata (strings, at most ``MAX_METADATA_VALUE`` characters each).
@@ -61,7 +68,8 @@ def self_reported(metadata: Mapping[str, str]) -> dict[str, float | None]:
         Key -> value, or None when missing, unparseable, not finite or out of range.
     """
     out: dict[str, float | None] = {}
-    for key, (low, high) in SELF_REPORTED_RANGES.items():
+    optional = {k: r for k, r in OPTIONAL_REPORTED_RANGES.items() if k in metadata}
+    for key, (low, high) in {**SELF_REPORTED_RANGES, **optional}.items():
         try:
             value = float(metadata.get(key, "nan"))
         except ValueError:

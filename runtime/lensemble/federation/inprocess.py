@@ -16,6 +16,10 @@ an update the coordinator refuses is forgotten (:meth:`Participant.forget`), so 
 the network transport's for the same faults. Everything is a function of the config, seed and
 fault plan.
 
+A participant whose next attempt would spend past its own differential-privacy budget
+(:class:`~lensemble.errors.PrivacyBudgetExhausted`) says so once in the log and is absent
+(``privacy_budget``) from that attempt on.
+
 A participant whose rank group exhausts its restarts (:class:`~lensemble.errors.RankGroupExhausted`)
 leaves the run as its network process does (it says ``Leave`` and exits): it is absent (``left``)
 from that attempt on, and the run goes on without it while the quorum allows.
@@ -43,13 +47,20 @@ from dataclasses import dataclass
 
 import torch
 
-from lensemble.errors import RankFailure, RankGroupExhausted
+from lensemble.errors import PrivacyBudgetExhausted, RankFailure, RankGroupExhausted
 from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey, flatten
 from lensemble.federation.masking_client import MaskingClient
-from lensemble.federation.messages import LEFT, RANK_FAILURE, RoundOpening, Submission, Verdict
+from lensemble.federation.messages import (
+    LEFT,
+    PRIVACY_BUDGET,
+    RANK_FAILURE,
+    RoundOpening,
+    Submission,
+    Verdict,
+)
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import decode
 from lensemble.federation.quantization import dequantize
@@ -59,6 +70,9 @@ from lensemble.federation.transport import CoordinatorTransport, Traffic
 from lensemble.machinery.cpus import cores_given
 
 _log = logging.getLogger("lensemble.federation.inprocess")
+
+#: Why a participant that was asked to train sends nothing (its absence reason follows).
+TrainingRefused = RankFailure | RankGroupExhausted | PrivacyBudgetExhausted
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,8 @@ class InProcessTransport(CoordinatorTransport):
         #: Participant id -> the error it left the run with (its rank group exhausted its
         #: restarts): absent from every later attempt, as a network participant that exited.
         self.left: dict[str, RankGroupExhausted] = {}
+        #: Participants that said their differential-privacy budget is spent (logged once).
+        self.out_of_budget: set[str] = set()
         #: Participant id -> the payload it released in the open attempt (for omniscient
         #: attackers, which see the honest ones).
         self._released: dict[str, bytes] = {}
@@ -256,20 +272,20 @@ class InProcessTransport(CoordinatorTransport):
         if side_by_side is not None:
             self._compute += side_by_side
 
-    def _train(self, pid: str) -> Contribution | RankFailure | RankGroupExhausted:
-        """``pid``'s contribution to the open attempt, or the rank error it ended with."""
+    def _train(self, pid: str) -> Contribution | TrainingRefused:
+        """``pid``'s contribution to the open attempt, or why it sends none."""
         assert self._opening is not None
         opening, model_payload = self._opening
         try:
             return self.participants[pid].contribute(opening, model_payload, peers=self._peers(pid))
-        except (RankFailure, RankGroupExhausted) as exc:
+        except (RankFailure, RankGroupExhausted, PrivacyBudgetExhausted) as exc:
             return exc
 
     def _deliver(
         self,
         pid: str,
         rank: int,
-        outcome: Contribution | RankFailure | RankGroupExhausted,
+        outcome: Contribution | TrainingRefused,
         *,
         summed: bool = True,
     ) -> None:
@@ -280,6 +296,13 @@ class InProcessTransport(CoordinatorTransport):
         """
         if isinstance(outcome, RankFailure):
             self._absence[pid] = RANK_FAILURE
+            return
+        if isinstance(outcome, PrivacyBudgetExhausted):
+            # The participant's own refusal: said once, then it sits out every attempt.
+            if pid not in self.out_of_budget:
+                _log.warning("%s", outcome)
+                self.out_of_budget.add(pid)
+            self._absence[pid] = PRIVACY_BUDGET
             return
         if isinstance(outcome, RankGroupExhausted):
             # Over the network this participant's process says Leave and exits non-zero; the

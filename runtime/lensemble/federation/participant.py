@@ -55,6 +55,8 @@ class Contribution:
         deserialize_s: Time decoding and verifying the global model (seconds).
         heldout_loss: The held-out loss of the received model as reported (unitless), or
             None when the learner has no held-out split.
+        privacy_epsilon: The differential-privacy epsilon spent after this round, as
+            reported (unitless), or None without differential privacy.
     """
 
     payload: bytes
@@ -64,6 +66,7 @@ class Contribution:
     serialize_s: float = 0.0
     deserialize_s: float = 0.0
     heldout_loss: float | None = None
+    privacy_epsilon: float | None = None
 
 
 def verify_model_payload(
@@ -216,7 +219,12 @@ class Participant:
         return True
 
     def _metadata(
-        self, opening: RoundOpening, mean_loss: float, compute_s: float, heldout: float | None
+        self,
+        opening: RoundOpening,
+        mean_loss: float,
+        compute_s: float,
+        heldout: float | None,
+        privacy_epsilon: float | None = None,
     ) -> dict[str, str]:
         """The update's metadata: what it is for, and the statistics this participant reports."""
         fed = self.config.federation
@@ -233,6 +241,8 @@ class Participant:
         }
         if heldout is not None:
             metadata["heldout_loss"] = repr(float(heldout))
+        if privacy_epsilon is not None:
+            metadata["privacy_epsilon"] = repr(float(privacy_epsilon))
         return metadata
 
     def contribute(
@@ -261,6 +271,8 @@ class Participant:
             IntegrityError: The model payload does not match ``opening.model_hash``.
             ResidencyViolation: The outgoing payload is not a model-shaped pseudo-gradient.
             PayloadError: The pseudo-gradient is not finite.
+            PrivacyBudgetExhausted: Training would spend past the participant's own
+                differential-privacy budget; nothing was trained or sealed.
         """
         fed = self.config.federation
         self.settle_snapshot()  # the previous round's, before training changes the state
@@ -286,7 +298,9 @@ class Participant:
             delta = self.attacker.tamper(*here, delta, peers)
             heldout = self.attacker.report(*here, heldout)
         wire = quantize(delta, fed.quantization, fed.int8_chunk)
-        metadata = self._metadata(opening, local.mean_loss, compute_s, heldout)
+        metadata = self._metadata(
+            opening, local.mean_loss, compute_s, heldout, local.privacy_epsilon
+        )
         payload = self.guard.seal(wire, metadata)
         serialize_s = time.perf_counter() - encode_start
         self._trained = here
@@ -309,4 +323,5 @@ class Participant:
             serialize_s=serialize_s,
             deserialize_s=deserialize_s,
             heldout_loss=heldout,
+            privacy_epsilon=local.privacy_epsilon,
         )

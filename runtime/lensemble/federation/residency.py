@@ -29,6 +29,7 @@ ALLOWED_METADATA = frozenset(
         "mean_loss",
         "compute_s",
         "heldout_loss",
+        "privacy_epsilon",
     }
 )
 MAX_METADATA_VALUE = 128

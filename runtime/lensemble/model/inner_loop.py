@@ -17,8 +17,9 @@ rather than torch's default), and the inner steps run single-threaded
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +29,7 @@ from lensemble.learner import LocalRound
 from lensemble.machinery.determinism import single_threaded
 from lensemble.model.kstep import heldout_error
 from lensemble.model.objective import jepa_loss
+from lensemble.model.privacy_budget import PrivacyBudget, planned_noise_multiplier
 from lensemble.model.worldmodel import (
     Params,
     WorldModel,
@@ -38,10 +40,15 @@ from lensemble.model.worldmodel import (
 from lensemble.seeds import derive
 
 if TYPE_CHECKING:
-    from lensemble.config.schema import LensembleConfig
+    from opacus.optimizers import DPOptimizer
+
+    from lensemble.config.schema import LensembleConfig, PrivacyConfig
     from lensemble.data.trajectories import ParticipantData
 
 _MOMENTS = ("exp_avg", "exp_avg_sq", "step")
+#: Inner-state entry of the DP-SGD steps a participant has taken (its privacy spend): float64
+#: ``[k, 3]``, one ``(sigma, q, steps)`` row per stretch of steps at the same mechanism.
+PRIVACY_SPEND = "privacy.spend"
 
 
 def check_inner_state(
@@ -54,8 +61,9 @@ def check_inner_state(
     """Check a participant's saved inner state against the model it is loaded into.
 
     The state holds ``optimizer.{exp_avg,exp_avg_sq,step}.<name>`` for every parameter when it
-    holds any optimizer entry, and ``ema.encoder.<name>`` for every encoder parameter when it
-    holds any EMA entry (only with an ``encoder`` given); an empty state is always valid.
+    holds any optimizer entry, ``ema.encoder.<name>`` for every encoder parameter when it
+    holds any EMA entry (only with an ``encoder`` given), and may hold ``privacy.spend`` (rows
+    of ``(sigma, q, steps)``); an empty state is always valid.
 
     Args:
         state: Name -> tensor, as a learner's ``inner_state()`` returned it.
@@ -74,6 +82,10 @@ def check_inner_state(
             expected[f"optimizer.step.{name}"] = torch.zeros(())
     if encoder is not None and any(key.startswith("ema.") for key in state):
         expected.update({f"ema.encoder.{n}": p for n, p in encoder.items()})
+    spend = state.get(PRIVACY_SPEND)
+    if spend is not None:
+        rows = spend.shape[0] if spend.dim() == 2 else 1  # any number of (sigma, q, steps) rows
+        expected[PRIVACY_SPEND] = torch.zeros((rows, 3), dtype=torch.float64)
     try:
         check_architecture(state, expected, f"inner state of participant '{participant_id}'")
     except ArchitectureMismatch as exc:
@@ -87,13 +99,30 @@ def check_inner_state(
 class WorldModelLearner:
     """A participant's local training of the world model (the DiLoCo inner loop).
 
+    With ``privacy`` (the participant's own section, ``federation.participants[i].privacy``)
+    every inner step is a DP-SGD step (:mod:`lensemble.model.dp_sgd`) and the learner keeps its
+    privacy budget (:class:`~lensemble.model.privacy_budget.PrivacyBudget`): it refuses a round
+    that would spend past it, reports what it has spent, and reports no training loss (an
+    unprotected statistic of its records).
+
     Args:
         config: The run's config (``model``, ``data.window``, ``federation.inner_optimizer``).
         participant_id: This participant's id (seeds its batches).
         data: Its private data; only ``data.train`` is trained on.
+        privacy: Differential privacy of the inner steps, None for plain AdamW steps.
+        noise_seed: The participant's secret seed of DP-SGD's randomness; None derives it from
+            ``run.root_seed`` and the id, as a simulation does (not secret).
     """
 
-    def __init__(self, config: LensembleConfig, participant_id: str, data: ParticipantData) -> None:
+    def __init__(
+        self,
+        config: LensembleConfig,
+        participant_id: str,
+        data: ParticipantData,
+        *,
+        privacy: PrivacyConfig | None = None,
+        noise_seed: int | None = None,
+    ) -> None:
         self.config = config
         self.participant_id = participant_id
         self.data = data
@@ -112,6 +141,22 @@ class WorldModelLearner:
         self._obs = data.train.obs
         self._actions = data.train.actions
         self._scorer: WorldModel | None = None  # scores received models (heldout_loss)
+        self.privacy = privacy
+        self.budget: PrivacyBudget | None = None
+        self._dp: DPOptimizer | None = None
+        self._noise_seed = 0
+        if privacy is not None:
+            from lensemble.model.dp_sgd import dp_optimizer
+
+            fed = config.federation
+            sigma = planned_noise_multiplier(privacy, fed.rounds * fed.inner_steps)
+            self.budget = PrivacyBudget(participant_id, privacy, sigma)
+            self._dp = dp_optimizer(self.optimizer, privacy, sigma, int(self._obs.shape[0]))
+            self._noise_seed = (
+                noise_seed
+                if noise_seed is not None
+                else derive(config.run.root_seed, f"dp-noise:{participant_id}")
+            )
 
     # ------------------------------------------------------------------ the Learner protocol
     def train_round(
@@ -134,6 +179,8 @@ class WorldModelLearner:
         """
         current = dict(self.model.named_parameters())
         check_architecture(global_params, current, "global parameters")
+        if self.budget is not None:
+            self.budget.require(steps, round_index)
         seed = derive(
             self.config.run.root_seed, f"batches:{self.participant_id}:round:{round_index}"
         )
@@ -150,6 +197,8 @@ class WorldModelLearner:
                 self._target = build_model(self.config, self.data.spec)
                 self._target.load_state_dict(self.model.state_dict())
             target = self._target.encode if self._target is not None else None
+            if self._dp is not None:
+                return self._private_round(steps, round_index, target, start)
             for _ in range(steps):
                 obs, actions = self._sample(generator, batch)
                 terms = jepa_loss(
@@ -171,6 +220,41 @@ class WorldModelLearner:
         params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
         return LocalRound(
             params=params, mean_loss=float(total) / max(steps, 1), compute_seconds=seconds
+        )
+
+    def _private_round(
+        self,
+        steps: int,
+        round_index: int,
+        target: Callable[[torch.Tensor], torch.Tensor] | None,
+        start: float,
+    ) -> LocalRound:
+        """``steps`` DP-SGD steps (inside :meth:`train_round`); the spend is counted after."""
+        from lensemble.model.dp_sgd import private_step
+
+        assert self._dp is not None and self.budget is not None and self.privacy is not None
+        secret = torch.Generator().manual_seed(derive(self._noise_seed, f"round:{round_index}"))
+        self._dp.generator = secret
+        for _ in range(steps):
+            private_step(
+                self.model,
+                self.config,
+                self._dp,
+                privacy=self.privacy,
+                data=(self._obs, self._actions),
+                generator=secret,
+                target_encoder=target,
+            )
+            self.budget.steps += 1
+            if self._target is not None:
+                self._update_ema(self.config.model.ema_decay)
+        seconds = time.perf_counter() - start
+        params = {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        return LocalRound(
+            params=params,
+            mean_loss=math.nan,
+            compute_seconds=seconds,
+            privacy_epsilon=self.budget.spent,
         )
 
     def heldout_loss(self, global_params: Mapping[str, torch.Tensor]) -> float | None:
@@ -197,8 +281,9 @@ class WorldModelLearner:
         Returns:
             ``optimizer.exp_avg.<param>``, ``optimizer.exp_avg_sq.<param>`` and
             ``optimizer.step.<param>`` (float32 scalar) for every parameter once a round has
-            run, and ``ema.<encoder param>`` when the EMA target exists; empty before the
-            first round.
+            run, ``ema.<encoder param>`` when the EMA target exists, and ``privacy.spend``
+            (float64 ``[k, 3]``: ``(sigma, q, steps)`` per stretch of DP-SGD steps) under
+            differential privacy; empty before the first round.
         """
         out: Params = {}
         params = dict(self.model.named_parameters())
@@ -210,6 +295,8 @@ class WorldModelLearner:
         if self._target is not None:
             for name, p in self._target.encoder.named_parameters():
                 out[f"ema.encoder.{name}"] = p.detach().clone()
+        if self.budget is not None:
+            out[PRIVACY_SPEND] = torch.tensor(self.budget.segments(), dtype=torch.float64)
         return out
 
     def load_inner_state(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -238,6 +325,9 @@ class WorldModelLearner:
                     p.copy_(state[f"ema.encoder.{n}"])
         else:
             self._target = None
+        if self.budget is not None and PRIVACY_SPEND in state:
+            rows = state[PRIVACY_SPEND].reshape(-1, 3).tolist()
+            self.budget.restore([(float(s), float(q), int(n)) for s, q, n in rows])
 
     # ---------------------------------------------------------------------------- helpers
     def _sample(self, generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

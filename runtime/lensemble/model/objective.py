@@ -89,11 +89,29 @@ def sigreg_regularizer(latents: torch.Tensor, generator: torch.Generator) -> tor
     Returns:
         Scalar, 0 when every projection is exactly standard normal in distribution.
     """
-    d = latents.shape[1]
+    return sigreg_statistic(latents, sigreg_directions(latents, generator))
+
+
+def sigreg_directions(latents: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """SIGReg's random unit directions for ``latents`` (``[N, D]``): ``[D, M]``, one draw."""
+    d = latents.shape[-1]
     directions = torch.randn(d, SIGREG_DIRECTIONS, generator=generator).to(
         device=latents.device, dtype=latents.dtype
     )
-    directions = directions / directions.norm(dim=0, keepdim=True)
+    unit: torch.Tensor = directions / directions.norm(dim=0, keepdim=True)
+    return unit
+
+
+def sigreg_statistic(latents: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """SIGReg's Epps-Pulley distance (:func:`sigreg_regularizer`) along given ``directions``.
+
+    Args:
+        latents: ``[N, D]`` latents.
+        directions: ``[D, M]`` unit directions (:func:`sigreg_directions`).
+
+    Returns:
+        Scalar, 0 when every projection is exactly standard normal in distribution.
+    """
     projected = latents @ directions  # [N, M]
     t = torch.linspace(
         0.0, _SIGREG_T_MAX, _SIGREG_POINTS, dtype=latents.dtype, device=latents.device
@@ -115,6 +133,7 @@ def jepa_loss(
     generator: torch.Generator,
     target_encoder: Callable[[torch.Tensor], torch.Tensor] | None = None,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    directions: torch.Tensor | None = None,
 ) -> LossTerms:
     """The JEPA loss of a batch of windows.
 
@@ -129,6 +148,9 @@ def jepa_loss(
             under stop-gradient.
         gather: Maps this process's ``[N, D]`` latents to the whole batch's before the
             regularizer (a rank group's all-gather); ``None`` keeps them as they are.
+        directions: SIGReg's ``[D, M]`` directions drawn beforehand (:func:`sigreg_directions`;
+            DP-SGD draws them once for every record of a step); ``None`` draws them from
+            ``generator``.
 
     Returns:
         The total loss and its parts.
@@ -146,6 +168,8 @@ def jepa_loss(
         flat = gather(flat)
     if regularizer == "vicreg":
         reg = vicreg_regularizer(flat)
+    elif directions is not None:
+        reg = sigreg_statistic(flat, directions)
     else:
         reg = sigreg_regularizer(flat, generator)
     total = prediction + weight * reg

@@ -191,12 +191,18 @@ class RankGroupLearner:
 
 
 def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantData) -> Learner:
-    """The participant's learner: single-process for one rank, a rank group otherwise."""
+    """The participant's learner: single-process for one rank, a rank group otherwise.
+
+    A single-process learner applies the participant's own ``privacy`` section
+    (``federation.participants[i].privacy``); the config's rules keep it to one rank.
+    """
     if config.rank_layout(participant_id).world_size > 1:
         return RankGroupLearner(config, participant_id, data)
     from lensemble.model.inner_loop import WorldModelLearner
 
-    return WorldModelLearner(config, participant_id, data)
+    # The participant's own privacy section: nothing the coordinator sends sets it.
+    privacy = config.participant(participant_id).privacy
+    return WorldModelLearner(config, participant_id, data, privacy=privacy)
 
 
 def build_learner(config: LensembleConfig, participant_id: str) -> Learner:

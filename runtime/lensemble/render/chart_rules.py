@@ -118,6 +118,8 @@ def go(node: ast.expr, names: Names) -> str:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
         left, right = (f"(int {go(side, names)})" for side in (node.left, node.right))
         return f"(float64 (mod {left} {right}))"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return f"(mulf {go(node.left, names)} {go(node.right, names)})"
     if isinstance(node, ast.Call):
         return _call(node, names)
     raise NotExpressible(f"{ast.unparse(node)} has no Go template translation")
