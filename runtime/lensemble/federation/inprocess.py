@@ -42,7 +42,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -261,6 +261,9 @@ class InProcessTransport(CoordinatorTransport):
         if self._pool is not None and len(jobs) > 1:
             start = time.perf_counter()
             futures = [self._pool.submit(self._train, pid) for _, pid in jobs]
+            # Every participant finishes before an error (a crash, a residency violation) goes
+            # up: none is left writing its state while the run stops or resumes.
+            wait(futures)
             outcomes = [future.result() for future in futures]
             # Side by side, the round waits for the slowest, not for the sum of them all.
             side_by_side: float | None = time.perf_counter() - start
