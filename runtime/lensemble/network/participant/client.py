@@ -42,7 +42,13 @@ from lensemble.network.shared.payload_limits import payload_limits
 from lensemble.network.shared.proto import lensemble_pb2 as pb
 from lensemble.network.shared.proto import lensemble_pb2_grpc as pb_grpc
 from lensemble.network.shared.security import channel_credentials
-from lensemble.network.shared.streams import Assembler, chunk_count, chunks, with_bytes_field
+from lensemble.network.shared.streams import (
+    Assembler,
+    chunk_count,
+    chunks,
+    first_message,
+    with_bytes_field,
+)
 
 _log = logging.getLogger("lensemble.network.participant")
 #: Downloads that go over FetchModel at once after the download port failed (unreachable, a
@@ -172,12 +178,7 @@ class CoordinatorClient:
             timeout=self.timeout_s,
             metadata=self.metadata,
         )
-        try:
-            for announcement in call:
-                return announcement  # type: ignore[no-any-return]
-        finally:
-            call.cancel()
-        return None
+        return first_message(call)  # type: ignore[no-any-return]
 
     def fetch(self, announcement: pb.RoundAnnouncement) -> bytes:
         """Download the round's model payload.

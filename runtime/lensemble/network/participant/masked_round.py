@@ -45,7 +45,7 @@ from lensemble.network.participant.peer_keys import (
 from lensemble.network.shared.logs import event
 from lensemble.network.shared.peer_text import shown
 from lensemble.network.shared.proto import lensemble_pb2 as pb
-from lensemble.network.shared.streams import chunk_count, chunks
+from lensemble.network.shared.streams import chunk_count, chunks, first_message
 
 _log = logging.getLogger("lensemble.network.participant")
 
@@ -167,12 +167,7 @@ class MaskedRounds:
             timeout=client.timeout_s * 2,
             metadata=client.metadata,
         )
-        try:
-            for message in call:
-                return message  # type: ignore[no-any-return]
-        finally:
-            call.cancel()
-        return None
+        return first_message(call)  # type: ignore[no-any-return]
 
     def _handle(self, state: _Attempt, message: pb.MaskingStage, on_error: OnError) -> None:
         """Answer one stage message (when this participant may and can) and upload the answer."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from lensemble.errors import PayloadError
 from lensemble.federation.intake import Landing
@@ -315,3 +316,20 @@ class Assembler:
             return self.landing.finish()
         assert self._buffer is not None
         return self._buffer.finish()
+
+
+def first_message(call: Any) -> Any:
+    """The first message of a server stream, or None when it ends empty; the call is cancelled.
+
+    Args:
+        call: A gRPC response iterator (``grpc.Call`` and iterable), e.g. of ``WatchRounds``.
+
+    Raises:
+        grpc.RpcError: The call failed before its first message.
+    """
+    try:
+        for message in call:
+            return message
+    finally:
+        call.cancel()
+    return None
