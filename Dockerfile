@@ -87,7 +87,7 @@ RUN --mount=type=bind,from=wheelhouse,source=/wheelhouse,target=/wheelhouse \
     --mount=type=tmpfs,target=/run/pip-ca \
     set -eu; \
     if [ "${TORCH_CUDA}" != "cpu" ]; then sed -i '/^torch==/d' constraints.txt; fi; \
-    pip install -c constraints.txt '.[train,kms]' --find-links /wheelhouse; \
+    pip install -c constraints.txt '.[train,kms,dp]' --find-links /wheelhouse; \
     pip check
 
 # ---------------------------------------------------------------------------- runtime stage

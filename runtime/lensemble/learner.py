@@ -46,6 +46,10 @@ class Learner(Protocol):
     Inner optimizer state (AdamW moments, an EMA target if any) stays with the learner across
     rounds, as in DiLoCo (arXiv 2311.08105, Algorithm 1): only parameters are reset to the
     global model at the start of each round.
+
+    The in-process simulation trains several learners at once on worker threads; a learner
+    that must train on the main thread says so with a class attribute
+    ``main_thread_only = True`` (a rank group, whose launcher installs signal handlers).
     """
 
     def train_round(

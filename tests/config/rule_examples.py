@@ -78,20 +78,21 @@ BREAKING: dict[str, Breaking] = {
         (("federation.participants[0].env_params.m", -1.0),),
         "federation.participants[0].env_params.m",
     ),
-    # The chart always runs the network transport, which a participant's privacy refuses too.
     "privacy-delta-below-records": Breaking(
         LOCAL,
         ((f"{P1}.privacy", {**PRIVACY, "delta": 0.1}),),
         f"{P1}.privacy.delta",
-        also=(f"{P1}.privacy",),
     ),
     "privacy-one-rank": Breaking(
         LOCAL,
         ((f"{P1}.privacy", PRIVACY), (f"{P1}.ranks", {"processes_per_node": 2})),
         f"{P1}.privacy",
-        also=(f"{P1}.privacy",),
     ),
-    "privacy-in-process-only": Breaking(STAGING, ((f"{P1}.privacy", PRIVACY),), f"{P1}.privacy"),
+    "privacy-needs-its-own-key": Breaking(
+        LOCAL,
+        ((f"{P1}.privacy", PRIVACY), ("network.auth", "insecure"), ("network.tls.enabled", False)),
+        f"{P1}.privacy",
+    ),
     "quorum-within-participants": Breaking(
         STAGING, (("federation.quorum", 9),), "federation.quorum"
     ),

@@ -22,6 +22,7 @@ from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import (
     ABSTENTION_REASONS,
+    PRIVACY_BUDGET,
     RANK_FAILURE,
     Reason,
     RoundOpening,
@@ -119,8 +120,9 @@ def _refused(outcome: Abstention | Rejection, reason: str, status: grpc.StatusCo
 
 
 # ------------------------------------------------------------------------------ accepted
-def test_the_vocabulary_is_closed_and_names_the_in_process_reason() -> None:
-    assert frozenset({RANK_FAILURE}) == ABSTENTION_REASONS and RANK_FAILURE == "rank_failure"
+def test_the_vocabulary_is_closed_and_names_the_in_process_reasons() -> None:
+    assert frozenset({RANK_FAILURE, PRIVACY_BUDGET}) == ABSTENTION_REASONS
+    assert (RANK_FAILURE, PRIVACY_BUDGET) == ("rank_failure", "privacy_budget")
 
 
 def test_an_abstention_is_recorded_and_the_attempt_stops_waiting_for_it() -> None:
@@ -206,7 +208,16 @@ def test_a_repeat_is_a_duplicate_in_the_attempt_and_after_it_closed() -> None:
 # ------------------------------------------------------------------------------ refused
 @pytest.mark.parametrize(
     "reason",
-    ["", "timeout", "disconnected", "RANK_FAILURE", "rank_failure ", "rank_failure\n", "x" * 4096],
+    [
+        "",
+        "timeout",
+        "disconnected",
+        "RANK_FAILURE",
+        "rank_failure ",
+        "rank_failure\n",
+        "privacy_budget:1",
+        "x" * 4096,
+    ],
 )
 def test_an_unknown_reason_is_refused_and_changes_nothing(reason: str) -> None:
     transport = _joined()

@@ -79,9 +79,9 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (and (not (kindIs "invalid" $p.privacy)) (not (and (kindIs "invalid" $p.ranks) (eq (float64 $c.federation.ranks.nodes) 1.0) (eq (float64 $c.federation.ranks.processes_per_node) 1.0)))) -}}
 {{- fail (printf "config.federation.participants[%v].privacy: differential privacy runs on a participant of one rank so far; remove the participant's ranks and keep federation.ranks at one node and one process, or set privacy: null." $i) -}}
 {{- end -}}
-{{- /* privacy-in-process-only */ -}}
-{{- if (and (not (kindIs "invalid" $p.privacy)) (not (eq $c.federation.transport "in_process"))) -}}
-{{- fail (printf "config.federation.participants[%v].privacy: '%v' cannot carry a participant's differential privacy yet: it runs in the in-process simulation only so far (issue 38); set federation.transport: in_process or privacy: null." $i $c.federation.transport) -}}
+{{- /* privacy-needs-its-own-key */ -}}
+{{- if (and (not (kindIs "invalid" $p.privacy)) (not (or (eq $c.federation.transport "in_process") $c.network.tls.enabled))) -}}
+{{- fail (printf "config.federation.participants[%v].privacy: over the network a participant seeds its differential-privacy noise from its own TLS key, so it needs network.tls.enabled: true (or privacy: null)." $i) -}}
 {{- end -}}
 {{- /* sovereign-own-trust-domain */ -}}
 {{- if (and (eq $c.deployment.environment "sovereign-prod") (not (eq $owner ""))) -}}
@@ -140,7 +140,7 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- end -}}
 {{- /* masking-needs-client-certificates */ -}}
 {{- if (and (and (eq $c.federation.aggregation "masking") (eq $c.federation.transport "network")) (not (and (eq $c.network.tls.enabled true) (eq $c.network.tls.client_auth true)))) -}}
-{{- fail (printf "config.network.tls.client_auth: %v cannot carry masking over the network: every participant signs its secure-aggregation keys with the key of its client certificate, so set network.tls.enabled: true and network.tls.client_auth: true (network.auth: mtls), or federation.aggregation: plain." $c.network.tls.client_auth) -}}
+{{- fail (printf "config.network.tls.client_auth: masking over the network needs client certificates: every participant signs its secure-aggregation keys with the key of its client certificate, so set network.tls.enabled: true and network.tls.client_auth: true (network.auth: mtls), or federation.aggregation: plain.") -}}
 {{- end -}}
 {{- /* int8-chunk-needs-int8 */ -}}
 {{- if (and (ne $c.federation.quantization "int8") (not (eq (float64 $c.federation.int8_chunk) 0.0))) -}}

@@ -148,7 +148,12 @@ def _run_participant(
     built: list[Learner] = []
 
     def learner() -> Learner:
-        built.append(build_learner(cfg, pid))
+        seed = None
+        if cfg.participant(pid).privacy is not None:
+            from lensemble.network.participant.privacy_seed import noise_seed
+
+            seed = noise_seed(cfg, pid)  # its own secret, never the run seed
+        built.append(build_learner(cfg, pid, noise_seed=seed))
         return built[-1]
 
     try:

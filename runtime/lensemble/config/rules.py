@@ -137,13 +137,12 @@ RULES: tuple[Rule, ...] = (
         when="p.privacy is not None",
     ),
     Rule(
-        "privacy-in-process-only",
+        "privacy-needs-its-own-key",
         "participant",
         "federation.participants[{i}].privacy",
-        "c.federation.transport == 'in_process'",
-        "'{c.federation.transport}' cannot carry a participant's differential privacy yet: it "
-        "runs in the in-process simulation only so far (issue 38); set "
-        "federation.transport: in_process or privacy: null.",
+        "c.federation.transport == 'in_process' or c.network.tls.enabled",
+        "over the network a participant seeds its differential-privacy noise from its own TLS "
+        "key, so it needs network.tls.enabled: true (or privacy: null).",
         when="p.privacy is not None",
     ),
     # ---------------------------------------------------------------- federation
@@ -214,8 +213,8 @@ RULES: tuple[Rule, ...] = (
         "config",
         "network.tls.client_auth",
         "c.network.tls.enabled == True and c.network.tls.client_auth == True",
-        "{c.network.tls.client_auth} cannot carry masking over the network: every participant "
-        "signs its secure-aggregation keys with the key of its client certificate, so set "
+        "masking over the network needs client certificates: every participant signs its "
+        "secure-aggregation keys with the key of its client certificate, so set "
         "network.tls.enabled: true and network.tls.client_auth: true (network.auth: mtls), or "
         "federation.aggregation: plain.",
         when=f"{MASKING} and {NETWORK}",

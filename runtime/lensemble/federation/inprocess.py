@@ -260,11 +260,18 @@ class InProcessTransport(CoordinatorTransport):
             jobs.append((rank, pid))
         if self._pool is not None and len(jobs) > 1:
             start = time.perf_counter()
-            futures = [self._pool.submit(self._train, pid) for _, pid in jobs]
-            # Every participant finishes before an error (a crash, a residency violation) goes
-            # up: none is left writing its state while the run stops or resumes.
-            wait(futures)
-            outcomes = [future.result() for future in futures]
+            futures = {
+                pid: self._pool.submit(self._train, pid)
+                for _, pid in jobs
+                if not self._main_thread_only(pid)
+            }
+            try:
+                here = {pid: self._train(pid) for _, pid in jobs if pid not in futures}
+            finally:
+                # Every participant finishes before an error (a crash, a residency violation)
+                # goes up: none is left writing its state while the run stops or resumes.
+                wait(futures.values())
+            outcomes = [here[pid] if pid in here else futures[pid].result() for _, pid in jobs]
             # Side by side, the round waits for the slowest, not for the sum of them all.
             side_by_side: float | None = time.perf_counter() - start
         else:
@@ -274,6 +281,10 @@ class InProcessTransport(CoordinatorTransport):
             self._deliver(pid, rank, outcome, summed=side_by_side is None)
         if side_by_side is not None:
             self._compute += side_by_side
+
+    def _main_thread_only(self, pid: str) -> bool:
+        """Whether ``pid``'s learner must train on this thread (a rank group's launcher)."""
+        return bool(getattr(self.participants[pid].learner, "main_thread_only", False))
 
     def _train(self, pid: str) -> Contribution | TrainingRefused:
         """``pid``'s contribution to the open attempt, or why it sends none."""

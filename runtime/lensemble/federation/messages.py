@@ -75,14 +75,14 @@ LEFT = "left"
 
 #: ``RoundRecord.excluded`` reason of a participant that sits an attempt out because training
 #: it would spend past its own differential-privacy budget
-#: (:class:`lensemble.errors.PrivacyBudgetExhausted`); it sits out every later one too. In-process
-#: only so far: the network's ``Abstain`` vocabulary does not carry it yet.
+#: (:class:`lensemble.errors.PrivacyBudgetExhausted`); it sits out every later one too (over the
+#: network it says so with ``Abstain``).
 PRIVACY_BUDGET = "privacy_budget"
 
 #: The closed vocabulary of reasons a participant may give for sitting out an open attempt (the
 #: network transport's ``Abstain`` call; the in-process transport records the same reasons).
 #: Anything else a peer sends is refused and changes nothing.
-ABSTENTION_REASONS: frozenset[str] = frozenset({RANK_FAILURE})
+ABSTENTION_REASONS: frozenset[str] = frozenset({RANK_FAILURE, PRIVACY_BUDGET})
 
 
 class Reason(StrEnum):

@@ -51,7 +51,12 @@ class RankGroupLearner:
     Attributes:
         failures: Rounds lost to a dead rank so far (count).
         launch_seconds: Wall time of the last launch, start-up included (seconds).
+        main_thread_only: True: torch's elastic launcher installs its signal handlers only on
+            the main thread (without them a stopped run could orphan its ranks), so the
+            simulation never trains this learner on a worker thread.
     """
+
+    main_thread_only = True
 
     def __init__(self, config: LensembleConfig, participant_id: str, data: ParticipantData) -> None:
         self.config = config
@@ -190,11 +195,19 @@ class RankGroupLearner:
             shutil.rmtree(self._root, ignore_errors=True)
 
 
-def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantData) -> Learner:
+def learner_for(
+    config: LensembleConfig,
+    participant_id: str,
+    data: ParticipantData,
+    *,
+    noise_seed: int | None = None,
+) -> Learner:
     """The participant's learner: single-process for one rank, a rank group otherwise.
 
     A single-process learner applies the participant's own ``privacy`` section
-    (``federation.participants[i].privacy``); the config's rules keep it to one rank.
+    (``federation.participants[i].privacy``); the config's rules keep it to one rank. Its
+    DP-SGD randomness comes from ``noise_seed``, the participant's secret (None: derived from
+    the run seed, as the in-process simulation does).
     """
     if config.rank_layout(participant_id).world_size > 1:
         return RankGroupLearner(config, participant_id, data)
@@ -202,10 +215,12 @@ def learner_for(config: LensembleConfig, participant_id: str, data: ParticipantD
 
     # The participant's own privacy section: nothing the coordinator sends sets it.
     privacy = config.participant(participant_id).privacy
-    return WorldModelLearner(config, participant_id, data, privacy=privacy)
+    return WorldModelLearner(config, participant_id, data, privacy=privacy, noise_seed=noise_seed)
 
 
-def build_learner(config: LensembleConfig, participant_id: str) -> Learner:
+def build_learner(
+    config: LensembleConfig, participant_id: str, *, noise_seed: int | None = None
+) -> Learner:
     """The participant's learner (:func:`learner_for`), its data read from its cache or collected.
 
     Raises:
@@ -214,4 +229,5 @@ def build_learner(config: LensembleConfig, participant_id: str) -> Learner:
     """
     from lensemble.data.trajectories import load_or_collect
 
-    return learner_for(config, participant_id, load_or_collect(config, participant_id))
+    data = load_or_collect(config, participant_id)
+    return learner_for(config, participant_id, data, noise_seed=noise_seed)

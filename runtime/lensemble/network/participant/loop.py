@@ -16,7 +16,8 @@ over :class:`~lensemble.network.participant.client.CoordinatorClient`:
    the round's deadline; the coordinator counts it once. A round lost to a dead rank
    (:class:`~lensemble.errors.RankFailure`) is reported with **Abstain** (reason
    ``rank_failure``), so the coordinator records it as the in-process transport does and stops
-   waiting for this participant.
+   waiting for this participant; so is every round that training would spend past the
+   participant's own differential-privacy budget (reason ``privacy_budget``).
 
 What a failed call means is :mod:`lensemble.network.participant.call_errors`'s; when to retry
 it, :mod:`lensemble.network.participant.retries`'s.
@@ -38,11 +39,12 @@ from lensemble.errors import (
     ConfigProblem,
     IntegrityError,
     PayloadError,
+    PrivacyBudgetExhausted,
     RankFailure,
     RankGroupExhausted,
 )
 from lensemble.federation.faults import FaultPlan
-from lensemble.federation.messages import RANK_FAILURE, RoundOpening
+from lensemble.federation.messages import PRIVACY_BUDGET, RANK_FAILURE, RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.network.participant.backoff import Backoff
 from lensemble.network.participant.call_errors import CallError, Failure, classify
@@ -103,6 +105,8 @@ class ParticipantLoop:
             on_ready=self._ready,
         )
         # Masked rounds: the update stays here, only the secure-aggregation answers leave.
+        #: Whether it said its differential-privacy budget is spent (said once, in the log).
+        self._out_of_budget = False
         self.masked = (
             MaskedRounds(config, client, participant.architecture, self.stop)
             if config.federation.aggregation == "masking"
@@ -326,6 +330,12 @@ class ParticipantLoop:
             except RankFailure as exc:  # a rank died: the round is lost, the group restarts
                 _log.error("skipping %s: %s", where, exc)
                 self._abstain(opening, RANK_FAILURE)
+                return None
+            except PrivacyBudgetExhausted as exc:  # its own budget: it sits out from now on
+                if not self._out_of_budget:
+                    _log.warning("%s", exc)
+                    self._out_of_budget = True
+                self._abstain(opening, PRIVACY_BUDGET)
                 return None
             self.metrics.contributed(
                 compute_s=contribution.compute_s,

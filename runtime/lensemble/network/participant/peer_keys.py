@@ -66,8 +66,10 @@ def own_identity(config: LensembleConfig, participant: str) -> identity.SigningK
     return key  # type: ignore[return-value]
 
 
-def secret_seed(key: identity.SigningKey, config: LensembleConfig) -> bytes:
-    """The participant's 32-byte secret seed for every masked session of this run.
+def secret_seed(
+    key: identity.SigningKey, config: LensembleConfig, *, salt: bytes = SEED_SALT
+) -> bytes:
+    """The participant's 32-byte secret seed for every masked session of this run (``salt``).
 
     Derived with HKDF-SHA256 from the participant's own private key (its PKCS#8 DER bytes) and
     the run (its name and config hash): secret, since only the key's holder can compute it, yet
@@ -81,7 +83,7 @@ def secret_seed(key: identity.SigningKey, config: LensembleConfig) -> bytes:
         serialization.NoEncryption(),
     )
     run = f"{config.run.name}:{config_hash(config)}".encode()
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=SEED_SALT, info=run).derive(material)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=run).derive(material)
 
 
 def trusted_authorities(config: LensembleConfig, participant: str) -> list[x509.Certificate]:
