@@ -92,7 +92,7 @@ def test_build_args_choose_the_torch_line(dockerfile: DockerfileParser) -> None:
     assert "--find-links /wheelhouse -c /wheelhouse/constraints.txt" in torch_layer[0]
     # torch comes first, in its own layer, before the package and its constraints.
     assert runs.index(torch_layer[0]) < next(
-        i for i, r in enumerate(runs) if "pip install -c constraints.txt '.[train,kms]'" in r
+        i for i, r in enumerate(runs) if "pip install -c constraints.txt '.[train,kms,dp]'" in r
     )
     # Only torch in that layer (two alternative pip commands, both for TORCH_SPEC).
     assert torch_layer[0].count("pip install") == 2
@@ -101,11 +101,12 @@ def test_build_args_choose_the_torch_line(dockerfile: DockerfileParser) -> None:
 
 def test_installs_with_the_readme_command(dockerfile: DockerfileParser) -> None:
     # The image runs a federation: the README's quick-start install ([train]), plus [kms] so a
-    # sovereign-prod coordinator can sign its run record with its KMS key.
+    # sovereign-prod coordinator can sign its run record with its KMS key, and [dp] so a
+    # participant can train with its own differential privacy.
     readme_commands = set(re.findall(r"pip install -c constraints\.txt \S+", README))
     assert "pip install -c constraints.txt '.[train]'" in readme_commands
     runs = " ".join(i["value"] for i in instructions(dockerfile, "RUN"))
-    assert "pip install -c constraints.txt '.[train,kms]'" in runs
+    assert "pip install -c constraints.txt '.[train,kms,dp]'" in runs
     # For CUDA lines only, the CPU torch pin is dropped from the constraints.
     assert re.search(
         r'if \[ "\$\{TORCH_CUDA\}" != "cpu" \]; then sed -i \'/\^torch==/d\' constraints\.txt', runs

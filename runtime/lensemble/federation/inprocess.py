@@ -258,29 +258,33 @@ class InProcessTransport(CoordinatorTransport):
                 # Only a participant with a rank group has ranks to kill (checked by the caller).
                 self.participants[pid].learner.arm_rank_kill(int(kill.value or 1))  # type: ignore[attr-defined]
             jobs.append((rank, pid))
-        if self._pool is not None and len(jobs) > 1:
-            start = time.perf_counter()
-            futures = {
-                pid: self._pool.submit(self._train, pid)
-                for _, pid in jobs
-                if not self._main_thread_only(pid)
-            }
-            try:
-                here = {pid: self._train(pid) for _, pid in jobs if pid not in futures}
-            finally:
-                # Every participant finishes before an error (a crash, a residency violation)
-                # goes up: none is left writing its state while the run stops or resumes.
-                wait(futures.values())
-            outcomes = [here[pid] if pid in here else futures[pid].result() for _, pid in jobs]
-            # Side by side, the round waits for the slowest, not for the sum of them all.
-            side_by_side: float | None = time.perf_counter() - start
-        else:
-            outcomes = [self._train(pid) for _, pid in jobs]
-            side_by_side = None
+        pids = [pid for _, pid in jobs]
+        side_by_side = self._pool is not None and len(jobs) > 1
+        start = time.perf_counter()
+        outcomes = self._train_side_by_side(pids) if side_by_side else map(self._train, pids)
         for (rank, pid), outcome in zip(jobs, outcomes, strict=True):
-            self._deliver(pid, rank, outcome, summed=side_by_side is None)
-        if side_by_side is not None:
-            self._compute += side_by_side
+            self._deliver(pid, rank, outcome, summed=not side_by_side)
+        if side_by_side:
+            # Side by side, the round waits for the slowest, not for the sum of them all.
+            self._compute += time.perf_counter() - start
+
+    def _train_side_by_side(self, pids: list[str]) -> list[Contribution | TrainingRefused]:
+        """Each of ``pids``' outcomes, in order, trained at once on the pool's threads.
+
+        A learner that must train on the main thread (``main_thread_only``) trains here while
+        the others run. Every participant finishes before an error (a crash, a residency
+        violation) goes up: none is left writing its state while the run stops or resumes.
+        """
+        assert self._pool is not None
+        pool = self._pool
+        futures = {
+            pid: pool.submit(self._train, pid) for pid in pids if not self._main_thread_only(pid)
+        }
+        try:
+            here = {pid: self._train(pid) for pid in pids if pid not in futures}
+        finally:
+            wait(futures.values())
+        return [here[pid] if pid in here else futures[pid].result() for pid in pids]
 
     def _main_thread_only(self, pid: str) -> bool:
         """Whether ``pid``'s learner must train on this thread (a rank group's launcher)."""
