@@ -107,3 +107,21 @@ def test_a_participant_exports_throughput_loss_and_codec_times() -> None:
     assert _value(metrics, "lensemble_serialize_seconds_sum") == 0.1
     assert _value(metrics, "lensemble_deserialize_seconds_sum") == 0.2
     assert _value(metrics, "lensemble_compute_seconds_count") == 1
+
+
+def test_a_private_participant_exports_the_epsilon_it_has_spent() -> None:
+    metrics = Metrics()
+    metrics.contributed(
+        compute_s=1.0, serialize_s=0.1, deserialize_s=0.1, inner_steps=5, mean_loss=0.5
+    )
+    assert _value(metrics, "lensemble_privacy_epsilon_spent") == 0  # never set without DP
+    for spent in (1.45, 2.02):
+        metrics.contributed(
+            compute_s=1.0,
+            serialize_s=0.1,
+            deserialize_s=0.1,
+            inner_steps=5,
+            mean_loss=float("nan"),
+            privacy_epsilon=spent,
+        )
+        assert _value(metrics, "lensemble_privacy_epsilon_spent") == spent

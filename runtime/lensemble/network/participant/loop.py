@@ -343,6 +343,7 @@ class ParticipantLoop:
                 deserialize_s=contribution.deserialize_s,
                 inner_steps=self.config.federation.inner_steps,
                 mean_loss=contribution.mean_loss,
+                privacy_epsilon=contribution.privacy_epsilon,
             )
             event(
                 _log,

@@ -200,6 +200,12 @@ class Metrics:
             "Mean inner loss of this participant's last round (unitless).",
             registry=r,
         )
+        self.privacy_epsilon = Gauge(
+            "lensemble_privacy_epsilon_spent",
+            "Differential-privacy epsilon this participant has spent so far, by its own "
+            "accountant (unitless; 0 until it trains a round under DP).",
+            registry=r,
+        )
         self.round_mean_inner_loss = Gauge(
             "lensemble_round_mean_inner_loss",
             "The ledger's mean inner loss of the last committed round (unitless).",
@@ -384,6 +390,7 @@ class Metrics:
         deserialize_s: float,
         inner_steps: int,
         mean_loss: float,
+        privacy_epsilon: float | None = None,
     ) -> None:
         """Count one trained round of this participant.
 
@@ -393,6 +400,8 @@ class Metrics:
             deserialize_s: Time decoding and verifying the global model (seconds).
             inner_steps: Inner steps taken (``federation.inner_steps``).
             mean_loss: Mean inner loss (unitless), an aggregate the update carries anyway.
+            privacy_epsilon: The differential-privacy epsilon spent so far (the participant's
+                own accountant), or None without DP (the gauge stays unset).
         """
         self.compute.observe(compute_s)
         self.serialize.observe(serialize_s)
@@ -400,3 +409,5 @@ class Metrics:
         if compute_s > 0:
             self.inner_steps_per_second.set(inner_steps / compute_s)
         self.inner_loss.set(mean_loss)
+        if privacy_epsilon is not None:
+            self.privacy_epsilon.set(privacy_epsilon)
