@@ -105,8 +105,7 @@ class ParticipantLoop:
             on_ready=self._ready,
         )
         # Masked rounds: the update stays here, only the secure-aggregation answers leave.
-        #: Whether it said its differential-privacy budget is spent (said once, in the log).
-        self._out_of_budget = False
+        self._out_of_budget = False  # said once in the log, then it abstains every round
         self.masked = (
             MaskedRounds(config, client, participant.architecture, self.stop)
             if config.federation.aggregation == "masking"
