@@ -48,8 +48,11 @@ def _is(name: str, **fields: Any) -> Any:
 
 
 def test_killed_participant_is_excluded_as_disconnected_then_rejoins(tmp_path: Path) -> None:
-    # A long round timeout: no round may wait for it (the dead one is absent at once).
-    mapping = network_mapping(tmp_path, rounds=5, round_timeout_s=60, join_timeout_s=60)
+    # A long round timeout: no round may wait for it (the dead one is absent at once). No
+    # straggler cutoff: on a loaded machine it could close alpha's held round 3 without it.
+    mapping = network_mapping(
+        tmp_path, rounds=5, round_timeout_s=60, join_timeout_s=60, straggler_factor=None
+    )
     path, config = write_config(tmp_path, mapping)
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -95,7 +98,11 @@ def test_coordinator_stopped_then_killed_mid_round_resumes_to_the_uninterrupted_
     tmp_path: Path,
 ) -> None:
     """SIGTERM, then SIGKILL, of the coordinator mid-round; health, metrics and ready lines."""
-    mapping = network_mapping(tmp_path, rounds=3, round_timeout_s=60, join_timeout_s=60)
+    # No straggler cutoff: the held rounds must stay open until the test releases them (on a
+    # loaded CI machine the cutoff closed round 1 before the SIGTERM).
+    mapping = network_mapping(
+        tmp_path, rounds=3, round_timeout_s=60, join_timeout_s=60, straggler_factor=None
+    )
     path, config = write_config(tmp_path, mapping)
     markers = tmp_path / "markers"
     markers.mkdir()
