@@ -7,6 +7,7 @@ import hmac
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from lensemble.federation.secagg import primitives
 from lensemble.federation.secagg.primitives import (
@@ -23,11 +24,13 @@ from lensemble.federation.secagg.primitives import (
     x25519_private,
 )
 
-# RFC 8439, appendix A.1, test vector #1: key 0, nonce 0, block counter 0.
-CHACHA20_ZERO_BLOCK = bytes.fromhex(
-    "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
-    "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
-)
+# AES-256 of the zero block under the zero key (the counter-0 block of the PRG's stream).
+AES256_ZERO_BLOCK = bytes.fromhex("dc95c078a2408989ad48a21492842087")
+# NIST SP 800-38A, appendix F.5.5 (CTR-AES256.Encrypt), block #1.
+SP800_38A_KEY = bytes.fromhex("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4")
+SP800_38A_COUNTER = bytes.fromhex("f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff")
+SP800_38A_PLAIN = bytes.fromhex("6bc1bee22e409f96e93d7e117393172a")
+SP800_38A_CIPHER = bytes.fromhex("601ec313775789a5b7a7f504bbf3d228")
 # RFC 7748, section 6.1.
 ALICE_PRIVATE = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
 ALICE_PUBLIC = bytes.fromhex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
@@ -75,19 +78,26 @@ def test_derive_separates_every_label_context_and_party() -> None:
     assert len(keys) == 5
 
 
-def test_the_prg_is_the_chacha20_keystream_of_rfc8439() -> None:
-    words = keystream_words(bytes(32), 8)
-    assert words.tobytes() == CHACHA20_ZERO_BLOCK
+def test_the_prg_is_the_aes256_ctr_keystream_from_a_zero_counter() -> None:
+    # The library's CTR mode is SP 800-38A's.
+    ctr = Cipher(algorithms.AES256(SP800_38A_KEY), modes.CTR(SP800_38A_COUNTER)).encryptor()
+    assert ctr.update(SP800_38A_PLAIN) == SP800_38A_CIPHER
+    # Our stream: AES-256 of the big-endian counters 0, 1, 2, ... read as little-endian words.
+    words = keystream_words(bytes(32), 6)
     assert words.dtype == np.dtype("<u8")
+    assert words.tobytes()[:16] == AES256_ZERO_BLOCK
+    ecb = Cipher(algorithms.AES256(bytes(32)), modes.ECB()).encryptor()
+    counters = b"".join(i.to_bytes(16, "big") for i in range(3))
+    assert words.tobytes() == ecb.update(counters)
 
 
 def test_the_keystream_is_one_stream_across_blocks() -> None:
     key = hashlib.sha256(b"k").digest()
     count = 3 * BLOCK_WORDS + 5
     blocked = keystream_words(key, count)
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
-
-    whole = Cipher(algorithms.ChaCha20(key, bytes(16)), None).encryptor().update(bytes(8 * count))
+    whole = (
+        Cipher(algorithms.AES256(key), modes.CTR(bytes(16))).encryptor().update(bytes(8 * count))
+    )
     assert blocked.tobytes() == whole
 
 

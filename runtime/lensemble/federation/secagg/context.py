@@ -22,7 +22,8 @@ THRESHOLD_FIELD = "federation.masking.threshold"
 QUORUM_FIELD = "federation.quorum"
 #: Fewest inputs a secure sum may have: with two, each learns the other's update.
 MIN_INPUTS = 3
-#: Largest d accepted (words of keystream per key stay far below ChaCha20's 2**32 blocks).
+#: Largest d accepted (2**33 AES blocks of keystream per key: far
+#: from wrapping the 128-bit counter).
 MAX_DIMENSION = 2**34
 
 

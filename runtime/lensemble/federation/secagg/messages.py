@@ -245,7 +245,7 @@ class MaskedInput:
     def encode(self) -> bytes:
         """The message's bytes."""
         words = np.ascontiguousarray(self.vector, dtype="<u8")
-        return Writer(self.KIND).blob(self.context).text(self.sender).blob(words.tobytes()).finish()
+        return Writer(self.KIND).blob(self.context).text(self.sender).blob(words.data).finish()
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> MaskedInput:

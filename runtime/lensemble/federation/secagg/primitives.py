@@ -4,9 +4,12 @@
   context digest (which binds run, round, attempt, group, roster and parameters) plus the
   parties (ids), so no two uses in any session ever share a key.
 - Key agreement: X25519 (RFC 7748); an all-zero shared secret (a low-order peer key) is refused.
-- Pseudo-random generator: the ChaCha20 keystream (RFC 8439) under a derived 32-byte key, read
-  as little-endian uint64 words and added to (or subtracted from) a vector in place, in blocks
-  of :data:`BLOCK_WORDS`, so memory stays at one block beyond the vector.
+- Pseudo-random generator: the AES-256 keystream in counter mode (NIST SP 800-38A, section
+  6.5; the initial counter block is zero) under a derived 32-byte key, read as little-endian
+  uint64 words and added to (or subtracted from) a vector in place, in blocks of
+  :data:`BLOCK_WORDS`, so memory stays at one block beyond the vector. AES rather than ChaCha20
+  because the pairwise masks are most of a participant's work and the AES instructions of
+  current server CPUs make its keystream about twice as fast (docs/performance.md).
 - Authenticated encryption: ChaCha20-Poly1305 (RFC 8439). Every key encrypts exactly one
   message (it is derived per session, sender and receiver), so the all-zero nonce is safe.
 
@@ -21,16 +24,18 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 #: Prefix of every HKDF ``info``, signed message and commitment of this protocol.
-PROTOCOL = b"lensemble-secagg-v1"
+#: v2: the PRG is AES-256-CTR (v1 used ChaCha20), so a v1 peer's signatures and keys fail here
+#: by name instead of its masks failing to cancel.
+PROTOCOL = b"lensemble-secagg-v2"
 KEY_BYTES = 32
 #: Words of keystream per call into OpenSSL (512 KiB; measured in bench/secagg.py).
 BLOCK_WORDS = 1 << 16
-_ZERO_NONCE_16 = bytes(16)
+_ZERO_COUNTER = bytes(16)
 _ZERO_NONCE_12 = bytes(12)
 _LEN = struct.Struct(">I")
 
@@ -82,9 +87,10 @@ def agree(private: X25519PrivateKey, peer_public: bytes) -> bytes | None:
 
 
 def keystream_words(key: bytes, count: int) -> np.ndarray:
-    """The first ``count`` uint64 words (little-endian) of the ChaCha20 keystream of ``key``.
+    """The first ``count`` uint64 words (little-endian) of the AES-256-CTR keystream of ``key``.
 
-    Block counter and nonce start at zero (every key is used for one stream only).
+    The counter block starts at zero (every key is used for one stream only), so the stream is
+    AES-256 of the 128-bit big-endian counters 0, 1, 2, ...
     """
     out = np.zeros(count, dtype="<u8")
     add_keystream(out, key, sign=+1)
@@ -101,7 +107,7 @@ def add_keystream(vector: np.ndarray, key: bytes, *, sign: int) -> None:
     """
     if vector.dtype != np.dtype("<u8") or not vector.flags.c_contiguous:
         raise ValueError("the vector must be a C-contiguous little-endian uint64 array")
-    encryptor = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE_16), mode=None).encryptor()
+    encryptor = Cipher(algorithms.AES256(key), modes.CTR(_ZERO_COUNTER)).encryptor()
     size = min(BLOCK_WORDS, len(vector))
     zeros = np.zeros(size, dtype="<u8")
     block = np.empty(size, dtype="<u8")

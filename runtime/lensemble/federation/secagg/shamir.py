@@ -2,8 +2,8 @@
 
 A secret of up to 64 bytes (a 32-byte seed or X25519 private key) is one field element, so no
 chunking is needed. Shares are evaluated at x = 1..n (a participant's 1-based position in the
-session's roster), never at 0. The coefficients come from the caller (a ChaCha20 keystream under
-a derived key, so reruns give the same shares), each reduced from 66 + 16 bytes, a bias below
+session's roster), never at 0. The coefficients come from the caller (the PRG's keystream under a
+derived key, so reruns give the same shares), each reduced from 66 + 16 bytes, a bias below
 2**-128. Reconstruction is Lagrange interpolation at 0; :func:`reconstruct_verified` checks the
 result against the owner's public commitment and, when the first t shares fail it, searches
 subsets for a consistent one and names the shares that disagree with it. Source: A. Shamir,

@@ -30,7 +30,7 @@ class Writer:
     """Appends fields to one message."""
 
     def __init__(self, kind: int) -> None:
-        self._parts: list[bytes] = [MAGIC, bytes((VERSION, kind))]
+        self._parts: list[bytes | memoryview] = [MAGIC, bytes((VERSION, kind))]
 
     def u8(self, value: int) -> Writer:
         """An integer in [0, 255]."""
@@ -47,10 +47,11 @@ class Writer:
         self._parts.append(_U64.pack(value))
         return self
 
-    def blob(self, value: bytes) -> Writer:
-        """Bytes, preceded by their length."""
-        self._parts.append(_U32.pack(len(value)))
-        self._parts.append(bytes(value))
+    def blob(self, value: bytes | memoryview) -> Writer:
+        """Bytes, preceded by their length; a view is copied once, by :meth:`finish`."""
+        view = memoryview(value).cast("B")
+        self._parts.append(_U32.pack(len(view)))
+        self._parts.append(view)
         return self
 
     def text(self, value: str) -> Writer:
