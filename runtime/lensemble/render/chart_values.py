@@ -211,13 +211,23 @@ class CertManagerValues(_Knobs):
 
 
 class TLSValues(_Knobs):
-    """Where each identity's TLS Secret comes from (never a ConfigMap)."""
+    """Where each identity's TLS Secret comes from (keys only ever from Secrets).
+
+    ``ca_bundle`` holds CA certificates only (public), so the chart writes it to a ConfigMap.
+    """
 
     cert_manager: CertManagerValues = Field(default_factory=CertManagerValues)
     secret_names: dict[str, str] = Field(
         default_factory=dict,
         description="Existing Secret per identity ('coordinator' or a participant id); "
         "default '<run.name>-<identity>-tls'.",
+    )
+    ca_bundle: str = Field(
+        "",
+        description="The federation's CA bundle (PEM certificates, never a key): when set, "
+        "every identity's ca.crt is this bundle instead of its Secret's, so that with "
+        "federation.aggregation: masking each participant trusts the CA that issued each "
+        "peer's certificate.",
     )
 
 
