@@ -190,11 +190,11 @@ seccompProfile:
 
 {{/*
 Projected volume of the identities' TLS Secrets: /etc/lensemble/tls/<identity>/... With
-tls.caBundle set, every identity's ca.crt comes from the workload's CA bundle ConfigMap instead
-of its Secret. Call with (dict "root" $ "identities" IDS "workload" NAME).
+tls.caBundleSecret set, every identity's ca.crt comes from that Secret's ca.crt instead.
+Call with (dict "root" $ "identities" IDS).
 */}}
 {{- define "lensemble.tlsVolume" -}}
-{{- $bundle := .root.Values.tls.caBundle -}}
+{{- $bundle := .root.Values.tls.caBundleSecret -}}
 - name: tls
   projected:
     defaultMode: 0440
@@ -212,43 +212,13 @@ of its Secret. Call with (dict "root" $ "identities" IDS "workload" NAME).
               path: {{ . }}/ca.crt
             {{- end }}
       {{- if $bundle }}
-      - configMap:
-          name: {{ include "lensemble.caBundleName" $ }}
+      - secret:
+          name: {{ $bundle }}
           items:
             - key: ca.crt
               path: {{ . }}/ca.crt
       {{- end }}
       {{- end }}
-{{- end -}}
-
-{{/* The CA bundle ConfigMap of one workload. Call with (dict "workload" NAME). */}}
-{{- define "lensemble.caBundleName" -}}
-{{- printf "%s-ca-bundle" .workload -}}
-{{- end -}}
-
-{{/*
-The CA bundle ConfigMap of one workload. Call with
-(dict "root" $ "workload" NAME "namespace" NS "component" "..." ["td" "..."]).
-*/}}
-{{- define "lensemble.caBundleMap" }}
----
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {{ include "lensemble.caBundleName" . }}
-  namespace: {{ .namespace }}
-  labels:
-    {{- include "lensemble.labels" (dict "root" .root "component" .component "td" .td) | nindent 4 }}
-data:
-  ca.crt: |
-    {{- .root.Values.tls.caBundle | trim | nindent 4 }}
-{{- end }}
-
-{{/* Pod annotation that rolls a workload's pods when tls.caBundle changes. */}}
-{{- define "lensemble.caBundleChecksum" -}}
-{{- if and .Values.config.network.tls.enabled .Values.tls.caBundle -}}
-checksum/ca-bundle: {{ .Values.tls.caBundle | sha256sum }}
-{{- end -}}
 {{- end -}}
 
 {{/* Environment every process gets. Call with (dict "root" $ "role" "..."). */}}
@@ -361,7 +331,7 @@ LensembleConfig checks too): edit the registry and run `python -m tools.regenera
 _rules.tpl. The checks here are the chart's own, on chart knobs and install modes, which no
 config rule has: trustDomain, a trust domain named 'coordinator' (it would share the
 coordinator's object names), gangScheduling.queue when the gangScheduling knob picks kueue, and
-tls.caBundle (after the config rules, so those name their fields first).
+tls.caBundleSecret (after the config rules, so those name their fields first).
 */}}
 {{- define "lensemble.validate" -}}
 {{- $all := include "lensemble.allTrustDomains" . | fromJsonArray -}}
@@ -378,21 +348,9 @@ tls.caBundle (after the config rules, so those name their fields first).
 {{- include "lensemble.validateCaBundle" . -}}
 {{- end -}}
 
-{{/*
-tls.caBundle becomes a ConfigMap (public data) that every identity trusts: refuse a key in it,
-a bundle without a certificate, and a bundle no process would read.
-*/}}
+{{/* tls.caBundleSecret replaces every identity's ca.crt: refuse it where no process reads one. */}}
 {{- define "lensemble.validateCaBundle" -}}
-{{- $bundle := .Values.tls.caBundle -}}
-{{- if $bundle -}}
-{{- if contains "PRIVATE KEY" $bundle -}}
-{{- fail "tls.caBundle: it holds a private key, which the chart would write to a ConfigMap; remove the key and keep only the CA certificates." -}}
-{{- end -}}
-{{- if not (contains "-----BEGIN CERTIFICATE-----" $bundle) -}}
-{{- fail "tls.caBundle: it holds no PEM certificate; set it to the federation's CA certificates (e.g. --set-file tls.caBundle=federation-ca.pem) or leave it empty." -}}
-{{- end -}}
-{{- if not .Values.config.network.tls.enabled -}}
-{{- fail "tls.caBundle: it is set but config.network.tls.enabled is false, so no process reads it; enable TLS or leave tls.caBundle empty." -}}
-{{- end -}}
+{{- if and .Values.tls.caBundleSecret (not .Values.config.network.tls.enabled) -}}
+{{- fail "tls.caBundleSecret: it is set but config.network.tls.enabled is false, so no process reads a CA bundle; enable TLS or leave tls.caBundleSecret empty." -}}
 {{- end -}}
 {{- end -}}

@@ -39,9 +39,6 @@ metadata:
     {{- end }}
   annotations:
     checksum/config: {{ toYaml $.Values.config | sha256sum }}
-    {{- with include "lensemble.caBundleChecksum" $ }}
-    {{- . | nindent 4 }}
-    {{- end }}
     lensemble.dev/participants: {{ join "," .ids | quote }}
     {{- if and $podGroup (eq $scheduler "kueue") }}
     kueue.x-k8s.io/pod-group-total-count: {{ $nodes | quote }}
@@ -185,7 +182,7 @@ spec:
   volumes:
     {{- include "lensemble.commonVolumes" (dict "root" $ "configMap" (printf "%s-config" $tdName)) | nindent 4 }}
     {{- if $net.tls.enabled }}
-    {{- include "lensemble.tlsVolume" (dict "root" $ "identities" .ids "workload" $tdName) | nindent 4 }}
+    {{- include "lensemble.tlsVolume" (dict "root" $ "identities" .ids) | nindent 4 }}
     {{- end }}
     {{- if and $group (gt (int $group.processesPerNode) 1) }}
     # torch.distributed moves tensors between local ranks through /dev/shm (64 MiB by default).

@@ -211,10 +211,7 @@ class CertManagerValues(_Knobs):
 
 
 class TLSValues(_Knobs):
-    """Where each identity's TLS Secret comes from (keys only ever from Secrets).
-
-    ``ca_bundle`` holds CA certificates only (public), so the chart writes it to a ConfigMap.
-    """
+    """Where each identity's TLS Secret comes from (never a ConfigMap)."""
 
     cert_manager: CertManagerValues = Field(default_factory=CertManagerValues)
     secret_names: dict[str, str] = Field(
@@ -222,12 +219,11 @@ class TLSValues(_Knobs):
         description="Existing Secret per identity ('coordinator' or a participant id); "
         "default '<run.name>-<identity>-tls'.",
     )
-    ca_bundle: str = Field(
+    ca_bundle_secret: str = Field(
         "",
-        description="The federation's CA bundle (PEM certificates, never a key): when set, "
-        "every identity's ca.crt is this bundle instead of its Secret's, so that with "
-        "federation.aggregation: masking each participant trusts the CA that issued each "
-        "peer's certificate.",
+        description="Existing Secret, in every namespace of the release, whose ca.crt is the "
+        "federation's CA bundle: when set, every identity's ca.crt comes from it instead of "
+        "its own Secret (for federation.aggregation: masking when organisations' CAs differ).",
     )
 
 
