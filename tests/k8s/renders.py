@@ -26,6 +26,16 @@ RANKED_LOCAL = (
     "federation.participants[1].ranks.nodes=2",
     "federation.participants[1].ranks.processes_per_node=2",
 )
+#: Secure aggregation: the masked upload is fixed point, so no int8 (and no int8 chunking).
+MASKING = (
+    "federation.aggregation=masking",
+    "federation.quantization=none",
+    "federation.int8_chunk=0",
+)
+#: The issuer of the cert-manager masking cases: one CA signs every identity.
+CLUSTER_ISSUER = "lensemble-ca"
+#: The Secret holding the federation's CA bundle in the tls.caBundleSecret case.
+FEDERATION_BUNDLE_SECRET = "lensemble-federation-ca"
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,32 @@ CASES: dict[str, Case] = {
             "deployment.image.tag=0.1.0-cu126",
             "federation.ranks.backend=nccl",
             "federation.ranks.processes_per_node=2",
+        ),
+    ),
+    # Secure aggregation with cert-manager: one issuer signs every identity (issue 37).
+    **{
+        f"helm-{env}-masking": Case(
+            env,
+            overrides=MASKING,
+            knobs=(
+                (
+                    "tls",
+                    {"certManager": {"enabled": True, "issuerRef": {"name": CLUSTER_ISSUER}}},
+                ),
+            ),
+        )
+        for env in ENVS
+    },
+    # One organisation's release of a masked sovereign federation whose organisations' CAs
+    # differ: the federation's CA bundle is every identity's ca.crt.
+    "helm-sovereign-prod-masking-org-berlin": Case(
+        "sovereign-prod",
+        mode="participant",
+        trust_domain="org-berlin",
+        overrides=MASKING,
+        knobs=(
+            ("networkPolicy", {"coordinatorPeers": [{"ipBlock": {"cidr": "203.0.113.10/32"}}]}),
+            ("tls", {"caBundleSecret": FEDERATION_BUNDLE_SECRET}),
         ),
     ),
     # The overlay over a chart render with every participant on 2 nodes of 2 ranks.

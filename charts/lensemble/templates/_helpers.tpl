@@ -188,8 +188,13 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
-{{/* Projected volume of the identities' TLS Secrets: /etc/lensemble/tls/<identity>/... */}}
+{{/*
+Projected volume of the identities' TLS Secrets: /etc/lensemble/tls/<identity>/... With
+tls.caBundleSecret set, every identity's ca.crt comes from that Secret's ca.crt instead.
+Call with (dict "root" $ "identities" IDS).
+*/}}
 {{- define "lensemble.tlsVolume" -}}
+{{- $bundle := .root.Values.tls.caBundleSecret -}}
 - name: tls
   projected:
     defaultMode: 0440
@@ -202,8 +207,17 @@ seccompProfile:
               path: {{ . }}/tls.crt
             - key: tls.key
               path: {{ . }}/tls.key
+            {{- if not $bundle }}
             - key: ca.crt
               path: {{ . }}/ca.crt
+            {{- end }}
+      {{- if $bundle }}
+      - secret:
+          name: {{ $bundle }}
+          items:
+            - key: ca.crt
+              path: {{ . }}/ca.crt
+      {{- end }}
       {{- end }}
 {{- end -}}
 
@@ -317,8 +331,7 @@ LensembleConfig checks too): edit the registry and run `python -m tools.regenera
 _rules.tpl. The checks here are the chart's own, on chart knobs and install modes, which no
 config rule has: trustDomain, a trust domain named 'coordinator' (it would share the
 coordinator's object names), gangScheduling.queue when the gangScheduling knob picks kueue, and
-masking, which the chart does not run yet (after the config rules, so those name their fields
-first).
+tls.caBundleSecret (after the config rules, so those name their fields first).
 */}}
 {{- define "lensemble.validate" -}}
 {{- $all := include "lensemble.allTrustDomains" . | fromJsonArray -}}
@@ -332,7 +345,12 @@ first).
 {{- fail "gangScheduling.queue: kueue needs the LocalQueue name; set gangScheduling.queue." -}}
 {{- end -}}
 {{- include "lensemble.configRules" . -}}
-{{- if eq (toString .Values.config.federation.aggregation) "masking" -}}
-{{- fail "config.federation.aggregation: 'masking' is not run on the chart yet: masked rounds are tested over the network transport as local processes (lensemble simulate --set federation.transport=network) and in process, not on Kubernetes (each participant's CA bundle must also hold its peers' CA); use one of those, or federation.aggregation: plain." -}}
+{{- include "lensemble.validateCaBundle" . -}}
+{{- end -}}
+
+{{/* tls.caBundleSecret replaces every identity's ca.crt: refuse it where no process reads one. */}}
+{{- define "lensemble.validateCaBundle" -}}
+{{- if and .Values.tls.caBundleSecret (not .Values.config.network.tls.enabled) -}}
+{{- fail "tls.caBundleSecret: it is set but config.network.tls.enabled is false, so no process reads a CA bundle; enable TLS or leave tls.caBundleSecret empty." -}}
 {{- end -}}
 {{- end -}}

@@ -219,6 +219,12 @@ class TLSValues(_Knobs):
         description="Existing Secret per identity ('coordinator' or a participant id); "
         "default '<run.name>-<identity>-tls'.",
     )
+    ca_bundle_secret: str = Field(
+        "",
+        description="Existing Secret, in every namespace of the release, whose ca.crt is the "
+        "federation's CA bundle: when set, every identity's ca.crt comes from it instead of "
+        "its own Secret (for federation.aggregation: masking when organisations' CAs differ).",
+    )
 
 
 class ServiceValues(_Knobs):
