@@ -14,7 +14,6 @@ gives for its own fields (:func:`lensemble.federation.central_privacy.recorded_e
 from __future__ import annotations
 
 from lensemble.config.schema import DivergenceGuardConfig
-from lensemble.federation.central_privacy import RECORD_KEY, recorded_epsilon_problem
 from lensemble.federation.guard import DivergenceGuard
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.suspicion import Suspicion, record_scores
@@ -48,9 +47,12 @@ class HistoryReplay:
         return problem
 
     def _central(self, record: RoundRecord) -> str | None:
-        entry = record.defences.get(RECORD_KEY)
+        entry = record.defences.get("central_privacy")
         if not isinstance(entry, dict):
             return None
+        # Imported here: verification of a ledger without central DP loads no torch.
+        from lensemble.federation.central_privacy import recorded_epsilon_problem
+
         self.releases += 1
         if entry.get("releases") != self.releases:
             return (
