@@ -63,6 +63,19 @@ PRIVACY = {
     "windows_per_record": 8,
     "accountant": "rdp",
 }
+#: Central (user-level) differential privacy, every field given (as rendered values list them).
+CENTRAL_PRIVACY = {
+    "clip_norm": 1.0,
+    "noise_multiplier": 1.0,
+    "epsilon": None,
+    "delta": 1e-5,
+    "accountant": "rdp",
+}
+#: Central privacy and the fixed norm bound it needs.
+CENTRAL = (
+    ("federation.central_privacy", CENTRAL_PRIVACY),
+    ("federation.robustness.median_factor", None),
+)
 
 #: Rule id -> the edits that break it (and, where unavoidable, a rule it implies).
 BREAKING: dict[str, Breaking] = {
@@ -126,6 +139,30 @@ BREAKING: dict[str, Breaking] = {
         LOCAL,
         (*MASKING, ("network.auth", "token"), ("network.tls.client_auth", False)),
         "network.tls.client_auth",
+    ),
+    "central-privacy-noise-or-budget": Breaking(
+        STAGING,
+        (
+            ("federation.central_privacy", {**CENTRAL_PRIVACY, "noise_multiplier": None}),
+            ("federation.robustness.median_factor", None),
+        ),
+        "federation.central_privacy",
+    ),
+    "central-privacy-mean": Breaking(
+        STAGING,
+        (*CENTRAL, ("federation.robustness.aggregator", "median")),
+        "federation.robustness.aggregator",
+    ),
+    "central-privacy-fixed-bound": Breaking(
+        STAGING,
+        (*CENTRAL, ("federation.robustness.median_factor", 1.0)),
+        "federation.robustness.median_factor",
+    ),
+    "central-privacy-aggregation": Breaking(
+        STAGING,
+        (*CENTRAL, ("federation.aggregation", "tee")),
+        "federation.central_privacy",
+        also=("federation.aggregation",),
     ),
     "reject-needs-headroom": Breaking(
         STAGING,

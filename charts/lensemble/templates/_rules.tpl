@@ -114,6 +114,22 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- $_ := set $owners $p.trust_domain $p.id -}}
 {{- end -}}
 {{- end -}}
+{{- /* central-privacy-noise-or-budget */ -}}
+{{- if (and (not (kindIs "invalid" $c.federation.central_privacy)) (not (or (not (kindIs "invalid" $c.federation.central_privacy.noise_multiplier)) (not (kindIs "invalid" $c.federation.central_privacy.epsilon))))) -}}
+{{- fail (printf "config.federation.central_privacy: neither noise_multiplier nor epsilon is set; set noise_multiplier (the noise as a multiple of clip_norm), epsilon (the budget it is derived from), or both.") -}}
+{{- end -}}
+{{- /* central-privacy-mean */ -}}
+{{- if (and (not (kindIs "invalid" $c.federation.central_privacy)) (not (eq $c.federation.robustness.aggregator "mean"))) -}}
+{{- fail (printf "config.federation.robustness.aggregator: '%v' has no bounded sensitivity to one participant, so central differential privacy cannot account for it; set federation.robustness.aggregator: mean or central_privacy: null." $c.federation.robustness.aggregator) -}}
+{{- end -}}
+{{- /* central-privacy-fixed-bound */ -}}
+{{- if (and (and (not (kindIs "invalid" $c.federation.central_privacy)) (eq $c.federation.aggregation "plain")) (not (or (kindIs "invalid" $c.federation.robustness.median_factor) (eq $c.federation.robustness.norm_bound_mode "off")))) -}}
+{{- fail (printf "config.federation.robustness.median_factor: a norm bound scaled by the round's median norm lets one participant change how much the others are clipped, which central differential privacy cannot account for; set federation.robustness.median_factor: null (central_privacy.clip_norm bounds every update) or central_privacy: null.") -}}
+{{- end -}}
+{{- /* central-privacy-aggregation */ -}}
+{{- if (and (not (kindIs "invalid" $c.federation.central_privacy)) (not (has $c.federation.aggregation (list "plain" "masking")))) -}}
+{{- fail (printf "config.federation.central_privacy: '%v' cannot carry central differential privacy; set federation.aggregation: plain (the coordinator adds the noise) or masking (each participant adds its share), or central_privacy: null." $c.federation.aggregation) -}}
+{{- end -}}
 {{- /* quorum-within-participants */ -}}
 {{- if (not (and (le 1.0 (float64 $c.federation.quorum)) (le (float64 $c.federation.quorum) (float64 $n)))) -}}
 {{- fail (printf "config.federation.quorum: %v is outside 1..%v (the number of participants); set federation.quorum between 1 and %v." $c.federation.quorum $n $n) -}}

@@ -50,6 +50,8 @@ def print_summary(
     warning = summary["divergence"]["warning"]
     if warning:
         lines.append(f"Divergence: {warning} (ledger.jsonl, field guard).")
+    if summary["stopped"]:
+        lines.append(f"Stopped early: {summary['stopped']}")
     resumed = summary["resumed_from_version"]
     before = f", {resumed} of them before the resume" if resumed is not None else ""
     lines.append(

@@ -192,6 +192,59 @@ class MaskingConfig(_Section):
         return bits
 
 
+# ------------------------------------------------------------------------ central privacy
+class CentralPrivacyConfig(_Section):
+    """User-level differential privacy of the committed models (DP-FedAvg; docs/security.md).
+
+    McMahan et al., "Learning Differentially Private Recurrent Language Models" (ICLR 2018):
+    every participant's pseudo-gradient is clipped to the L2 norm ``clip_norm`` and Gaussian
+    noise of standard deviation ``noise_multiplier * clip_norm`` is added to their sum, so the
+    committed models hide what any one participant's whole contribution was. Under plain
+    aggregation the coordinator clips and adds the noise (the participants trust it); under
+    ``masking`` each participant clips its own update and adds its share of the noise before
+    masking, so that the sum carries it. The coordinator counts the epsilon spent with Opacus'
+    accountant (every participant in every round: sampling rate 1) and opens no round that
+    would take it past ``epsilon``.
+    """
+
+    clip_norm: float = Field(
+        ...,
+        gt=0.0,
+        le=1e6,
+        description="C: every participant's pseudo-gradient is clipped to this L2 norm before "
+        "the sum (unitless, (0, 1e6]); pick it near the updates' median norm (the ledger's "
+        "defences.norms).",
+    )
+    noise_multiplier: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="z: the sum's noise standard deviation as a multiple of clip_norm "
+        "(unitless, (0, 1000]); null derives it from epsilon over federation.rounds rounds.",
+    )
+    epsilon: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="The run's user-level privacy budget (unitless, (0, 1000]): the coordinator "
+        "opens no round that would take the spent epsilon, at delta, past it, and the run ends "
+        "there. null for no budget (noise_multiplier must then be set; the spent epsilon is "
+        "still recorded).",
+    )
+    delta: float = Field(
+        1e-5,
+        gt=0.0,
+        lt=1.0,
+        description="delta of the user-level (epsilon, delta) guarantee (probability, (0, 1)); "
+        "keep it well below 1 / the number of participants.",
+    )
+    accountant: Literal["rdp", "prv"] = Field(
+        "rdp",
+        description="Opacus' privacy accountant: 'rdp' (Renyi DP, Mironov 2017) or 'prv' "
+        "(privacy random variables, Gopi et al. 2021; tighter).",
+    )
+
+
 # -------------------------------------------------------------------------------- privacy
 class PrivacyConfig(_Section):
     """Record-level differential privacy a participant applies to its own inner loop (DP-SGD).
@@ -546,4 +599,10 @@ class FederationConfig(_Section):
     masking: MaskingConfig = Field(
         default_factory=MaskingConfig,
         description="Secure aggregation's parameters; read only under aggregation 'masking'.",
+    )
+    central_privacy: CentralPrivacyConfig | None = Field(
+        None,
+        description="User-level differential privacy of the committed models (DP-FedAvg: "
+        "per-participant clipping and Gaussian noise on the sum; docs/security.md); null for "
+        "none.",
     )

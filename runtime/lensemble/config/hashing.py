@@ -5,9 +5,10 @@ the federation maths and the evaluation. It leaves out names, paths, log setting
 address and TLS paths, deployment placement, the transport (transport parity is an invariant),
 timeouts, ``federation.masking`` unless the aggregation is ``masking`` (its one reader; so
 adding that section kept the hash of every other config), the outer optimizer's schedules while
-they are unset, and a participant's ``privacy`` while it is null (so adding them kept the hash of
-every config without a schedule or differential privacy). Two processes of one federation must
-agree on it; when they do not, :func:`differing_fields` names the field paths that differ.
+they are unset, and a participant's ``privacy`` and ``federation.central_privacy`` while they
+are null (so adding them kept the hash of every config without a schedule or differential
+privacy). Two processes of one federation must agree on it; when they do not,
+:func:`differing_fields` names the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
 excluded paths removed, serialised with sorted keys, compact separators and ASCII escapes, then
@@ -53,6 +54,8 @@ def hashed_view(config: LensembleConfig) -> dict[str, Any]:
     for schedule in OPTIONAL_SCHEDULES:
         if outer.get(schedule) is None:
             outer.pop(schedule, None)
+    if data["federation"].get("central_privacy") is None:
+        data["federation"].pop("central_privacy", None)
     for participant in data["federation"]["participants"]:
         if participant.get("privacy") is None:
             participant.pop("privacy", None)

@@ -145,6 +145,51 @@ RULES: tuple[Rule, ...] = (
         "key, so it needs network.tls.enabled: true (or privacy: null).",
         when="p.privacy is not None",
     ),
+    # Central (user-level) differential privacy: DP-FedAvg (docs/security.md).
+    Rule(
+        "central-privacy-noise-or-budget",
+        "config",
+        "federation.central_privacy",
+        "c.federation.central_privacy.noise_multiplier is not None "
+        "or c.federation.central_privacy.epsilon is not None",
+        "neither noise_multiplier nor epsilon is set; set noise_multiplier (the noise as a "
+        "multiple of clip_norm), epsilon (the budget it is derived from), or both.",
+        when="c.federation.central_privacy is not None",
+    ),
+    Rule(
+        "central-privacy-mean",
+        "config",
+        "federation.robustness.aggregator",
+        "c.federation.robustness.aggregator == 'mean'",
+        "'{c.federation.robustness.aggregator}' has no bounded sensitivity to one participant, "
+        "so central differential privacy cannot account for it; set "
+        "federation.robustness.aggregator: mean or central_privacy: null.",
+        when="c.federation.central_privacy is not None",
+    ),
+    # A bound scaled by the round's median norm lets one participant change how much every
+    # other update is clipped, so the sum would move by more than clip_norm.
+    Rule(
+        "central-privacy-fixed-bound",
+        "config",
+        "federation.robustness.median_factor",
+        "c.federation.robustness.median_factor is None "
+        "or c.federation.robustness.norm_bound_mode == 'off'",
+        "a norm bound scaled by the round's median norm lets one participant change how much "
+        "the others are clipped, which central differential privacy cannot account for; set "
+        "federation.robustness.median_factor: null (central_privacy.clip_norm bounds every "
+        "update) or central_privacy: null.",
+        when="c.federation.central_privacy is not None and c.federation.aggregation == 'plain'",
+    ),
+    Rule(
+        "central-privacy-aggregation",
+        "config",
+        "federation.central_privacy",
+        "c.federation.aggregation in ('plain', 'masking')",
+        "'{c.federation.aggregation}' cannot carry central differential privacy; set "
+        "federation.aggregation: plain (the coordinator adds the noise) or masking (each "
+        "participant adds its share), or central_privacy: null.",
+        when="c.federation.central_privacy is not None",
+    ),
     # ---------------------------------------------------------------- federation
     Rule(
         "quorum-within-participants",

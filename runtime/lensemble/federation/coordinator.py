@@ -45,6 +45,14 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
+from lensemble.federation.central_privacy import (
+    RECORD_KEY,
+    CentralAccount,
+    add_noise,
+    clip_screening,
+    coordinator_seed,
+    share_std,
+)
 from lensemble.federation.commit import Committer, outer_step, scheduled
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState, model_payload_of
 from lensemble.federation.defence_history import DefenceHistory
@@ -64,6 +72,7 @@ from lensemble.federation.stragglers import Stragglers
 from lensemble.federation.transport import CoordinatorTransport
 from lensemble.federation.verify import VerifiedRecord
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
+from lensemble.seeds import derive
 
 Params = dict[str, torch.Tensor]
 
@@ -107,12 +116,15 @@ class RunSummary:
         model_hash: Hash of the final committed model.
         version: Final model version (= rounds committed).
         params: Final global parameters.
+        stopped: Why the run ended before ``federation.rounds`` (the central privacy budget
+            was spent), or None.
     """
 
     records: list[RoundRecord]
     model_hash: str
     version: int
     params: Params
+    stopped: str | None = None
 
 
 class Coordinator:
@@ -132,6 +144,9 @@ class Coordinator:
             verified record was checked with, else the one the environment names
             (:func:`lensemble.federation.signing.signer_from_env`); None writes an unsigned
             record.
+        central_noise_seed: The coordinator's secret seed of its central-privacy noise
+            (``federation.central_privacy`` under plain aggregation; the network coordinator
+            derives it from its TLS key); None derives it from the run seed (the simulation).
 
     A resume verifies the whole run record once (:func:`lensemble.federation.verify.
     require_valid`) and writes nothing before it holds; the caller holds the folder's lock
@@ -156,6 +171,7 @@ class Coordinator:
         resume: bool | VerifiedRecord = False,
         observer: CoordinatorObserver | None = None,
         signer: Signer | Literal["env"] | None = "env",
+        central_noise_seed: int | None = None,
     ) -> None:
         self.config = config
         fed = config.federation
@@ -187,6 +203,13 @@ class Coordinator:
         self.records = self.committer.records
         self.observer = observer
         self._start(initial_params, output_dir, resume)
+        # User-level DP of the committed models (DP-FedAvg; central_privacy.py), if on.
+        self.central = CentralAccount.of(config, self.earlier)
+        self._central_seed = (
+            central_noise_seed
+            if central_noise_seed is not None
+            else derive(config.run.root_seed, "central-dp-noise:coordinator")
+        )
 
     def _start(
         self,
@@ -299,10 +322,14 @@ class Coordinator:
                 ``join_timeout_s``, or a round stayed below quorum after every retry.
         """
         fed = self.config.federation
+        stopped = None
         if self.version < fed.rounds:  # a resumed finished run has nothing to wait for
             _wait_for_quorum(transport, self.config, len(self.admission.expected))
             try:
                 while self.version < fed.rounds:
+                    stopped = self._central_refusal()
+                    if stopped is not None:
+                        break
                     record = self.run_round(transport, write_behind=True)
                     if after_commit is not None:
                         after_commit(record)
@@ -313,7 +340,14 @@ class Coordinator:
             finally:
                 self.committer.shutdown()
         transport.finish()
-        return RunSummary(list(self.records), self.model_hash, self.version, self.params)
+        return RunSummary(list(self.records), self.model_hash, self.version, self.params, stopped)
+
+    def _central_refusal(self) -> str | None:
+        """Why the next round may not open (the central privacy budget), logged; or None."""
+        refusal = None if self.central is None else self.central.refusal(self.version)
+        if refusal is not None:
+            _log.warning("%s", refusal)
+        return refusal
 
     def run_round(
         self, transport: CoordinatorTransport, *, write_behind: bool = False
@@ -367,6 +401,8 @@ class Coordinator:
         """
         try:
             screening = None if current.masked else self._screen(current)
+            if current.masked:
+                self._note_masked_noise(current)
             if screening is None and current.masked_mean is None:
                 return None  # below quorum, or the secure sums cannot commit
             if current.masked:
@@ -382,8 +418,13 @@ class Coordinator:
                 unflatten_into(current.masked_mean, combined)
             else:
                 assert screening is not None
+                clipped = None
+                if self.central is not None:  # DP-FedAvg: clip to C after the screening
+                    clipped = clip_screening(screening, self.central.privacy.clip_norm)
                 combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
                 lift_to_floor(combined, self.momentum, screening)
+                if self.central is not None:
+                    self._add_central_noise(current, combined, screening, clipped)
         finally:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)
@@ -397,6 +438,40 @@ class Coordinator:
             parent=self.model_hash,
             defences=current.defences,
         )
+
+    def _add_central_noise(
+        self,
+        current: Attempt,
+        combined: Params,
+        screening: Screening,
+        clipped: dict[str, float] | None,
+    ) -> None:
+        """Add ``N(0, (z C / n)^2)`` to the mean of the ``n`` kept updates; note the spend."""
+        assert self.central is not None
+        machine = current.machine
+        std = (
+            self.central.noise_multiplier * self.central.privacy.clip_norm / len(screening.kept_ids)
+        )
+        seed = coordinator_seed(self._central_seed, machine.round_index, machine.attempt)
+        add_noise(combined, std, seed)
+        current.defences[RECORD_KEY] = self.central.entry(noise_std=std, clipped=clipped)
+
+    def _note_masked_noise(self, current: Attempt) -> None:
+        """Under masking: note the spend of an attempt whose sums carry the participants' noise.
+
+        Any group's sum the coordinator learnt is a release, even when the attempt then aborts.
+        """
+        if self.central is None:
+            return
+        record = current.defences.get("masking")
+        groups = record.get("groups", []) if isinstance(record, dict) else []
+        summed = [g for g in groups if "sum" in g]
+        if not summed:
+            return
+        survivors = sum(len(g["survivors"]) for g in summed)
+        share = share_std(self.config, current.machine.round_index)
+        std = share * survivors**0.5 / survivors  # of the survivors' mean
+        current.defences[RECORD_KEY] = self.central.entry(noise_std=std, clipped=None)
 
     def _collect(self, transport: CoordinatorTransport, current: Attempt) -> None:
         """Open the attempt and judge submissions until every participant has one or time is up.
@@ -461,6 +536,8 @@ class Coordinator:
         """End an attempt without changing global state (below quorum, or pre-commit failed)."""
         self._advance(current.machine, RoundState.ABORTED)
         record = self._record(current, self.model_hash)
+        if self.central is not None:
+            self.central.closed(record)
         self.committer.close(record, transport, checkpoint=None)
         return record
 
@@ -475,6 +552,8 @@ class Coordinator:
         """Make the stepped model the global one and write its checkpoint and ledger line."""
         self._payload_cache = None  # the committed model's payload replaces it
         record = self._record(current, new_hash)
+        if self.central is not None:
+            self.central.closed(record)
         self.defences.keep(current)
         state = self.state
         self.state = ModelState(

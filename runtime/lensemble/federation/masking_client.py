@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from lensemble.config.schema import LensembleConfig
+from lensemble.federation.central_privacy import noisy_share
 from lensemble.federation.masking import SessionKey, session_contexts
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.secagg import identity
@@ -58,7 +59,13 @@ class MaskingClient:
         self.refusals: list[SecAggRefusal] = []
 
     def hold(self, round_index: int, attempt: int, update: np.ndarray) -> None:
-        """Keep ``update`` (d float values) for the attempt's session; earlier ones go."""
+        """Keep ``update`` (d float values) for the attempt's session; earlier ones go.
+
+        Under ``federation.central_privacy`` the update is clipped and gets this participant's
+        share of the noise first, drawn from its own secret (the sum carries the whole noise).
+        """
+        if self.config.federation.central_privacy is not None:
+            update = noisy_share(update, self.config, self._seed, round_index, attempt)
         self._update = (round_index, attempt, update)
         self._parties = {
             k: p

@@ -6,7 +6,9 @@ verdict (``guard``, :mod:`lensemble.federation.guard`), both functions of what t
 and the line itself record (norms, cosines, the participants' held-out reports). Replaying them
 line by line must give exactly what each line says; a rollback must name, as its target, a
 model the chain committed (its hash at that version). Lines written before these fields existed
-carry none and are skipped.
+carry none and are skipped. A line with central differential privacy (``defences.central_privacy``)
+must count its release right after the previous one and record the epsilon Opacus' accountant
+gives for its own fields (:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class HistoryReplay:
         self.suspicion = Suspicion()
         self.guard = DivergenceGuard(DivergenceGuardConfig())
         self.hashes: list[str] = []
+        self.releases = 0  # central-privacy releases so far
 
     def check(self, record: RoundRecord) -> str | None:
         """Replay one line; None when it holds, else what does not (a clause for a break).
@@ -36,11 +39,31 @@ class HistoryReplay:
         """
         if not self.hashes:
             self.hashes.append(record.parent_hash)
-        if record.state != "closed":
-            return None
+        problem = self._central(record)
+        if problem is not None or record.state != "closed":
+            return problem
         problem = self._scores(record) or self._verdict(record)
         self.hashes.append(record.model_hash)
         return problem
+
+    def _central(self, record: RoundRecord) -> str | None:
+        entry = record.defences.get("central_privacy")
+        if not isinstance(entry, dict):
+            return None
+        # Imported here: verification of a ledger without central DP loads no torch.
+        from lensemble.federation.central_privacy import recorded_epsilon_problem
+
+        self.releases += 1
+        if entry.get("releases") != self.releases:
+            return (
+                f"round {record.round} counts central-privacy release {entry.get('releases')} "
+                f"where the ledger holds {self.releases}"
+            )
+        try:
+            problem = recorded_epsilon_problem(entry)
+        except ImportError:  # no Opacus here: the count is checked, the epsilon cannot be
+            return None
+        return None if problem is None else f"round {record.round}: {problem}"
 
     def _scores(self, record: RoundRecord) -> str | None:
         recorded = record_scores(record)

@@ -124,7 +124,7 @@ def _run(
         )
     transport = InProcessTransport(participants, faults, workers=workers)
     scoring = RoundScoring(config, out, evaluation, coordinator, on_metrics)
-    coordinator.run(transport, after_commit=scoring.committed)
+    stopped = coordinator.run(transport, after_commit=scoring.committed).stopped
     _raise_if_left(transport, out)
     scored = scoring.final()
     return SimulationResult(
@@ -141,6 +141,7 @@ def _run(
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
         history=read_round_metrics(out),  # with the rounds before a resume: the best rounds
+        stopped=stopped,
     )
 
 

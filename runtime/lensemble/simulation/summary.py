@@ -87,6 +87,8 @@ class SimulationResult:
         history: Every committed round's metrics line of the whole run (``metrics.jsonl``),
             those of earlier processes before a resume included; the best rounds are taken
             from it. Empty: ``metrics`` is the whole run.
+        stopped: Why the run ended before ``federation.rounds`` (the central privacy budget
+            was spent), or None.
     """
 
     config_hash: str
@@ -101,6 +103,7 @@ class SimulationResult:
     wall_s: float = 0.0
     resumed_from: int | None = None
     history: list[RoundMetrics] = field(default_factory=list)
+    stopped: str | None = None
 
     def run_metrics(self) -> list[RoundMetrics]:
         """The whole run's metrics lines: ``history``, else this process's ``metrics``."""
@@ -181,6 +184,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "hash_chain": committed_chain(result.records),
         "rounds_committed": len(committed),
         "resumed_from_version": result.resumed_from,
+        "stopped": result.stopped,
         "aborted_attempts": sum(r.state == "aborted" for r in result.records),
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
         "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),

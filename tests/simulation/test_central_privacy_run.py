@@ -1,0 +1,89 @@
+"""A federation with central user-level differential privacy (DP-FedAvg), run in process.
+
+The coordinator's budget ends the run, and says why; the spent epsilon is in every line and
+``lensemble verify`` holds; a rerun commits the same hashes; under masking each participant's
+noise share makes the sum private and the run commits with its epsilon recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lensemble.config import load_config
+from lensemble.config.schema import LensembleConfig
+from lensemble.federation.verify import verify_run
+from lensemble.simulation.in_process import run_in_process
+
+pytestmark = pytest.mark.integration  # three short federated runs
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytest.importorskip("opacus", reason="needs the [dp] extra (Opacus)")
+
+TINY = [
+    "federation.participant_count=3",
+    "federation.quorum=2",
+    "federation.rounds=3",
+    "federation.inner_steps=3",
+    "data.episodes=6",
+    "data.episode_steps=30",
+    "data.window=3",
+    "evaluation.k_steps=2",
+    "model.hidden_dim=16",
+    "model.latent_dim=4",
+    "federation.robustness.median_factor=null",
+]
+#: z = 1 at delta 1e-5 spends epsilon 4.73 in one round and 7.08 in two (Opacus' RDP
+#: accountant, sampling rate 1): a budget of 5 affords exactly one round of the three.
+SHORT_BUDGET = "federation.central_privacy={clip_norm: 0.02, noise_multiplier: 1.0, epsilon: 5}"
+
+
+def _config(out: Path, *overrides: str) -> LensembleConfig:
+    return load_config(REPO / "config" / "local.yaml", [*TINY, *overrides, f"run.output_dir={out}"])
+
+
+def _central(out: Path) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
+    return [line["record"]["defences"]["central_privacy"] for line in lines]
+
+
+def test_the_run_stops_at_its_budget_says_why_and_reruns_to_the_same_hashes(
+    tmp_path: Path,
+) -> None:
+    result = run_in_process(_config(tmp_path / "a", SHORT_BUDGET))
+    assert [r.state for r in result.records] == ["closed"]
+    assert result.stopped is not None
+    assert "central privacy budget is spent: round 1" in result.stopped
+    assert "federation.central_privacy.epsilon 5" in result.stopped
+    (entry,) = _central(tmp_path / "a")
+    assert entry["releases"] == 1 and 0 < entry["epsilon"] <= 5  # type: ignore[operator]
+    # Every update was clipped to C (their norms are about 0.025 here).
+    assert entry["clipped"]
+    assert entry["noise_std"] == pytest.approx(1.0 * 0.02 / 3)
+    assert verify_run(tmp_path / "a").ok
+
+    again = run_in_process(_config(tmp_path / "b", SHORT_BUDGET))
+    assert [r.model_hash for r in again.records] == [r.model_hash for r in result.records]
+    plain = run_in_process(_config(tmp_path / "plain", "federation.rounds=1"))
+    assert plain.records[0].model_hash != result.records[0].model_hash  # the noise is in it
+
+
+def test_under_masking_the_participants_noise_shares_carry_the_epsilon(tmp_path: Path) -> None:
+    result = run_in_process(
+        _config(
+            tmp_path / "m",
+            "federation.aggregation=masking",
+            "federation.quorum=3",
+            "federation.central_privacy={clip_norm: 0.02, noise_multiplier: 1.0}",
+        )
+    )
+    assert [r.state for r in result.records] == ["closed"] * 3
+    entries = _central(tmp_path / "m")
+    assert [e["releases"] for e in entries] == [1, 2, 3]
+    assert entries[0]["epsilon"] < entries[1]["epsilon"] < entries[2]["epsilon"]  # type: ignore[operator]
+    # Three survivors of the fewest three: each share is z C / sqrt(3), the mean's std z C / 3.
+    assert entries[0]["noise_std"] == pytest.approx(1.0 * 0.02 / 3, rel=1e-5)
+    assert verify_run(tmp_path / "m").ok
