@@ -158,6 +158,11 @@ BREAKING: dict[str, Breaking] = {
         (*CENTRAL, ("federation.robustness.median_factor", 1.0)),
         "federation.robustness.median_factor",
     ),
+    "central-privacy-needs-its-own-key": Breaking(
+        LOCAL,
+        (*CENTRAL, ("network.auth", "insecure"), ("network.tls.enabled", False)),
+        "federation.central_privacy",
+    ),
     "central-privacy-aggregation": Breaking(
         STAGING,
         (*CENTRAL, ("federation.aggregation", "tee")),

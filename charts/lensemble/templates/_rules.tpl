@@ -126,6 +126,10 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (and (and (not (kindIs "invalid" $c.federation.central_privacy)) (eq $c.federation.aggregation "plain")) (not (or (kindIs "invalid" $c.federation.robustness.median_factor) (eq $c.federation.robustness.norm_bound_mode "off")))) -}}
 {{- fail (printf "config.federation.robustness.median_factor: a norm bound scaled by the round's median norm lets one participant change how much the others are clipped, which central differential privacy cannot account for; set federation.robustness.median_factor: null (central_privacy.clip_norm bounds every update) or central_privacy: null.") -}}
 {{- end -}}
+{{- /* central-privacy-needs-its-own-key */ -}}
+{{- if (and (not (kindIs "invalid" $c.federation.central_privacy)) (not (or (eq $c.federation.transport "in_process") (ne $c.federation.aggregation "plain") $c.network.tls.enabled))) -}}
+{{- fail (printf "config.federation.central_privacy: over the network the coordinator seeds its central differential-privacy noise from its own TLS key, so it needs network.tls.enabled: true (or central_privacy: null).") -}}
+{{- end -}}
 {{- /* central-privacy-aggregation */ -}}
 {{- if (and (not (kindIs "invalid" $c.federation.central_privacy)) (not (has $c.federation.aggregation (list "plain" "masking")))) -}}
 {{- fail (printf "config.federation.central_privacy: '%v' cannot carry central differential privacy; set federation.aggregation: plain (the coordinator adds the noise) or masking (each participant adds its share), or central_privacy: null." $c.federation.aggregation) -}}

@@ -36,19 +36,18 @@ from lensemble.config.federation_section import (
     NODE_RANK_ENV,
     RENDEZVOUS_HOST_ENV,
     AdamBeta,
-    CentralPrivacyConfig,
     DivergenceGuardConfig,
     FederationConfig,
     InnerOptimizerConfig,
     MaskingConfig,
     OuterOptimizerConfig,
     ParticipantSpec,
-    PrivacyConfig,
     RankLayout,
     RankLayoutOverride,
     RobustnessConfig,
 )
 from lensemble.config.network_section import NetworkConfig, TLSConfig
+from lensemble.config.privacy_section import CentralPrivacyConfig, PrivacyConfig
 from lensemble.config.sections import (
     CUDA_TAG,
     DNS1123_LABEL,

@@ -20,11 +20,13 @@ Where the noise comes from:
   variance ``z^2 C^2 s / m >= z^2 C^2``. The share's seed is the participant's masking secret.
 
 :class:`CentralAccount` counts the noisy releases, records the spent epsilon in the attempt's
-ledger line and refuses a round that would take it past ``epsilon``.
+ledger line and refuses a round that would take it past ``epsilon``; :class:`CentralPrivacy` is
+what the coordinator holds: the account, its secret seed and the steps of a round.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,8 +43,11 @@ from lensemble.federation.secagg.groups import assign_groups
 from lensemble.seeds import derive
 
 if TYPE_CHECKING:
+    from lensemble.federation.attempt import Attempt
     from lensemble.federation.ledger import RoundRecord
     from lensemble.federation.robustness import Screening
+
+_log = logging.getLogger("lensemble.federation")
 
 #: The ledger's ``defences`` key of a line whose aggregate carried central noise.
 RECORD_KEY = "central_privacy"
@@ -283,6 +288,89 @@ class CentralAccount:
         """Count ``record``'s release once its attempt has ended."""
         if released(record):
             self.releases += 1
+
+
+class CentralPrivacy:
+    """The coordinator's side of DP-FedAvg: its account, its noise seed, a round's steps.
+
+    Args:
+        config: The run's config (``federation.central_privacy`` set).
+        account: The releases so far (:meth:`CentralAccount.of`).
+        seed: The coordinator's secret noise seed (63-bit).
+    """
+
+    def __init__(self, config: LensembleConfig, account: CentralAccount, seed: int) -> None:
+        self.config = config
+        self.account = account
+        self._seed = seed
+
+    @classmethod
+    def of(
+        cls, config: LensembleConfig, history: Sequence[RoundRecord], seed: int | None
+    ) -> CentralPrivacy | None:
+        """The run's central privacy, or None when off.
+
+        Args:
+            config: The run's config.
+            history: The committed and aborted lines so far (their releases are counted).
+            seed: The coordinator's secret seed (the network coordinator derives it from its
+                TLS key); None derives it from the run seed (the simulation).
+        """
+        account = CentralAccount.of(config, history)
+        if account is None:
+            return None
+        if seed is None:
+            seed = derive(config.run.root_seed, "central-dp-noise:coordinator")
+        return cls(config, account, seed)
+
+    def refusal(self, round_index: int) -> str | None:
+        """Why round ``round_index`` may not open (the budget), logged once; or None."""
+        refusal = self.account.refusal(round_index)
+        if refusal is not None:
+            _log.warning("%s", refusal)
+        return refusal
+
+    def clip(self, screening: Screening) -> dict[str, float]:
+        """Clip every kept update to C on top of the screening (:func:`clip_screening`)."""
+        return clip_screening(screening, self.account.privacy.clip_norm)
+
+    def add_noise(
+        self,
+        current: Attempt,
+        combined: Params,
+        screening: Screening,
+        clipped: Mapping[str, float],
+    ) -> None:
+        """Add ``N(0, (z C / n)^2)`` to the mean of the ``n`` kept updates; note the release.
+
+        The noise goes on after the momentum floor (:func:`~lensemble.federation.robustness.
+        lift_to_floor`): the floor (at most 0) only shortens each update, so each still
+        moves the mean by at most ``C / n``.
+        """
+        privacy = self.account.privacy
+        std = self.account.noise_multiplier * privacy.clip_norm / len(screening.kept_ids)
+        machine = current.machine
+        add_noise(combined, std, coordinator_seed(self._seed, machine.round_index, machine.attempt))
+        current.defences[RECORD_KEY] = self.account.entry(noise_std=std, clipped=clipped)
+
+    def note_masked(self, current: Attempt) -> None:
+        """Under masking: note the release of an attempt whose sums carry the participants' noise.
+
+        Any group's sum the coordinator learnt is a release, even when the attempt then aborts.
+        """
+        record = current.defences.get("masking")
+        groups = record.get("groups", []) if isinstance(record, dict) else []
+        summed = [g for g in groups if "sum" in g]
+        if not summed:
+            return
+        survivors = sum(len(g["survivors"]) for g in summed)
+        share = share_std(self.config, current.machine.round_index)
+        std = share * survivors**0.5 / survivors  # of the survivors' mean
+        current.defences[RECORD_KEY] = self.account.entry(noise_std=std, clipped=None)
+
+    def closed(self, record: RoundRecord) -> None:
+        """Count ``record``'s release once its attempt has ended."""
+        self.account.closed(record)
 
 
 def recorded_epsilon_problem(entry: Mapping[str, Any]) -> str | None:

@@ -45,16 +45,14 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
-from lensemble.federation.central_privacy import (
-    RECORD_KEY,
-    CentralAccount,
-    add_noise,
-    clip_screening,
-    coordinator_seed,
-    share_std,
-)
+from lensemble.federation.central_privacy import CentralPrivacy
 from lensemble.federation.commit import Committer, outer_step, scheduled
-from lensemble.federation.coordinator_store import CoordinatorStore, ModelState, model_payload_of
+from lensemble.federation.coordinator_store import (
+    CommittedModel,
+    CoordinatorStore,
+    ModelState,
+    model_payload_of,
+)
 from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.intake import Intake
@@ -72,7 +70,6 @@ from lensemble.federation.stragglers import Stragglers
 from lensemble.federation.transport import CoordinatorTransport
 from lensemble.federation.verify import VerifiedRecord
 from lensemble.machinery.flat import flat_copy, flat_empty, flat_zeros
-from lensemble.seeds import derive
 
 Params = dict[str, torch.Tensor]
 
@@ -127,7 +124,7 @@ class RunSummary:
     stopped: str | None = None
 
 
-class Coordinator:
+class Coordinator(CommittedModel):
     """Holds ``theta_t``, the outer momentum and the hash chain; commits rounds.
 
     Args:
@@ -203,13 +200,8 @@ class Coordinator:
         self.records = self.committer.records
         self.observer = observer
         self._start(initial_params, output_dir, resume)
-        # User-level DP of the committed models (DP-FedAvg; central_privacy.py), if on.
-        self.central = CentralAccount.of(config, self.earlier)
-        self._central_seed = (
-            central_noise_seed
-            if central_noise_seed is not None
-            else derive(config.run.root_seed, "central-dp-noise:coordinator")
-        )
+        # User-level DP of the committed models (DP-FedAvg), if on.
+        self.central = CentralPrivacy.of(config, self.earlier, central_noise_seed)
 
     def _start(
         self,
@@ -241,31 +233,6 @@ class Coordinator:
     @observer.setter
     def observer(self, observer: CoordinatorObserver | None) -> None:
         self._observer = self.admission.observer = self.committer.observer = observer
-
-    @property
-    def version(self) -> int:
-        """The global model's version (= rounds committed)."""
-        return self.state.version
-
-    @property
-    def params(self) -> Params:
-        """The global model, name -> float32 tensor."""
-        return self.state.params
-
-    @property
-    def momentum(self) -> Params:
-        """The outer momentum, name -> float32 tensor."""
-        return self.state.momentum
-
-    @property
-    def model_hash(self) -> str:
-        """The global model's hash."""
-        return self.state.model_hash
-
-    @property
-    def parent_hash(self) -> str:
-        """The previous version's hash (``""`` at version 0)."""
-        return self.state.parent_hash
 
     @property
     def history(self) -> list[RoundRecord]:
@@ -327,7 +294,7 @@ class Coordinator:
             _wait_for_quorum(transport, self.config, len(self.admission.expected))
             try:
                 while self.version < fed.rounds:
-                    stopped = self._central_refusal()
+                    stopped = self.central.refusal(self.version) if self.central else None
                     if stopped is not None:
                         break
                     record = self.run_round(transport, write_behind=True)
@@ -341,13 +308,6 @@ class Coordinator:
                 self.committer.shutdown()
         transport.finish()
         return RunSummary(list(self.records), self.model_hash, self.version, self.params, stopped)
-
-    def _central_refusal(self) -> str | None:
-        """Why the next round may not open (the central privacy budget), logged; or None."""
-        refusal = None if self.central is None else self.central.refusal(self.version)
-        if refusal is not None:
-            _log.warning("%s", refusal)
-        return refusal
 
     def run_round(
         self, transport: CoordinatorTransport, *, write_behind: bool = False
@@ -401,8 +361,8 @@ class Coordinator:
         """
         try:
             screening = None if current.masked else self._screen(current)
-            if current.masked:
-                self._note_masked_noise(current)
+            if current.masked and self.central is not None:
+                self.central.note_masked(current)
             if screening is None and current.masked_mean is None:
                 return None  # below quorum, or the secure sums cannot commit
             if current.masked:
@@ -418,13 +378,11 @@ class Coordinator:
                 unflatten_into(current.masked_mean, combined)
             else:
                 assert screening is not None
-                clipped = None
-                if self.central is not None:  # DP-FedAvg: clip to C after the screening
-                    clipped = clip_screening(screening, self.central.privacy.clip_norm)
+                clipped = self.central.clip(screening) if self.central is not None else {}
                 combined = _combined(self._spool, screening, shapes, self.config, self._accumulator)
                 lift_to_floor(combined, self.momentum, screening)
                 if self.central is not None:
-                    self._add_central_noise(current, combined, screening, clipped)
+                    self.central.add_noise(current, combined, screening, clipped)
         finally:
             self._spool.reset()
         self._advance(current.machine, RoundState.COMMITTING)
@@ -438,40 +396,6 @@ class Coordinator:
             parent=self.model_hash,
             defences=current.defences,
         )
-
-    def _add_central_noise(
-        self,
-        current: Attempt,
-        combined: Params,
-        screening: Screening,
-        clipped: dict[str, float] | None,
-    ) -> None:
-        """Add ``N(0, (z C / n)^2)`` to the mean of the ``n`` kept updates; note the spend."""
-        assert self.central is not None
-        machine = current.machine
-        std = (
-            self.central.noise_multiplier * self.central.privacy.clip_norm / len(screening.kept_ids)
-        )
-        seed = coordinator_seed(self._central_seed, machine.round_index, machine.attempt)
-        add_noise(combined, std, seed)
-        current.defences[RECORD_KEY] = self.central.entry(noise_std=std, clipped=clipped)
-
-    def _note_masked_noise(self, current: Attempt) -> None:
-        """Under masking: note the spend of an attempt whose sums carry the participants' noise.
-
-        Any group's sum the coordinator learnt is a release, even when the attempt then aborts.
-        """
-        if self.central is None:
-            return
-        record = current.defences.get("masking")
-        groups = record.get("groups", []) if isinstance(record, dict) else []
-        summed = [g for g in groups if "sum" in g]
-        if not summed:
-            return
-        survivors = sum(len(g["survivors"]) for g in summed)
-        share = share_std(self.config, current.machine.round_index)
-        std = share * survivors**0.5 / survivors  # of the survivors' mean
-        current.defences[RECORD_KEY] = self.central.entry(noise_std=std, clipped=None)
 
     def _collect(self, transport: CoordinatorTransport, current: Attempt) -> None:
         """Open the attempt and judge submissions until every participant has one or time is up.
@@ -524,20 +448,21 @@ class Coordinator:
 
     def _record(self, current: Attempt, new_hash: str) -> RoundRecord:
         """The attempt's ledger record; committed when ``new_hash`` is not the current model."""
-        return attempt_record(
+        record = attempt_record(
             current,
             self._context,
             parent_hash=self.model_hash,
             new_hash=new_hash,
             commit_s=self.committer.commit_s,
         )
+        if self.central is not None:
+            self.central.closed(record)  # counted once its attempt has ended
+        return record
 
     def _abort(self, current: Attempt, transport: CoordinatorTransport) -> RoundRecord:
         """End an attempt without changing global state (below quorum, or pre-commit failed)."""
         self._advance(current.machine, RoundState.ABORTED)
         record = self._record(current, self.model_hash)
-        if self.central is not None:
-            self.central.closed(record)
         self.committer.close(record, transport, checkpoint=None)
         return record
 
@@ -552,8 +477,6 @@ class Coordinator:
         """Make the stepped model the global one and write its checkpoint and ledger line."""
         self._payload_cache = None  # the committed model's payload replaces it
         record = self._record(current, new_hash)
-        if self.central is not None:
-            self.central.closed(record)
         self.defences.keep(current)
         state = self.state
         self.state = ModelState(

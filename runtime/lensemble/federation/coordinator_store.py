@@ -48,6 +48,37 @@ class ModelState:
     parent_hash: str
 
 
+class CommittedModel:
+    """Read-only views of the committed model of a holder of ``state`` (the coordinator)."""
+
+    state: ModelState
+
+    @property
+    def version(self) -> int:
+        """The global model's version (= rounds committed)."""
+        return self.state.version
+
+    @property
+    def params(self) -> Params:
+        """The global model, name -> float32 tensor."""
+        return self.state.params
+
+    @property
+    def momentum(self) -> Params:
+        """The outer momentum, name -> float32 tensor."""
+        return self.state.momentum
+
+    @property
+    def model_hash(self) -> str:
+        """The global model's hash."""
+        return self.state.model_hash
+
+    @property
+    def parent_hash(self) -> str:
+        """The previous version's hash (``""`` at version 0)."""
+        return self.state.parent_hash
+
+
 class CoordinatorStore:
     """Checkpoints under ``<output_dir>/coordinator/checkpoints`` and the ledger beside them.
 

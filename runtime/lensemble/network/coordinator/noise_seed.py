@@ -55,3 +55,17 @@ def central_noise_seed(config: LensembleConfig) -> int:
         material
     )
     return int.from_bytes(seed[:8], "little") >> 1
+
+
+def coordinator_noise_seed(config: LensembleConfig) -> int | None:
+    """The coordinator's own seed when it adds central noise (plain aggregation), else None.
+
+    Under masking the participants add the noise, each from its own secret.
+
+    Raises:
+        ConfigError: As :func:`central_noise_seed`.
+    """
+    fed = config.federation
+    if fed.central_privacy is None or fed.aggregation != "plain":
+        return None
+    return central_noise_seed(config)

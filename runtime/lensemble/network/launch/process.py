@@ -37,7 +37,7 @@ from lensemble.network.coordinator.download_server import (
     ModelDownloadServer,
     start_model_download,
 )
-from lensemble.network.coordinator.noise_seed import central_noise_seed
+from lensemble.network.coordinator.noise_seed import coordinator_noise_seed
 from lensemble.network.coordinator.round_events import CoordinatorEvents
 from lensemble.network.coordinator.round_log import RoundLog
 from lensemble.network.coordinator.server import start_coordinator_server
@@ -160,12 +160,7 @@ def _serve_coordinator(
             output_dir=Path(config.run.output_dir),
             resume=verified,
             observer=CoordinatorEvents(harness.metrics, fed.quorum, round_log),
-            # Under plain aggregation the coordinator's noise: seeded from its own key.
-            central_noise_seed=(
-                central_noise_seed(config)
-                if fed.central_privacy is not None and fed.aggregation == "plain"
-                else None
-            ),
+            central_noise_seed=coordinator_noise_seed(config),  # from its own key
         )
         del theta0  # the coordinator holds its own copy; a built theta_0 goes now
         _say_if_resumed(coordinator)
