@@ -152,14 +152,21 @@ def masked_attempt(
 
 
 def _recording(transport: CoordinatorTransport, key: SessionKey, col: Collection) -> Exchange:
-    """The transport's exchange for ``key``, noting each masked vector's hash and size."""
+    """The transport's exchange for ``key``, noting each masked vector's hash and size.
 
-    def exchange(stage: str, outgoing: Mapping[str, bytes]) -> Iterator[tuple[str, bytes]]:
+    Lazy, and holds no answer while it waits for the next: the session adds each masked vector
+    to its running sum and drops it, so at most one is ever in the coordinator's memory.
+    """
+
+    def exchange(
+        stage: str, outgoing: Mapping[str, bytes]
+    ) -> Iterator[tuple[str, bytes | memoryview]]:
         for sender, data in transport.exchange(key, stage, outgoing):
             if stage == "mask":
                 col.hashes[sender] = "sha256:" + hashlib.sha256(data).hexdigest()
                 col.sizes[sender] = len(data)
             yield sender, data
+            del data
 
     return exchange
 
