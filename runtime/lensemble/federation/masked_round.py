@@ -248,7 +248,8 @@ class _Combiner:
         """The combined pseudo-gradient (d float32 values); at least one group was added."""
         assert self._total is not None, "no group's sum was added"
         if self.groups >= 3 and self._robust:
-            return np.median(np.stack(self._means), axis=0).astype(np.float32)
+            median: np.ndarray = np.median(np.stack(self._means), axis=0)
+            return median.astype(np.float32)
         return (self._total / len(self.survivors)).astype(np.float32)
 
 
