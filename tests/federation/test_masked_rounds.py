@@ -8,16 +8,21 @@ pseudo-gradients reach a few units, so the public clip is 10.
 from __future__ import annotations
 
 import statistics
+import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
 from lensemble.federation.faults import parse_faults
+from lensemble.federation.masked_round import _Combiner
 from lensemble.federation.masking import flatten, unflatten_into
 from lensemble.federation.payload import manifest
+from lensemble.federation.secagg.server import SecureSum
+from tests.federation.secagg.helpers import context
 from tests.support.federation import RankFailingLearner, build, initial_params, small_config
 
 MASKING = {"aggregation": "masking", "masking": {"clip": 10.0}}
@@ -130,3 +135,39 @@ def test_a_participant_whose_ranks_failed_is_named_for_that_not_as_a_dropout() -
     coordinator, transport, _ = build(config, faults=plan, learner=RankFailingLearner)
     record = next(r for r in coordinator.run(transport).records if r.round == 1)
     assert record.state == "closed" and record.excluded == {"charlie": "rank_failure"}
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_group_sums_are_combined_as_they_end_and_not_kept(aggregator: str, groups: int) -> None:
+    # Each group's d-word sum is folded in when its session ends and let go: the coordinator
+    # never holds one per group. The result is the survivors' mean, or with 3+ groups and a
+    # robust aggregator the median of the group means.
+    d, rng = 257, np.random.default_rng(groups)
+    combiner = _Combiner(aggregator)
+    sums, means, counts, gone = [], [], [], []
+    for g in range(groups):
+        n = 3 + g
+        ctx = context(n, d)
+        encoded = np.zeros(d, dtype=np.uint64)
+        for update in rng.standard_normal((n, d)).astype(np.float32) * 0.01:
+            words = np.empty(d, dtype=np.uint64)
+            ctx.codec.encode_into(update, words)
+            encoded += words
+        sums.append(ctx.codec.decode_sum(encoded.copy()))
+        means.append(sums[-1] / n)
+        counts.append(n)
+        names = tuple(f"g{g}-{i}" for i in range(n))
+        total = np.concatenate([encoded, np.array([0, n], dtype=np.uint64)])
+        result = SecureSum(total, 0, names, names, names, names, names, ())
+        combiner.add(ctx, result)
+        gone.append(weakref.ref(result))
+        del result
+        assert gone[-1]() is None
+    expected = (
+        np.median(np.stack(means), axis=0)
+        if groups >= 3 and aggregator == "median"
+        else np.sum(sums, axis=0) / sum(counts)
+    )
+    assert combiner.survivors == [f"g{g}-{i}" for g in range(groups) for i in range(3 + g)]
+    assert np.array_equal(combiner.mean(), expected.astype(np.float32))

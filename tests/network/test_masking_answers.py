@@ -9,6 +9,7 @@ never reaches the session, and the stage still ends with exactly the honest answ
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
+from lensemble.federation.intake import Intake, Landing
 from lensemble.federation.masking import SessionKey, dimension
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import manifest
@@ -259,3 +261,52 @@ def test_a_stage_does_not_wait_for_who_is_missing_for_a_known_reason(tmp_path: P
     assert stage.finish() == [("alpha", b"a")]
     # It ended on the answers, well before the stage's deadline (2 x rpc_timeout_s = 8 s).
     assert time.monotonic() - stage.started < 2 * transport.config.network.rpc_timeout_s
+
+
+def test_a_large_answer_lands_in_a_spool_file_and_a_refused_one_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    # N masked vectors uploading at once must not be N vectors in memory: each lands in a spool
+    # file as its chunks arrive and reaches the session as a view of that file; a stream that
+    # fails its hash never reaches the session and its file goes back.
+    stage = _Stage(tmp_path, "mask", ["alpha", "bravo", "charlie"])
+    given_back: list[int] = []
+    landed: list[int] = []
+
+    def land(size: int) -> Landing:
+        landed.append(size)
+        return Landing(os.open(tmp_path, os.O_TMPFILE | os.O_RDWR), size, given_back.append)
+
+    stage.transport.attach(Intake(land))
+    size = 3 << 20
+    stage.masking.limits["mask"] = size
+    honest = np.random.default_rng(0).bytes(size)
+
+    def chunked(caller: str, data: bytes, declared: str) -> list[pb.MaskingAnswerChunk]:
+        header = pb.MaskingAnswerHeader(
+            participant_id=caller,
+            session=stage.transport.session,
+            stage="mask",
+            total_bytes=len(data),
+            payload_hash=declared,
+        )
+        step = 1 << 20
+        parts = [data[i : i + step] for i in range(0, len(data), step)]
+        return [pb.MaskingAnswerChunk(header=header, data=parts[0])] + [
+            pb.MaskingAnswerChunk(data=part) for part in parts[1:]
+        ]
+
+    digest = "sha256:" + hashlib.sha256(honest).hexdigest()
+    wrong = "sha256:" + "0" * 64
+    _refused(stage.send("bravo", honest, chunks=chunked("bravo", honest, wrong)), "hash_mismatch")
+    assert len(given_back) == 1  # the refused stream's file, at once
+    reply = stage.send("alpha", honest, chunks=chunked("alpha", honest, digest))
+    assert isinstance(reply, pb.MaskingAnswerReply)
+    stage.transport.presence_closed("bravo", broken=True)
+    stage.transport.presence_closed("charlie", broken=True)
+    ((pid, answer),) = stage.finish()
+    assert (pid, landed) == ("alpha", [size, size])
+    assert isinstance(answer, memoryview) and answer == honest
+    del answer
+    stage.answers.clear()
+    assert len(given_back) == 2  # the session dropped the view: the file goes back

@@ -389,6 +389,7 @@ class InProcessTransport(CoordinatorTransport):
             for _ in range(copies):
                 self._up += len(answer)
                 yield pid, answer
+            del answer  # summed by now: not held while the next participant masks
 
     def masked_reports(self) -> dict[str, dict[str, str]]:
         """The open attempt's participants' statistics (their payloads' metadata)."""

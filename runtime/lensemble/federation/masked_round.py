@@ -129,7 +129,7 @@ def masked_attempt(
     col.rejected.update(transport.absence_reasons())
     verifiers = transport.masking_identities()
     contexts = session_contexts(config, opening.round_index, opening.attempt, architecture)
-    sums: list[tuple[SessionContext, SecureSum]] = []
+    combiner = _Combiner(config.federation.robustness.aggregator)
     groups: list[dict[str, object]] = []
     for ctx in contexts:
         key = SessionKey(opening.round_index, opening.attempt, ctx.group)
@@ -139,27 +139,37 @@ def masked_attempt(
         except SecAggAbort as abort:
             groups.append(_aborted(ctx, abort, col))
             continue
-        sums.append((ctx, result))
+        finally:
+            del server  # its d-word sum goes with it, before the next group's session starts
         groups.append(_summed(ctx, result, col))
-    survivors = sorted(p for _, result in sums for p in result.survivors)
+        combiner.add(ctx, result)
+        del result
+    survivors = sorted(combiner.survivors)
     col.survivors = tuple(survivors)
     reports = transport.masked_reports()
     for pid in survivors:
         col.reported[pid] = self_reported(reports.get(pid, {}))
-    enough = len(survivors) >= config.federation.quorum and bool(sums)
-    mean = _combined(sums, config.federation.robustness.aggregator) if enough else None
+    enough = len(survivors) >= config.federation.quorum and combiner.groups > 0
+    mean = combiner.mean() if enough else None
     return MaskedAttempt(col, mean, {"groups": groups})
 
 
 def _recording(transport: CoordinatorTransport, key: SessionKey, col: Collection) -> Exchange:
-    """The transport's exchange for ``key``, noting each masked vector's hash and size."""
+    """The transport's exchange for ``key``, noting each masked vector's hash and size.
 
-    def exchange(stage: str, outgoing: Mapping[str, bytes]) -> Iterator[tuple[str, bytes]]:
+    Lazy, and holds no answer while it waits for the next: the session adds each masked vector
+    to its running sum and drops it, so at most one is ever in the coordinator's memory.
+    """
+
+    def exchange(
+        stage: str, outgoing: Mapping[str, bytes]
+    ) -> Iterator[tuple[str, bytes | memoryview]]:
         for sender, data in transport.exchange(key, stage, outgoing):
             if stage == "mask":
                 col.hashes[sender] = "sha256:" + hashlib.sha256(data).hexdigest()
                 col.sizes[sender] = len(data)
             yield sender, data
+            del data
 
     return exchange
 
@@ -202,23 +212,45 @@ def _aborted(ctx: SessionContext, abort: SecAggAbort, col: Collection) -> dict[s
     }
 
 
-def _combined(sums: list[tuple[SessionContext, SecureSum]], aggregator: str) -> np.ndarray:
-    """The survivors' mean (float32), or the median of the group means (3+ groups, robust).
+class _Combiner:
+    """The groups' sums folded in as each session ends, so no group's d-word sum outlives it.
 
-    Every step is exact or rounds once, in a fixed order, so the result's bits depend on the
-    sums only, never on arrival order.
+    Keeps one float64 running sum of the decoded group sums (d values), and with a robust
+    aggregator each group's float64 mean as well (the median of the means needs them all). The
+    result is :meth:`mean`: the survivors' mean (float32), or with 3+ groups and a robust
+    aggregator the coordinate-wise median of the group means. Every step is exact or rounds
+    once, in the groups' order, so the bits depend on the sums only, never on arrival order.
+
+    Args:
+        aggregator: ``federation.robustness.aggregator``.
     """
-    d = sums[0][0].dimension
-    if len(sums) >= 3 and aggregator in ROBUST_OVER_GROUPS:
-        means = np.stack([ctx.codec.decode_sum(s.total[:d]) / len(s.survivors) for ctx, s in sums])
-        return np.median(means, axis=0).astype(np.float32)
-    if len(sums) == 1:
-        ctx, only = sums[0]
-        return ctx.codec.decode_mean(only.total[:d], len(only.survivors))
-    total = np.zeros(d, dtype=np.float64)
-    for ctx, result in sums:
-        total += ctx.codec.decode_sum(result.total[:d])
-    return (total / sum(len(s.survivors) for _, s in sums)).astype(np.float32)
+
+    def __init__(self, aggregator: str) -> None:
+        self._robust = aggregator in ROBUST_OVER_GROUPS
+        self._total: np.ndarray | None = None
+        self._means: list[np.ndarray] = []
+        self.survivors: list[str] = []
+        self.groups = 0
+
+    def add(self, ctx: SessionContext, result: SecureSum) -> None:
+        """Fold in one finished session's sum (its survivors' encoded updates)."""
+        decoded = ctx.codec.decode_sum(result.total[: ctx.dimension])
+        if self._robust:
+            self._means.append(decoded / len(result.survivors))
+        if self._total is None:
+            self._total = decoded
+        else:
+            self._total += decoded
+        self.survivors.extend(result.survivors)
+        self.groups += 1
+
+    def mean(self) -> np.ndarray:
+        """The combined pseudo-gradient (d float32 values); at least one group was added."""
+        assert self._total is not None, "no group's sum was added"
+        if self.groups >= 3 and self._robust:
+            median: np.ndarray = np.median(np.stack(self._means), axis=0)
+            return median.astype(np.float32)
+        return (self._total / len(self.survivors)).astype(np.float32)
 
 
 def bounded(

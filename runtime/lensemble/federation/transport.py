@@ -125,7 +125,7 @@ class CoordinatorTransport(Protocol):
 
     def exchange(
         self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
-    ) -> Iterable[tuple[str, bytes]]:
+    ) -> Iterable[tuple[str, bytes | memoryview]]:
         """Send ``stage``'s message of ``session`` to each participant; yield their answers.
 
         Args:

@@ -54,7 +54,10 @@ ANSWERED: dict[str, type[Any]] = {
 #: ``exchange(stage, {participant: message bytes})`` -> ``(participant, answer bytes)`` pairs
 #: as they arrive, until every addressed participant answered or the stage's deadline passed;
 #: the participant is the one the transport authenticated. Who does not answer has dropped out.
-Exchange = Callable[[str, Mapping[str, bytes]], Iterable[tuple[str, bytes]]]
+#: An answer may be a read-only view (of the spool file a masked vector landed in); the
+#: session keeps nothing of it once handed over, so produce answers lazily: a masked vector is
+#: added to the running sum and dropped before the next one is asked for.
+Exchange = Callable[[str, Mapping[str, bytes]], Iterable[tuple[str, bytes | memoryview]]]
 
 
 def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
@@ -94,28 +97,45 @@ def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
 def _receive(
     server: ServerSession,
     stage: str,
-    answers: Iterable[tuple[str, bytes]],
+    answers: Iterable[tuple[str, bytes | memoryview]],
     receive: Callable[[Any], None],
 ) -> None:
-    """Decode and hand over each answer; a refused one leaves its sender out (a dropout)."""
-    kind = ANSWERED[stage]
+    """Decode and hand over each answer; a refused one leaves its sender out (a dropout).
+
+    No answer is referenced while the next one is awaited (a masked vector would stay resident).
+    """
     for sender, data in answers:
-        try:
-            message = kind.decode(data)
-            if message.sender != sender:
-                raise SecAggRefusal(
-                    Reason.UNKNOWN_PARTICIPANT,
-                    f"{sender} sent a message that claims to be {message.sender}'s.",
-                    stage=stage,
-                    participant=sender,
-                    remediation="The sender is treated as dropped from this session.",
-                )
-            receive(message)
-        except SecAggRefusal as refusal:
-            if refusal.participant is None:  # a parser's refusal names no one: the sender
-                refusal.participant = sender
-            if refusal not in server.refusals:  # a parser's or the driver's, not the session's
-                server.refusals.append(refusal)
+        _hand_over(server, stage, sender, data, receive)
+        del data
+
+
+def _hand_over(
+    server: ServerSession,
+    stage: str,
+    sender: str,
+    data: bytes | memoryview,
+    receive: Callable[[Any], None],
+) -> None:
+    """Decode one answer and hand it to the session; its refusal is kept, never raised."""
+    kind = ANSWERED[stage]
+    try:
+        message = kind.decode(data)
+        if message.sender != sender:
+            raise SecAggRefusal(
+                Reason.UNKNOWN_PARTICIPANT,
+                f"{sender} sent a message that claims to be {message.sender}'s.",
+                stage=stage,
+                participant=sender,
+                remediation="The sender is treated as dropped from this session.",
+            )
+        receive(message)
+    except SecAggRefusal as refusal:
+        # Kept for the ledger: without its frames, which would keep the answer's bytes alive.
+        refusal.__traceback__ = None
+        if refusal.participant is None:  # a parser's refusal names no one: the sender
+            refusal.participant = sender
+        if refusal not in server.refusals:  # a parser's or the driver's, not the session's
+            server.refusals.append(refusal)
 
 
 class Party:

@@ -121,8 +121,10 @@ class FixedPoint:
         return clipped
 
     def decode_sum(self, total: np.ndarray) -> np.ndarray:
-        """The float64 sum that the uint64 words ``total`` encode."""
-        return total.view(np.int64).astype(np.float64) / self.scale
+        """The float64 sum that the uint64 words ``total`` encode (one new d-value array)."""
+        decoded = total.view(np.int64).astype(np.float64)
+        decoded /= self.scale  # in place: a second d-value temporary would be the round's peak
+        return decoded
 
     def decode_mean(self, total: np.ndarray, count: int) -> np.ndarray:
         """The float32 mean of ``count`` updates whose encoded sum is ``total``.

@@ -14,7 +14,7 @@ import functools
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -115,27 +115,32 @@ class _Run:
         self.rng.shuffle(names)
         return names
 
-    def exchange(self, stage: str, outgoing: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
-        """One round trip: each active addressed participant gets its message and answers."""
-        start = time.perf_counter()
-        answers = []
+    def exchange(self, stage: str, outgoing: Mapping[str, bytes]) -> Iterator[tuple[str, bytes]]:
+        """One round trip: each active addressed participant gets its message and answers.
+
+        Lazily, one answer at a time, as a network coordinator receives them: the session adds
+        each masked vector to its sum before the next participant masks, so one session never
+        holds all n vectors. The participants' time (not the coordinator's) is
+        :attr:`exchange_s`.
+        """
         for name in self.active(stage):
             if name not in outgoing:
                 continue
+            start = time.perf_counter()
             data = outgoing[name]
             if stage in SENT:
                 if self.tamper is not None:
                     data = self.tamper(stage, name, data)
                 self.traffic.bytes[SENT[stage].__name__].append(len(data))
             answer = self._answer(name, stage, data)
+            if answer is not None and self.forge is not None:
+                answer = self.forge(stage, name, answer)
+            self.exchange_s += time.perf_counter() - start
             if answer is None:
                 continue
-            if self.forge is not None:
-                answer = self.forge(stage, name, answer)
             self.traffic.bytes[ANSWERED[stage].__name__].append(len(answer))
-            answers.append((name, answer))
-        self.exchange_s += time.perf_counter() - start
-        return answers
+            yield name, answer
+            del answer
 
     def _answer(self, name: str, stage: str, data: bytes) -> bytes | None:
         start = time.perf_counter()

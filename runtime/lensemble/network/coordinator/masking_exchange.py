@@ -79,7 +79,7 @@ class _Stage:
     deadline_s: float
     delivered: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
-    arrived: deque[tuple[str, bytes]] = field(default_factory=deque)
+    arrived: deque[tuple[str, bytes | memoryview]] = field(default_factory=deque)
 
 
 class MaskingExchange:
@@ -143,11 +143,14 @@ class MaskingExchange:
     # ------------------------------------------------------------ the coordinator's thread
     def exchange(
         self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
-    ) -> Iterator[tuple[str, bytes]]:
+    ) -> Iterator[tuple[str, bytes | memoryview]]:
         """Post ``stage``'s messages of ``session``; yield ``(participant, answer)`` as they land.
 
         Ends when every addressed participant still present has answered, or at the stage's
-        deadline; the stage is then closed (later answers are refused ``closed_stage``).
+        deadline; the stage is then closed (later answers are refused ``closed_stage``). Answers
+        are handed out one at a time and not kept once handed out: a masked vector is a view of
+        its spool file, which goes back (and leaves the coordinator's resident memory) as soon
+        as its consumer has added it to the sum and dropped it.
 
         Raises:
             ShutdownRequested: The coordinator is stopping.
@@ -165,12 +168,11 @@ class MaskingExchange:
                     while not current.arrived and not self._over(current):
                         board.check_stop()
                         board.cond.wait(min(RECHECK_S, current.deadline_s - board.now()))
-                    arrived = list(current.arrived)
-                    current.arrived.clear()
-                    over = self._over(current)
-                yield from arrived
-                if over and not arrived:
-                    return
+                    if not current.arrived:
+                        return  # over, and nothing left to hand out
+                    answer = current.arrived.popleft()
+                yield answer
+                del answer  # never held while waiting for the next one
         finally:
             with board.cond:
                 self._stage = None
@@ -299,7 +301,7 @@ class MaskingExchange:
         participant: str,
         session: SessionKey,
         stage: str,
-        answer: bytes,
+        answer: bytes | memoryview,
         report: Mapping[str, str],
     ) -> Rejection | None:
         """Hand a complete answer to the waiting stage; the refusal when it may not count."""

@@ -137,13 +137,25 @@ class MaskingService:
 
     def _assembled(
         self, first: pb.MaskingAnswerChunk, rest: Iterator[pb.MaskingAnswerChunk], context: Any
-    ) -> bytes:
-        """The answer's bytes, size-bounded before buffering and hash-checked."""
+    ) -> bytes | memoryview:
+        """The answer's bytes, size-bounded before buffering and hash-checked.
+
+        A large answer (a masked vector) lands in a spool file as its chunks arrive, like an
+        update stream, and is handed on as a read-only view of that file: N vectors uploading at
+        once are not N vectors in memory, and the session adds each into its running sum and
+        lets the file go (issue 37). Nothing reaches the session before its hash is checked, so
+        a refused answer is never partly in the sum.
+        """
         header = first.header
         current = self.transport.collecting_round
         what = f"the {header.stage!r} answer of {header.participant_id}"
         try:
-            assembler = Assembler(header.total_bytes, self.limits[header.stage], what)
+            assembler = Assembler(
+                header.total_bytes,
+                self.limits[header.stage],
+                what,
+                land=self.transport.intake.land,
+            )
         except TooLarge as exc:
             rejection = Rejection(Reason.TOO_LARGE.value, str(exc), current)
             self.service._abort(context, rejection, rpc="AnswerStage")
@@ -158,9 +170,19 @@ class MaskingService:
                 if chunk.HasField("header"):
                     raise PayloadError(f"{what} carries a second header chunk.")
                 assembler.add(chunk.data)
-            answer = bytes(assembler.finish())
+                del chunk  # its frame goes now, not when the next one has arrived
+            answer = assembler.finish()
         except PayloadError as exc:
             rejection = Rejection(Reason.BAD_PAYLOAD.value, str(exc), current)
+            self.service._abort(context, rejection, rpc="AnswerStage")
+        except OSError as exc:  # the spool file it landed in: the coordinator's disk, not the
+            # sender's fault; the answer is only not received (the session counts a dropout)
+            rejection = Rejection(
+                nerr.BUSY,
+                f"the coordinator could not write {what} to its spool folder "
+                f"({exc.strerror or exc}).",
+                current,
+            )
             self.service._abort(context, rejection, rpc="AnswerStage")
         if assembler.payload_hash != header.payload_hash:
             rejection = Rejection(

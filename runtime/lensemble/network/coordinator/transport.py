@@ -213,7 +213,7 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
 
     def exchange(
         self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
-    ) -> Iterator[tuple[str, bytes]]:
+    ) -> Iterator[tuple[str, bytes | memoryview]]:
         """Hand each participant its stage message; yield the answers until the stage deadline.
 
         See :meth:`MaskingExchange.exchange`.
