@@ -1,4 +1,4 @@
-"""Coordinator peak memory of a masked round against a plain one, over mTLS on loopback (issue 37).
+"""Coordinator memory and round time of a masked round against a plain one, mTLS on loopback.
 
 One real coordinator process and N real participant processes (``bench/network_transport.py``'s
 no-compute learner: local parameters are the global ones scaled by a per-participant factor, so
@@ -6,8 +6,12 @@ the pseudo-gradient is small, within the masking clip, and nothing is trained) r
 rounds, every participant in every round (quorum N), once with ``federation.aggregation:
 plain`` and once with ``masking``, at the same d and N. Reported: the coordinator's peak RSS
 (``ru_maxrss``, as ``bench/coordinator_rss.py`` reads it), the ratio masked / plain (issue 37's
-aim: at most 2), and the size of one masked vector (``8 x (d + 2)`` bytes), the unit the
-coordinator must not hold N of.
+aim: at most 2), the size of one masked vector (``8 x (d + 2)`` bytes), the unit the
+coordinator must not hold N of, and each run's median round time (the ledger's ``wall_s``,
+opening to commit). Nothing is trained, so a round's time is all non-compute time: issue 37
+aims at a masked round at most 2 x a plain one at d = 10M, N = 16. On one machine every
+participant's masks are computed on the same cores, where a federation spreads them over N
+hosts; read the masked time as an upper bound.
 
 Run from the repository root (d = 1M and 10M, N = 4 and 8: about 10 minutes on 2 cores)::
 
@@ -33,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import network_transport as nt
 
+from lensemble.federation.ledger import Ledger
 from lensemble.learner import LocalRound
 from lensemble.network.launch.launcher import LocalFederation
 
@@ -60,8 +65,8 @@ class ScaleLearner:
         pass
 
 
-def run(total: int, n: int, rounds: int, aggregation: str) -> float:
-    """One run: the coordinator's peak RSS (MB)."""
+def run(total: int, n: int, rounds: int, aggregation: str) -> tuple[float, float]:
+    """One run: the coordinator's peak RSS (MB) and the median round's ``wall_s`` (seconds)."""
     os.sync()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -81,7 +86,8 @@ def run(total: int, n: int, rounds: int, aggregation: str) -> float:
             for p in participants:
                 if p.wait(120) != 0:
                     raise SystemExit(f"participant failed: {p.last_error()}")
-        return float(json.loads(rss.read_text())["peak_rss_mb"])
+        walls = [r.wall_s for r in Ledger(tmp / "run" / "ledger.jsonl").records()]
+        return float(json.loads(rss.read_text())["peak_rss_mb"]), statistics.median(walls)
 
 
 def _proc(argv: list[str]) -> None:
@@ -123,21 +129,28 @@ def main() -> None:
     sizes = [nt.parse_count(s) for s in args.params.split(",")]
     counts = [int(s) for s in args.participants.split(",")]
     print(
-        f"Coordinator peak RSS (MB), mTLS loopback, {args.rounds} rounds, no-compute "
-        f"participants, median of {args.repeats}; vector = one masked vector, 8 x (d + 2) bytes"
+        f"Coordinator peak RSS (MB) and median round time (s), mTLS loopback, {args.rounds} "
+        f"rounds, no-compute participants, median of {args.repeats}; vector = one masked "
+        "vector, 8 x (d + 2) bytes (MB)"
     )
-    print(f"{'params':>7} {'N':>3} {'vector':>7} {'plain':>7} {'masked':>7} {'ratio':>6}")
+    print(
+        f"{'params':>7} {'N':>3} {'vector':>7} {'plain':>7} {'masked':>7} {'ratio':>6} "
+        f"{'plain s':>8} {'masked s':>9} {'ratio':>6}"
+    )
     for total in sizes:
         for n in counts:
-            peaks: dict[str, list[float]] = {"plain": [], "masking": []}
+            runs: dict[str, list[tuple[float, float]]] = {"plain": [], "masking": []}
             for _ in range(args.repeats):
-                for aggregation, runs in peaks.items():
-                    runs.append(run(total, n, args.rounds, aggregation))
-            plain = statistics.median(peaks["plain"])
-            masked = statistics.median(peaks["masking"])
+                for aggregation, made in runs.items():
+                    made.append(run(total, n, args.rounds, aggregation))
+            plain = statistics.median(p for p, _ in runs["plain"])
+            masked = statistics.median(p for p, _ in runs["masking"])
+            plain_s = statistics.median(s for _, s in runs["plain"])
+            masked_s = statistics.median(s for _, s in runs["masking"])
             print(
                 f"{total / 1e6:>6.0f}M {n:>3} {8 * (total + 2) / 1e6:>7.0f} {plain:>7.0f} "
-                f"{masked:>7.0f} {masked / plain:>6.2f}",
+                f"{masked:>7.0f} {masked / plain:>6.2f} {plain_s:>8.2f} {masked_s:>9.2f} "
+                f"{masked_s / plain_s:>6.2f}",
                 flush=True,
             )
 
