@@ -109,15 +109,22 @@ class FixedPoint:
             ValueError: A value is NaN or infinite (its index is named).
         """
         clipped = 0
+        scaled = np.empty(min(_BLOCK, len(values)), dtype=np.float64)
+        signed = out.view(np.int64)
         for start in range(0, len(values), _BLOCK):
             block = np.asarray(values[start : start + _BLOCK], dtype=np.float64)
-            if not np.all(np.isfinite(block)):
+            # One sum finds a NaN or an infinity (float64 sums of float32 values cannot
+            # overflow); only then is the first one looked for.
+            if not math.isfinite(float(block.sum())):
                 bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
                 raise ValueError(f"coordinate {bad} of the update is not finite")
-            clipped += int(np.count_nonzero(np.abs(block) > self.clip))
-            scaled = np.clip(block, -self.clip, self.clip) * self.scale
-            np.rint(scaled, out=scaled)
-            out[start : start + len(block)] = scaled.astype(np.int64).view(np.uint64)
+            clipped += int(np.count_nonzero(block > self.clip))
+            clipped += int(np.count_nonzero(block < -self.clip))
+            buffer = scaled[: len(block)]
+            np.clip(block, -self.clip, self.clip, out=buffer)
+            np.multiply(buffer, self.scale, out=buffer)
+            np.rint(buffer, out=buffer)
+            np.copyto(signed[start : start + len(block)], buffer, casting="unsafe")
         return clipped
 
     def decode_sum(self, total: np.ndarray) -> np.ndarray:

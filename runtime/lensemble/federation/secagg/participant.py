@@ -41,7 +41,7 @@ from lensemble.federation.secagg.messages import (
     consistency_bytes,
 )
 from lensemble.federation.secagg.primitives import (
-    add_keystream,
+    add_keystreams,
     agree,
     open_sealed,
     public_bytes,
@@ -268,9 +268,7 @@ class ParticipantSession:
             self._held[sender] = self._open_share(sender, ciphertext, stage)
         self._at_least(len(self._held), "participants shared keys", stage)
         vector = self._encode(update, stage)
-        add_keystream(
-            vector, self_mask_key(self._secrets.self_mask_seed, self._digest, self.me), sign=+1
-        )
+        streams = [(self_mask_key(self._secrets.self_mask_seed, self._digest, self.me), +1)]
         for peer in sorted(self._held):
             if peer != self.me:
                 key = pairwise_key(
@@ -283,7 +281,8 @@ class ParticipantSession:
                 assert (
                     key is not None
                 )  # its encryption key agreed; a bad masking key is refused at share time
-                add_keystream(vector, key, sign=mask_sign(self.me, peer))
+                streams.append((key, mask_sign(self.me, peer)))
+        add_keystreams(vector, streams)
         self._step = Step.MASKED
         return MaskedInput(self._digest, self.me, vector)
 

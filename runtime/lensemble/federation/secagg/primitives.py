@@ -19,6 +19,7 @@ Nothing here is a cipher or a PRG of our own: only the framing of the library's.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -104,19 +105,47 @@ def add_keystream(vector: np.ndarray, key: bytes, *, sign: int) -> None:
         vector: A C-contiguous little-endian uint64 vector, changed in place.
         key: A 32-byte derived key.
         sign: +1 or -1.
+
+    Raises:
+        ValueError: ``vector`` is not a C-contiguous little-endian uint64 array.
+    """
+    add_keystreams(vector, [(key, sign)])
+
+
+def add_keystreams(vector: np.ndarray, streams: Sequence[tuple[bytes, int]]) -> None:
+    """Add or subtract the keystream of every ``(key, sign)`` in ``streams`` to ``vector``.
+
+    The same result as :func:`add_keystream` once per stream, in one pass over ``vector``: each
+    block of it takes every stream's next block while it is in cache, so the additions cost
+    about a memory pass in all instead of one per stream (most of a participant's masking is
+    these n keystreams; docs/performance.md).
+
+    Args:
+        vector: A C-contiguous little-endian uint64 vector, changed in place.
+        streams: ``(32-byte derived key, +1 or -1)`` pairs.
+
+    Raises:
+        ValueError: ``vector`` is not a C-contiguous little-endian uint64 array.
     """
     if vector.dtype != np.dtype("<u8") or not vector.flags.c_contiguous:
         raise ValueError("the vector must be a C-contiguous little-endian uint64 array")
-    encryptor = Cipher(algorithms.AES256(key), modes.CTR(_ZERO_COUNTER)).encryptor()
+    encryptors = [
+        (
+            Cipher(algorithms.AES256(key), modes.CTR(_ZERO_COUNTER)).encryptor(),
+            np.add if sign > 0 else np.subtract,
+        )
+        for key, sign in streams
+    ]
     size = min(BLOCK_WORDS, len(vector))
     zeros = np.zeros(size, dtype="<u8")
     block = np.empty(size, dtype="<u8")
-    combine = np.add if sign > 0 else np.subtract
     for start in range(0, len(vector), size):
         part = vector[start : start + size]
         words = len(part)
-        encryptor.update_into(zeros[:words].data.cast("B"), block[:words].data.cast("B"))
-        combine(part, block[:words], out=part)
+        source, target = zeros[:words].data.cast("B"), block[:words]
+        for encryptor, combine in encryptors:
+            encryptor.update_into(source, target.data.cast("B"))
+            combine(part, target, out=part)
 
 
 def seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:

@@ -18,7 +18,7 @@ from lensemble.federation.secagg import shamir
 from lensemble.federation.secagg.context import SessionContext
 from lensemble.federation.secagg.keys import commitment, mask_sign, pairwise_key, self_mask_key
 from lensemble.federation.secagg.messages import KeyAdvert, UnmaskShares
-from lensemble.federation.secagg.primitives import add_keystream, public_bytes, x25519_private
+from lensemble.federation.secagg.primitives import add_keystreams, public_bytes, x25519_private
 
 _SECRET_BYTES = 32
 
@@ -110,8 +110,9 @@ class Unmasker:
             LookupError: A secret cannot be reconstructed (its owner's id is the argument).
         """
         digest = self.context.digest
-        for owner in survivors:
-            add_keystream(total, self_mask_key(self.self_mask_seed(owner), digest, owner), sign=-1)
+        streams = [
+            (self_mask_key(self.self_mask_seed(owner), digest, owner), -1) for owner in survivors
+        ]
         for owner in dropped:
             private = x25519_private(self.masking_key(owner))
             for survivor in survivors:
@@ -119,4 +120,5 @@ class Unmasker:
                     private, self._adverts[survivor].masking_key, digest, owner, survivor
                 )
                 assert key is not None  # both keys were checked when shares were made
-                add_keystream(total, key, sign=-mask_sign(survivor, owner))
+                streams.append((key, -mask_sign(survivor, owner)))
+        add_keystreams(total, streams)
