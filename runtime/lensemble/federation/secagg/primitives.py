@@ -9,7 +9,7 @@
   uint64 words and added to (or subtracted from) a vector in place, in blocks of
   :data:`BLOCK_WORDS`, so memory stays at one block beyond the vector. AES rather than ChaCha20
   because the pairwise masks are most of a participant's work and the AES instructions of
-  current server CPUs make its keystream about twice as fast (docs/performance.md).
+  current server CPUs make its keystream about 1.5 x as fast (docs/performance.md).
 - Authenticated encryption: ChaCha20-Poly1305 (RFC 8439). Every key encrypts exactly one
   message (it is derived per session, sender and receiver), so the all-zero nonce is safe.
 
