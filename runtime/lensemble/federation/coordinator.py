@@ -443,7 +443,8 @@ class Coordinator:
         if col is None or len(col.norms) < quorum:
             return None
         self._advance(current.machine, RoundState.AGGREGATING)
-        screening = current.screen(self.config.federation.robustness)
+        robustness = self.config.federation.robustness
+        screening = current.screen(robustness, self.defences.suspicion.scores)
         self.defences.score(current)
         return screening if len(col.norms) >= quorum else None
 
