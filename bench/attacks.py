@@ -69,10 +69,11 @@ ATTACKS: dict[str, str] = {
 }
 #: A perfect defence: the hostile participants never contribute (what no defence can beat).
 ORACLE = {"honest only (hostile dropped)": "drop:{H}@0-"}
-#: The plain mean: no norm bound, no divergence guard (what the defaults cost).
+#: The plain mean: no norm bound, no divergence guard, nobody set aside (what the defaults cost).
 PLAIN = [
     "federation.robustness.median_factor=null",
     "federation.robustness.guard.enabled=false",
+    "federation.robustness.set_aside_suspects=false",
 ]
 
 

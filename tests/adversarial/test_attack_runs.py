@@ -160,13 +160,14 @@ def test_a_named_attacker_s_pull_is_removed(
 def test_the_same_check_fails_without_the_defence(
     datasets: dict[str, ParticipantData], clean: dict[int, float], tmp_path: Path
 ) -> None:
-    # The bound of before issue 36 (10 x the median norm, the plain mean, no guard): a
-    # participant flipping and scaling its update by -9.5 stays under it every round.
+    # The bound of before issue 36 (10 x the median norm, the plain mean, no guard, nobody set
+    # aside): a participant flipping and scaling its update by -9.5 stays under it every round.
     config = _config(
         4,
         tmp_path,
         "federation.robustness.median_factor=10",
         "federation.robustness.guard.enabled=false",
+        "federation.robustness.set_aside_suspects=false",
     )
     records, params = _run(config, datasets, "scaled:alpine@0-=-9.5")
     assert not any(r.defences["clipped"] for r in records)
