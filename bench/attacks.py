@@ -83,7 +83,8 @@ def federated(
     """One federated run (every round committed, the record verified); its final model's scores.
 
     Returns:
-        ``(params, facts)``: the final parameters and the run's facts (rollbacks, suspects).
+        ``(params, facts)``: the final parameters and the run's facts (rollbacks, suspects,
+        and how many rounds each participant was set aside in).
     """
     theta0 = initial_global_parameters(config)
     arch = global_architecture(theta0)
@@ -102,6 +103,10 @@ def federated(
         "rollbacks": [r["round"] for r in guard["rollbacks"]],
         "suspects": guard["suspects"],
         "named": Suspicion().suspects(last),
+        "set_aside": {
+            pid: sum(pid in r.defences.get("set_aside", {}) for r in summary.records)
+            for pid in sorted({p for r in summary.records for p in r.defences.get("set_aside", {})})
+        },
         "suspicion": last,
         "warning": guard["warning"],
     }
