@@ -16,6 +16,7 @@ aside is still screened and scored, so its score decays as soon as it sends hone
 (weight 0.5 per round) and it is back in the mean once the score is below
 :data:`~lensemble.federation.suspicion.SUSPECT_SCORE`. An honest participant is never set aside
 in our measurements: its score stays below the threshold (docs/security.md#suspicion-from-history).
+Under masking no single update is seen, so nobody is scored and nobody is set aside.
 """
 
 from __future__ import annotations
