@@ -15,7 +15,7 @@ from pathlib import Path
 from lensemble.config.schema import RobustnessConfig
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import Ledger, RoundRecord, build_line, committed_chain
-from lensemble.federation.set_aside import set_aside
+from lensemble.federation.set_aside import RELEASE_SCORE, set_aside
 from lensemble.federation.suspicion import SUSPECT_SCORE
 from lensemble.federation.verify import verify_run
 from tests.support.federation import build, small_config
@@ -46,6 +46,28 @@ def test_half_or_more_named_sets_nobody_aside() -> None:
     assert set_aside(scores, ["a", "b", "c", "d"]) == {}
     assert set_aside(scores, ["a", "c", "d"]) == {"a": 3.0}
     assert set_aside({"a": 3.0}, ["a"]) == {}
+
+
+def test_a_participant_set_aside_stays_aside_until_its_score_falls_below_half() -> None:
+    kept = ["a", "b", "c", "d", "e"]
+    scores = {"a": RELEASE_SCORE, "b": 0.99 * RELEASE_SCORE, "c": 0.9, "d": 0.1, "e": 0.0}
+    assert set_aside(scores, kept, before=["a", "b"]) == {"a": RELEASE_SCORE}
+    assert set_aside(scores, kept) == {}  # not named: 0.9 is below the threshold
+
+
+def test_a_reformed_attacker_is_released_once_its_score_halves() -> None:
+    # delta attacks in rounds 0 and 1, then sends honest updates: its score decays by half a
+    # round; it stays aside while the score is at least RELEASE_SCORE, then is back in the mean.
+    records = _records(None, spec="scaled:delta@0-1=-9.5", rounds=10)
+    held, released = False, False
+    for before, record in itertools.pairwise(records):
+        score = before.defences["suspicion"]["delta"]  # type: ignore[index]
+        was_aside = "delta" in before.defences["set_aside"]  # type: ignore[operator]
+        aside = "delta" in record.defences["set_aside"]  # type: ignore[operator]
+        assert aside == (score >= (RELEASE_SCORE if was_aside else SUSPECT_SCORE)), record.round
+        held |= aside and score < SUSPECT_SCORE
+        released |= was_aside and not aside
+    assert held and released
 
 
 def test_the_setting_is_on_by_default() -> None:

@@ -10,7 +10,7 @@ ledger keeps of it, committed or aborted.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -113,7 +113,12 @@ class Attempt:
     masked: bool = False
     masked_mean: np.ndarray | None = None
 
-    def screen(self, robustness: RobustnessConfig, scores: Mapping[str, float]) -> Screening:
+    def screen(
+        self,
+        robustness: RobustnessConfig,
+        scores: Mapping[str, float],
+        before: Iterable[str] = (),
+    ) -> Screening:
         """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
 
         An update rejected for its norm leaves ``collection.norms`` and is excluded as
@@ -125,12 +130,13 @@ class Attempt:
         Args:
             robustness: ``federation.robustness``.
             scores: The suspicion scores of the last committed round (participant id -> score).
+            before: Whom the last committed round set aside.
         """
         col = self.collection
         assert col is not None
         screening = decide(col.norms, robustness)
         if robustness.set_aside_suspects:
-            screening.set_aside = set_aside(scores, screening.kept_ids)
+            screening.set_aside = set_aside(scores, screening.kept_ids, before)
             screening.kept_ids = [p for p in screening.kept_ids if p not in screening.set_aside]
         floor = robustness.momentum_cosine_floor
         screening.shortfalls = momentum_shortfalls(screening, col.cosines, floor)

@@ -445,7 +445,8 @@ class Coordinator:
             return None
         self._advance(current.machine, RoundState.AGGREGATING)
         robustness = self.config.federation.robustness
-        screening = current.screen(robustness, self.defences.suspicion.scores)
+        defences = self.defences
+        screening = current.screen(robustness, defences.suspicion.scores, defences.set_aside)
         self.defences.score(current)
         return screening if len(col.norms) >= quorum else None
 

@@ -5,10 +5,10 @@ Each committed line records the coordinator's per-participant suspicion scores
 verdict (``guard``, :mod:`lensemble.federation.guard`), both functions of what the earlier lines
 and the line itself record (norms, cosines, the participants' held-out reports), and whom the
 mean left out as a named suspect (``defences.set_aside``, :mod:`lensemble.federation.set_aside`),
-a function of the previous committed line's scores and the line's contributors. Replaying them
-line by line must give exactly what each line says; a rollback must name, as its target, a
-model the chain committed (its hash at that version). Lines written before these fields existed
-carry none and are skipped.
+a function of the previous committed line's scores and set-aside and of the line's
+contributors. Replaying them line by line must give exactly what each line says; a rollback
+must name, as its target, a model the chain committed (its hash at that version). Lines written
+before these fields existed carry none and are skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from lensemble.config.schema import DivergenceGuardConfig
 from lensemble.federation.guard import DivergenceGuard
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.set_aside import set_aside
+from lensemble.federation.set_aside import recorded_set_aside, set_aside
 from lensemble.federation.suspicion import Suspicion, record_scores
 
 
@@ -36,6 +36,7 @@ class HistoryReplay:
 
     def __init__(self) -> None:
         self.suspicion = Suspicion()
+        self.aside: list[str] = []  # whom the last committed line set aside
         self.guard = DivergenceGuard(DivergenceGuardConfig())
         self.hashes: list[str] = []
 
@@ -55,8 +56,10 @@ class HistoryReplay:
     def _set_aside(self, record: RoundRecord) -> str | None:
         """The line's set-aside suspects against the scores before it (None: they agree)."""
         if "set_aside" not in record.defences:
+            self.aside = []
             return None
-        expected = set_aside(self.suspicion.scores, record.contributors)
+        expected = set_aside(self.suspicion.scores, record.contributors, self.aside)
+        self.aside = recorded_set_aside(record)
         if record.defences["set_aside"] != expected:
             return (
                 f"round {record.round} sets aside {_names(record.defences['set_aside'])} from "
