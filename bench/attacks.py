@@ -15,7 +15,7 @@ Each federated model is scored on the union of every site's held-out episodes (`
 on the union of the honest sites' only (``honest``: the hostile sites' data is what an honest
 majority cannot vouch for); each site alone on both. One JSON line per (N, seed, run) goes to
 ``--out`` (appended: a stopped sweep continues where it stopped), and the table of final union
-errors is printed at the end (and with ``--table-only``):
+errors is printed at the end (and with ``--table-only``); ``--runs`` makes only the named runs:
 
     nice -n 10 python bench/attacks.py -n 4 -n 8 --seeds 1,2,3,4,7 --out runs/attacks.jsonl
 
@@ -69,10 +69,11 @@ ATTACKS: dict[str, str] = {
 }
 #: A perfect defence: the hostile participants never contribute (what no defence can beat).
 ORACLE = {"honest only (hostile dropped)": "drop:{H}@0-"}
-#: The plain mean: no norm bound, no divergence guard (what the defaults cost).
+#: The plain mean: no norm bound, no divergence guard, nobody set aside (what the defaults cost).
 PLAIN = [
     "federation.robustness.median_factor=null",
     "federation.robustness.guard.enabled=false",
+    "federation.robustness.set_aside_suspects=false",
 ]
 
 
@@ -82,7 +83,8 @@ def federated(
     """One federated run (every round committed, the record verified); its final model's scores.
 
     Returns:
-        ``(params, facts)``: the final parameters and the run's facts (rollbacks, suspects).
+        ``(params, facts)``: the final parameters and the run's facts (rollbacks, suspects,
+        and how many rounds each participant was set aside in).
     """
     theta0 = initial_global_parameters(config)
     arch = global_architecture(theta0)
@@ -101,6 +103,10 @@ def federated(
         "rollbacks": [r["round"] for r in guard["rollbacks"]],
         "suspects": guard["suspects"],
         "named": Suspicion().suspects(last),
+        "set_aside": {
+            pid: sum(pid in r.defences.get("set_aside", {}) for r in summary.records)
+            for pid in sorted({p for r in summary.records for p in r.defences.get("set_aside", {})})
+        },
         "suspicion": last,
         "warning": guard["warning"],
     }
@@ -119,11 +125,19 @@ def scores(
 
 
 def cell(
-    n: int, seed: int, config_path: Path, data: Path, done: set[str], *, sets: list[str]
+    n: int,
+    seed: int,
+    config_path: Path,
+    data: Path,
+    done: set[str],
+    *,
+    sets: list[str],
+    only: set[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every run of one (N, seed) not in ``done``; yields their JSON rows as they finish.
 
-    ``sets`` are ``--set`` overrides for every run (e.g. ``federation.aggregation=masking``).
+    ``sets`` are ``--set`` overrides for every run (e.g. ``federation.aggregation=masking``);
+    ``only``, when given, names the runs to make (``alone`` among them for the local-only ones).
     """
     base = [
         f"federation.participant_count={n}",
@@ -142,7 +156,7 @@ def cell(
         for name, spec in (ATTACKS | ORACLE).items()
     }
     for name, spec in runs.items():
-        if name in done:
+        if name in done or (only is not None and name not in only):
             continue
         start = time.perf_counter()
         cfg = load_config(config_path, base + (PLAIN if name == "clean, plain mean" else []))
@@ -152,7 +166,7 @@ def cell(
         row["seconds"] = round(time.perf_counter() - start, 1)
         print(f"N={n} seed={seed} {name}: {row['union']:.4f}, honest {row['honest']:.4f}")
         yield row | where
-    if "alone" not in done:
+    if "alone" not in done and (only is None or "alone" in only):
         alone = {}
         for pid in ids:
             solo = LocalOnlyRun(config, pid, datasets[pid], config.federation.inner_steps)
@@ -225,7 +239,17 @@ def main() -> None:
         default=[],
         help="A config override for every run, e.g. federation.aggregation=masking (repeatable).",
     )
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="Semicolon-separated run names to make (e.g. 'clean;scaled -9.5;alone'); all "
+        "when omitted.",
+    )
     args = parser.parse_args()
+    only = None if args.runs is None else {r.strip() for r in args.runs.split(";") if r.strip()}
+    known = {"clean", "clean, plain mean", "alone", *ORACLE, *ATTACKS}
+    if only is not None and not only <= known:
+        parser.error(f"--runs names unknown runs {sorted(only - known)}; known: {sorted(known)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in args.out.read_text().splitlines()] if args.out.exists() else []
     if not args.table_only:
@@ -234,7 +258,7 @@ def main() -> None:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     done = {r["run"] for r in rows if (r["n"], r["seed"]) == (n, seed)}
                     folder = Path(data) / f"{n}-{seed}"
-                    for row in cell(n, seed, args.config, folder, done, sets=args.sets):
+                    for row in cell(n, seed, args.config, folder, done, sets=args.sets, only=only):
                         with args.out.open("a", encoding="utf-8") as f:
                             f.write(json.dumps(row, sort_keys=True) + "\n")
                         rows.append(row)

@@ -121,7 +121,12 @@ def test_an_attack_under_the_default_defences(
     error = _honest_error(config, params, datasets, hostile)
     assert error <= 1.5 * clean[n], (error, clean[n])
     last = records[-1].defences
+    for record in records:  # the mean never leaves out an honest participant
+        assert set(record.defences["set_aside"]) <= set(hostile)  # type: ignore[arg-type]
     if attack in ("scaled", "sleeper"):
+        # Named in the round it (first) attacks, left out of the mean from the next one on.
+        named = records[1:] if attack == "scaled" else records[2:]
+        assert all(set(r.defences["set_aside"]) == set(hostile) for r in named)  # type: ignore[arg-type]
         # Clipped to the round's median whenever it attacks, and named by its history.
         awake = records[1:] if attack == "sleeper" else records
         assert all(set(hostile) <= set(r.defences["clipped"]) for r in awake)
@@ -131,16 +136,38 @@ def test_an_attack_under_the_default_defences(
         assert all(last["cosines"][h] < 0 for h in hostile)  # it pulls against the momentum
 
 
+@pytest.mark.parametrize("n", sorted(SHAPES))
+def test_a_named_attacker_s_pull_is_removed(
+    n: int, datasets: dict[str, ParticipantData], tmp_path: Path
+) -> None:
+    # The hostile participants flip and scale by -9.5 in round 0 (and are named), then send
+    # -9.5 x or +9.5 x their update: the same norms, opposite pulls. Set aside, both runs
+    # commit the same models; only clipped (set_aside_suspects off), the pull shows.
+    def chain(sign: str, setting: bool) -> list[str]:
+        config = _config(
+            n,
+            tmp_path / f"{sign}{setting}",
+            f"federation.robustness.set_aside_suspects={str(setting).lower()}",
+        )
+        hostile = sorted(config.participant_ids)[: SHAPES[n]]
+        spec = ",".join(f"scaled:{h}@0=-9.5,scaled:{h}@1-={sign}9.5" for h in hostile)
+        return [r.model_hash for r in _run(config, datasets, spec)[0]]
+
+    assert chain("-", True) == chain("+", True)
+    assert chain("-", False)[1:] != chain("+", False)[1:]
+
+
 def test_the_same_check_fails_without_the_defence(
     datasets: dict[str, ParticipantData], clean: dict[int, float], tmp_path: Path
 ) -> None:
-    # The bound of before issue 36 (10 x the median norm, the plain mean, no guard): a
-    # participant flipping and scaling its update by -9.5 stays under it every round.
+    # The bound of before issue 36 (10 x the median norm, the plain mean, no guard, nobody set
+    # aside): a participant flipping and scaling its update by -9.5 stays under it every round.
     config = _config(
         4,
         tmp_path,
         "federation.robustness.median_factor=10",
         "federation.robustness.guard.enabled=false",
+        "federation.robustness.set_aside_suspects=false",
     )
     records, params = _run(config, datasets, "scaled:alpine@0-=-9.5")
     assert not any(r.defences["clipped"] for r in records)

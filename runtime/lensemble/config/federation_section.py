@@ -372,6 +372,13 @@ class RobustnessConfig(_Section):
         "out of the mean (unitless, [-1, 0]; null for none). Honest updates of our sites stay "
         "above -0.25; inner-product manipulation sends about -0.75 (docs/security.md).",
     )
+    set_aside_suspects: bool = Field(
+        True,
+        description="Leave out of the round's mean the updates of participants whose "
+        "suspicion score after the last committed round reaches 1 (named suspects), while they "
+        "are fewer than half of the round's updates; the ledger records whom and why "
+        "(defences.set_aside). False only clips them (docs/security.md).",
+    )
     max_int8_scale: float = Field(
         10.0,
         gt=0.0,

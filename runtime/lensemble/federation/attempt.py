@@ -10,6 +10,7 @@ ledger keeps of it, committed or aborted.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -22,6 +23,7 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import Reason, RoundOpening, Submission
 from lensemble.federation.robustness import Screening, decide, momentum_shortfalls
 from lensemble.federation.rounds import RoundMachine, RoundState
+from lensemble.federation.set_aside import set_aside
 from lensemble.federation.transport import Traffic
 
 
@@ -111,16 +113,31 @@ class Attempt:
     masked: bool = False
     masked_mean: np.ndarray | None = None
 
-    def screen(self, robustness: RobustnessConfig) -> Screening:
+    def screen(
+        self,
+        robustness: RobustnessConfig,
+        scores: Mapping[str, float],
+        before: Iterable[str] = (),
+    ) -> Screening:
         """Bound the accepted updates' norms and pull: record the decisions, move rejected out.
 
         An update rejected for its norm leaves ``collection.norms`` and is excluded as
-        ``norm_bound``, with the sentence saying why; a kept one below the momentum floor is
-        noted in ``shortfalls`` (:func:`~lensemble.federation.robustness.lift_to_floor`).
+        ``norm_bound``, with the sentence saying why; a kept one from a named suspect is set
+        aside (:mod:`lensemble.federation.set_aside`: still a contributor, weight 0 in the
+        mean); a kept one below the momentum floor is noted in ``shortfalls``
+        (:func:`~lensemble.federation.robustness.lift_to_floor`).
+
+        Args:
+            robustness: ``federation.robustness``.
+            scores: The suspicion scores of the last committed round (participant id -> score).
+            before: Whom the last committed round set aside.
         """
         col = self.collection
         assert col is not None
         screening = decide(col.norms, robustness)
+        if robustness.set_aside_suspects:
+            screening.set_aside = set_aside(scores, screening.kept_ids, before)
+            screening.kept_ids = [p for p in screening.kept_ids if p not in screening.set_aside]
         floor = robustness.momentum_cosine_floor
         screening.shortfalls = momentum_shortfalls(screening, col.cosines, floor)
         self.defences.update(screening.to_record())

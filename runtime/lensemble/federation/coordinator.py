@@ -10,9 +10,10 @@ Per round ``t`` (docs/concepts.md#the-round; DiLoCo, arXiv 2311.08105, Algorithm
 3. With fewer than ``quorum`` contributors the attempt is ABORTED: nothing changes and the round is
    retried up to ``max_round_retries`` times, then the run stops with ``QuorumNotReached``.
 4. AGGREGATING: each update's norm is bounded (clipped or rejected), then the updates are
-   combined in sorted id order: float32 mean, or a coordinate-wise trimmed mean or median, less
-   each update's pull against the outer momentum beyond the floor (``federation.robustness``,
-   :mod:`lensemble.federation.robustness`, docs/security.md). Each
+   combined in sorted id order (but those of participants the suspicion scores of the last
+   commit name: :mod:`lensemble.federation.set_aside`): float32 mean, or a coordinate-wise
+   trimmed mean or median, less each update's pull against the outer momentum beyond the floor
+   (``federation.robustness``, :mod:`lensemble.federation.robustness`, docs/security.md). Each
    contributor's history score is updated (:mod:`lensemble.federation.suspicion`) and the
    divergence guard judges the round's model from the contributors' held-out reports
    (:mod:`lensemble.federation.guard`); when it rolls back, the round does not aggregate.
@@ -442,7 +443,9 @@ class Coordinator(CommittedModel):
         if col is None or len(col.norms) < quorum:
             return None
         self._advance(current.machine, RoundState.AGGREGATING)
-        screening = current.screen(self.config.federation.robustness)
+        robustness = self.config.federation.robustness
+        defences = self.defences
+        screening = current.screen(robustness, defences.suspicion.scores, defences.set_aside)
         self.defences.score(current)
         return screening if len(col.norms) >= quorum else None
 

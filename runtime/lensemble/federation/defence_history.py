@@ -1,7 +1,8 @@
 """What the coordinator's defences remember across rounds, and the rollback they may commit.
 
 :class:`DefenceHistory` holds each participant's suspicion score
-(:mod:`lensemble.federation.suspicion`), the divergence guard (:mod:`lensemble.federation.guard`)
+(:mod:`lensemble.federation.suspicion`), whom the last commit set aside
+(:mod:`lensemble.federation.set_aside`), the divergence guard (:mod:`lensemble.federation.guard`)
 and where the best judged model is kept: its checkpoint, pinned against pruning, or a copy in
 memory when the coordinator writes no checkpoints. Within an attempt it only computes (scores,
 a verdict, the copy of a model about to become the best); a committing attempt's results become
@@ -20,6 +21,7 @@ from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
 from lensemble.federation.guard import DivergenceGuard, Judgement
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.payload import model_hash
+from lensemble.federation.set_aside import recorded_set_aside
 from lensemble.federation.suspicion import Suspicion
 from lensemble.machinery.flat import flat_copy
 
@@ -42,6 +44,8 @@ class DefenceHistory:
     def __init__(self, robustness: RobustnessConfig, store: CoordinatorStore) -> None:
         self.store = store
         self.suspicion = Suspicion()
+        # Whom the last committed round set aside (lensemble.federation.set_aside).
+        self.set_aside: list[str] = []
         self.guard = DivergenceGuard(robustness.guard) if robustness.guard.enabled else None
         # Without checkpoints, the best judged model's copy (and the copy taken when an
         # attempt judges the current model best, until that attempt commits).
@@ -56,6 +60,7 @@ class DefenceHistory:
         """
         committed = [r for r in earlier if r.state == "closed"]
         self.suspicion = Suspicion.replay(committed)
+        self.set_aside = recorded_set_aside(committed[-1]) if committed else []
         if self.guard is None:
             return
         try:
@@ -153,6 +158,8 @@ class DefenceHistory:
         """A committing attempt's scores and verdict become the current ones."""
         if current.scores is not None:
             self.suspicion.apply(current.scores)
+        aside = current.defences.get("set_aside")
+        self.set_aside = sorted(aside) if isinstance(aside, dict) else []
         judgement = current.judgement
         if self.guard is None or judgement is None:
             return

@@ -88,8 +88,10 @@ class RoundRecord:
             ``precommit`` (None, or why the new model was not committed), ``cosines``
             (participant id -> cosine of its update with the outer momentum, None in round 0),
             ``suspicion`` (participant id -> its history score,
-            :mod:`lensemble.federation.suspicion`). Empty in lines written before these
-            defences existed.
+            :mod:`lensemble.federation.suspicion`), ``set_aside`` (participant id -> the score
+            before the round that named it a suspect and left its update out of the mean,
+            :mod:`lensemble.federation.set_aside`; absent when that defence is off). Empty in
+            lines written before these defences existed.
         self_reported: Participant id -> the statistics it reported about itself
             (``mean_loss``, ``compute_s``, ``heldout_loss``), after the coordinator's bounds; a
             value outside them is null. Unverified: only the divergence guard reads them, as a

@@ -129,10 +129,14 @@ class Screening:
     clipped: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     shortfalls: dict[str, float] = field(default_factory=dict)
+    set_aside: dict[str, float] | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The decisions as plain JSON data (for the ledger's ``defences`` field)."""
-        return {
+        aside = (
+            {} if self.set_aside is None else {"set_aside": dict(sorted(self.set_aside.items()))}
+        )
+        return aside | {
             "norms": {pid: _short(n) for pid, n in sorted(self.norms.items())},
             "norm_bound": _short(self.bound) if self.bound is not None else None,
             "clipped": {pid: _short(f) for pid, f in sorted(self.clipped.items())},

@@ -20,8 +20,9 @@ two rounds of waking). A participant is a **suspect** once its score reaches
 line (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
 
-Stealthy attacks (ALIE, min-max, min-sum) are built to look like honest updates: they stay
-unnamed, and their damage is bounded by the clipping instead (docs/security.md).
+A suspect's update is left out of the next rounds' mean (:mod:`lensemble.federation.set_aside`).
+Stealthy attacks (ALIE, min-max, min-sum) are built to look like honest updates: they mostly
+stay unnamed, and their damage is bounded by the clipping instead (docs/security.md).
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@
 Each committed line records the coordinator's per-participant suspicion scores
 (``defences.suspicion``, :mod:`lensemble.federation.suspicion`) and the divergence guard's
 verdict (``guard``, :mod:`lensemble.federation.guard`), both functions of what the earlier lines
-and the line itself record (norms, cosines, the participants' held-out reports). Replaying them
-line by line must give exactly what each line says; a rollback must name, as its target, a
-model the chain committed (its hash at that version). Lines written before these fields existed
-carry none and are skipped. A line with central differential privacy (``defences.central_privacy``)
-must count its release right after the previous one and record the epsilon Opacus' accountant
-gives for its own fields (:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`).
+and the line itself record (norms, cosines, the participants' held-out reports), and whom the
+mean left out as a named suspect (``defences.set_aside``, :mod:`lensemble.federation.set_aside`),
+a function of the previous committed line's scores and set-aside and of the line's
+contributors. Replaying them line by line must give exactly what each line says; a rollback
+must name, as its target, a model the chain committed (its hash at that version). Lines written
+before these fields existed carry none and are skipped. A line with central differential privacy
+(``defences.central_privacy``) must count its release right after the previous one and record
+the epsilon Opacus' accountant gives for its own fields
+(:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from __future__ import annotations
 from lensemble.config.schema import DivergenceGuardConfig
 from lensemble.federation.guard import DivergenceGuard
 from lensemble.federation.ledger import RoundRecord
+from lensemble.federation.set_aside import recorded_set_aside, set_aside
 from lensemble.federation.suspicion import Suspicion, record_scores
+
+
+def _names(value: object) -> str:
+    """Who a ``set_aside`` value names, for a sentence ("nobody" when empty)."""
+    if isinstance(value, dict):
+        return ", ".join(sorted(map(str, value))) or "nobody"
+    return repr(value)
 
 
 class HistoryReplay:
@@ -28,6 +39,7 @@ class HistoryReplay:
 
     def __init__(self) -> None:
         self.suspicion = Suspicion()
+        self.aside: list[str] = []  # whom the last committed line set aside
         self.guard = DivergenceGuard(DivergenceGuardConfig())
         self.hashes: list[str] = []
         self.releases = 0  # central-privacy releases so far
@@ -42,7 +54,7 @@ class HistoryReplay:
         problem = self._central(record)
         if problem is not None or record.state != "closed":
             return problem
-        problem = self._scores(record) or self._verdict(record)
+        problem = self._set_aside(record) or self._scores(record) or self._verdict(record)
         self.hashes.append(record.model_hash)
         return problem
 
@@ -64,6 +76,20 @@ class HistoryReplay:
         except ImportError:  # no Opacus here: the count is checked, the epsilon cannot be
             return None
         return None if problem is None else f"round {record.round}: {problem}"
+
+    def _set_aside(self, record: RoundRecord) -> str | None:
+        """The line's set-aside suspects against the scores before it (None: they agree)."""
+        if "set_aside" not in record.defences:
+            self.aside = []
+            return None
+        expected = set_aside(self.suspicion.scores, record.contributors, self.aside)
+        self.aside = recorded_set_aside(record)
+        if record.defences["set_aside"] != expected:
+            return (
+                f"round {record.round} sets aside {_names(record.defences['set_aside'])} from "
+                f"its mean, but the scores before it name {_names(expected)}"
+            )
+        return None
 
     def _scores(self, record: RoundRecord) -> str | None:
         recorded = record_scores(record)
