@@ -111,6 +111,12 @@ class HealthServer:
 def check(host: str, port: int, service: str, timeout_s: float) -> str:
     """Ask a health service for a status.
 
+    The call waits for a connection until its deadline (``wait_for_ready``): a health port that
+    is full for a moment (a flood of connections its warden has not trimmed yet) refuses a
+    connect, and a probe should ride that out, as a kubelet's retries do, rather than report
+    the process dead. A process that is down answers ``UNREACHABLE: DEADLINE_EXCEEDED`` at the
+    deadline.
+
     Args:
         host: Host of the process.
         port: Its health port.
@@ -125,7 +131,11 @@ def check(host: str, port: int, service: str, timeout_s: float) -> str:
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+            reply = stub.Check(
+                health_pb2.HealthCheckRequest(service=service),
+                timeout=timeout_s,
+                wait_for_ready=True,
+            )
         except grpc.RpcError as exc:
             return f"UNREACHABLE: {exc.code().name} {exc.details()}"
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
