@@ -4,21 +4,16 @@ Under ``federation.central_privacy`` with plain aggregation the coordinator adds
 noise to the round's mean (:mod:`lensemble.federation.central_privacy`). In the in-process
 simulation the seed derives from the run seed; over the network it derives from the
 coordinator's own TLS private key with HKDF-SHA256 under a salt of its own (as a participant's
-DP-SGD seed does, :mod:`lensemble.network.participant.privacy_seed`), with the run's name and
+DP-SGD seed does, :mod:`lensemble.network.shared.key_seeds`), with the run's name and
 config hash as info: only the key's holder can compute it, so nobody else can regenerate the
 noise and remove it, and a rerun or a restarted coordinator draws the same bits.
 """
 
 from __future__ import annotations
 
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from lensemble.config import LensembleConfig
-from lensemble.config.hashing import config_hash
-from lensemble.errors import ConfigError
 from lensemble.network.shared.identity import COORDINATOR_IDENTITY
-from lensemble.network.shared.security import load_tls
+from lensemble.network.shared.key_seeds import tls_key_seed
 
 #: HKDF salt of the coordinator's central noise seed.
 CENTRAL_NOISE_SALT = b"lensemble-central-dp-noise-v1"
@@ -31,30 +26,15 @@ def central_noise_seed(config: LensembleConfig) -> int:
         ConfigError: TLS is off (no private key to derive it from) or the key file is
             unreadable, naming the field and the fix.
     """
-    files = load_tls(config, COORDINATOR_IDENTITY)
-    if files is None:
-        raise ConfigError(
-            "network.tls.enabled: the coordinator seeds its central differential-privacy noise "
-            "from its own TLS key over the network; set network.tls.enabled: true (or "
-            "federation.central_privacy: null)."
-        )
-    try:
-        key = serialization.load_pem_private_key(files.key, password=None)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"network.tls.key_file: the coordinator's key is unreadable ({exc}); point it at "
-            "the coordinator's PEM private key."
-        ) from None
-    material = key.private_bytes(
-        serialization.Encoding.DER,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+    return tls_key_seed(
+        config,
+        COORDINATOR_IDENTITY,
+        CENTRAL_NOISE_SALT,
+        needs_tls="the coordinator seeds its central differential-privacy noise from its own "
+        "TLS key over the network; set network.tls.enabled: true (or "
+        "federation.central_privacy: null).",
+        whose="the coordinator",
     )
-    run = f"{config.run.name}:{config_hash(config)}".encode()
-    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=CENTRAL_NOISE_SALT, info=run).derive(
-        material
-    )
-    return int.from_bytes(seed[:8], "little") >> 1
 
 
 def coordinator_noise_seed(config: LensembleConfig) -> int | None:

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives import serialization
 
-from lensemble.config import LensembleConfig, config_hash
+from lensemble.config import LensembleConfig
 from lensemble.errors import ConfigError
 from lensemble.federation.secagg import identity
 from lensemble.network.shared.certs import certificate_identities
+from lensemble.network.shared.key_seeds import key_secret
 from lensemble.network.shared.security import load_tls
 
 #: HKDF salt of a participant's secret seed (a version label: a new one changes every seed).
@@ -77,13 +77,7 @@ def secret_seed(
     participant never needs to store a secret of its own. Every session secret derives from it
     and the session's digest (:mod:`lensemble.federation.secagg.keys`).
     """
-    material = key.private_bytes(
-        serialization.Encoding.DER,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    run = f"{config.run.name}:{config_hash(config)}".encode()
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=run).derive(material)
+    return key_secret(key, config, salt)
 
 
 def trusted_authorities(config: LensembleConfig, participant: str) -> list[x509.Certificate]:
