@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lensemble.config import load_config
-from lensemble.config.schema import LensembleConfig
 from lensemble.federation.messages import PRIVACY_BUDGET
 from lensemble.network.participant.privacy_seed import noise_seed
 from tests.support.cli import run_cli
-from tests.support.network import REPO
+from tests.support.network import local_config_with_certs
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("opacus", reason="needs the [dp] extra (Opacus)")
@@ -77,26 +75,12 @@ def test_over_the_network_the_budget_abstains_and_the_noise_is_the_participants_
     assert [r["excluded"] for r in in_process] == [r["excluded"] for r in records]
 
 
-def _with_certs(certs: Path) -> LensembleConfig:
-    done = run_cli("certs", "init", str(certs))
-    assert done.code == 0, done.err
-    return load_config(
-        REPO / "config/local.yaml",
-        [
-            "network.tls.enabled=true",
-            f"network.tls.ca_file={certs}/ca.crt",
-            f"network.tls.cert_file={certs}/{{identity}}/tls.crt",
-            f"network.tls.key_file={certs}/{{identity}}/tls.key",
-        ],
-    )
-
-
 def test_the_noise_seed_is_the_keys_own_and_the_same_on_every_call(tmp_path: Path) -> None:
-    config = _with_certs(tmp_path / "certs")
+    config = local_config_with_certs(tmp_path / "certs")
     seeds = {pid: noise_seed(config, pid) for pid in config.participant_ids}
     assert seeds == {pid: noise_seed(config, pid) for pid in config.participant_ids}
     assert len(set(seeds.values())) == len(seeds)
     assert all(0 <= s < 2**63 for s in seeds.values())
     # New keys give new seeds: the key is the secret, not the config.
-    other = _with_certs(tmp_path / "again")
+    other = local_config_with_certs(tmp_path / "again")
     assert all(noise_seed(other, pid) != seeds[pid] for pid in seeds)

@@ -9,11 +9,12 @@ from typing import Any
 
 import yaml
 
-from lensemble.config import LensembleConfig
+from lensemble.config import LensembleConfig, load_config
 from lensemble.config.load import validate_mapping
 from lensemble.federation.ledger import Ledger, RoundRecord, committed_chain
 from lensemble.network.launch.launcher import LocalFederation, free_port
 from lensemble.network.shared.certs import init_certs
+from tests.support.cli import run_cli
 from tests.support.federation import small_federation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,3 +177,19 @@ class ParticipantThread:
         self.loop.stop.set()
         self.thread.join(10)
         self.client.close()
+
+
+def local_config_with_certs(certs: Path, *overrides: str) -> LensembleConfig:
+    """``config/local.yaml`` with TLS on and development certificates issued under ``certs``."""
+    done = run_cli("certs", "init", str(certs))
+    assert done.code == 0, done.err
+    return load_config(
+        REPO / "config/local.yaml",
+        [
+            "network.tls.enabled=true",
+            f"network.tls.ca_file={certs}/ca.crt",
+            f"network.tls.cert_file={certs}/{{identity}}/tls.crt",
+            f"network.tls.key_file={certs}/{{identity}}/tls.key",
+            *overrides,
+        ],
+    )
