@@ -32,8 +32,18 @@ MASKING = (
     "federation.quantization=none",
     "federation.int8_chunk=0",
 )
-#: The issuer of the cert-manager masking cases: one CA signs every identity.
+#: Differential privacy: the first participant's own DP-SGD budget, and central DP-FedAvg on
+#: the mean (a fixed clip: no bound scaled by the round's median norm).
+PRIVACY = (
+    "federation.participants[0].privacy="
+    "{epsilon: 8, noise_multiplier: 1.1, sample_rate: 0.25, windows_per_record: 2}",
+    "federation.central_privacy={clip_norm: 0.5, noise_multiplier: 0.8, epsilon: 20}",
+    "federation.robustness.median_factor=null",
+)
+#: The issuer of the cert-manager masking and privacy cases: one CA signs every identity.
 CLUSTER_ISSUER = "lensemble-ca"
+#: cert-manager issues every identity's certificate from that one issuer.
+CERT_MANAGER = (("tls", {"certManager": {"enabled": True, "issuerRef": {"name": CLUSTER_ISSUER}}}),)
 #: The Secret holding the federation's CA bundle in the tls.caBundleSecret case.
 FEDERATION_BUNDLE_SECRET = "lensemble-federation-ca"
 
@@ -147,14 +157,19 @@ CASES: dict[str, Case] = {
         f"helm-{env}-masking": Case(
             env,
             overrides=MASKING,
-            knobs=(
-                (
-                    "tls",
-                    {"certManager": {"enabled": True, "issuerRef": {"name": CLUSTER_ISSUER}}},
-                ),
-            ),
+            knobs=CERT_MANAGER,
         )
         for env in ENVS
+    },
+    # Differential privacy with cert-manager, under plain aggregation (the coordinator adds the
+    # central noise) and under masking (the participants do), issue 38.
+    **{
+        f"helm-sovereign-prod-privacy{suffix}": Case(
+            "sovereign-prod",
+            overrides=(*PRIVACY, *extra),
+            knobs=CERT_MANAGER,
+        )
+        for suffix, extra in (("", ()), ("-masking", MASKING))
     },
     # One organisation's release of a masked sovereign federation whose organisations' CAs
     # differ: the federation's CA bundle is every identity's ca.crt.

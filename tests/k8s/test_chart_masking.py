@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from lensemble.config import LensembleConfig
-from lensemble.config.load import validate_mapping
 from lensemble.errors import UsageError
 from lensemble.network.participant.peer_keys import (
     PeerCertificateRefused,
     trusted_authorities,
     trusted_peer_keys,
 )
-from lensemble.render.container import TLS_DIR
 from tests.config.rule_examples import edited_values
 from tests.k8s import pki
+from tests.k8s.pods import Docs, Secrets, lay_out, pod_config, pods_of, volume
 from tests.k8s.renders import (
     CLUSTER_ISSUER,
     ENVS,
@@ -41,8 +37,6 @@ from tests.k8s.renders import (
 )
 from tests.support.tools import require
 
-Docs = list[dict[str, Any]]
-Secrets = dict[tuple[str, str], dict[str, bytes]]
 BUNDLE_CASE = "helm-sovereign-prod-masking-org-berlin"
 #: The sovereign federation of the bundle case: a consortium root that signs the coordinator,
 #: and one intermediate CA per organisation that signs its participants.
@@ -51,63 +45,17 @@ ORGANISATION_CAS = {td: pki.authority(f"{td}-ca", CONSORTIUM) for td in PROD_DOM
 FEDERATION_BUNDLE = b"".join(ca.pem for ca in (CONSORTIUM, *ORGANISATION_CAS.values()))
 
 
-def _find(docs: Docs, kind: str, namespace: str, name: str) -> dict[str, Any]:
-    return next(
-        d
-        for d in docs
-        if d["kind"] == kind
-        and d["metadata"]["name"] == name
-        and d["metadata"]["namespace"] == namespace
-    )
-
-
-def _participant_pods(docs: Docs) -> list[tuple[str, dict[str, Any]]]:
-    """(namespace, pod template) of every participant StatefulSet."""
-    return [
-        (d["metadata"]["namespace"], d["spec"]["template"])
-        for d in docs
-        if d["kind"] == "StatefulSet"
-        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "participant"
-    ]
-
-
-def _volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(v for v in pod["spec"]["volumes"] if v["name"] == name)
-
-
-def _lay_out(docs: Docs, namespace: str, pod: dict[str, Any], secrets: Secrets, root: Path) -> None:
-    """Write the pod's projected TLS volume under ``root``, as the kubelet would."""
-    for source in _volume(pod, "tls")["projected"]["sources"]:
-        ref = source["secret"]
-        data = secrets[(namespace, ref["name"])]
-        for item in ref["items"]:
-            path = root / item["path"]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data[item["key"]])
-
-
-def _pod_config(docs: Docs, namespace: str, pod: dict[str, Any], root: Path) -> LensembleConfig:
-    """The config the pod mounts, its TLS paths moved from the mount point to ``root``."""
-    name = _volume(pod, "config")["configMap"]["name"]
-    mapping = yaml.safe_load(_find(docs, "ConfigMap", namespace, name)["data"]["config.yaml"])
-    tls = mapping["network"]["tls"]
-    for field in ("ca_file", "cert_file", "key_file"):
-        assert tls[field].startswith(f"{TLS_DIR}/")
-        tls[field] = tls[field].replace(TLS_DIR, str(root), 1)
-    return validate_mapping(mapping)
-
-
 def _pod_trusts(
     docs: Docs, secrets: Secrets, relayed: dict[str, bytes], tmp_path: Path
 ) -> dict[str, set[str]]:
     """Per participant pod identity, the peers whose relayed certificate it accepts."""
     trusted: dict[str, set[str]] = {}
-    pods = _participant_pods(docs)
+    pods = pods_of(docs, "participant")
     assert pods
     for i, (namespace, pod) in enumerate(pods):
         root = tmp_path / str(i)
-        _lay_out(docs, namespace, pod, secrets, root)
-        config = _pod_config(docs, namespace, pod, root)
+        lay_out(namespace, pod, secrets, root)
+        config = pod_config(docs, namespace, pod, root)
         assert config.federation.aggregation == "masking"
         for pid in pod["metadata"]["annotations"]["lensemble.dev/participants"].split(","):
             peers = {p: pem for p, pem in relayed.items() if p != pid}
@@ -151,9 +99,9 @@ def _bundle_case_secrets(docs: Docs) -> tuple[Secrets, dict[str, bytes]]:
         for p in config.federation.participants
     }
     secrets: Secrets = {}
-    for namespace, pod in _participant_pods(docs):
+    for namespace, pod in pods_of(docs, "participant"):
         secrets[(namespace, FEDERATION_BUNDLE_SECRET)] = {"ca.crt": FEDERATION_BUNDLE}
-        for source in _volume(pod, "tls")["projected"]["sources"]:
+        for source in volume(pod, "tls")["projected"]["sources"]:
             name = source["secret"]["name"]
             if name != FEDERATION_BUNDLE_SECRET:
                 pid = source["secret"]["items"][0]["path"].split("/")[0]
@@ -165,9 +113,9 @@ def test_the_federation_ca_bundle_lets_a_participant_accept_every_organisations_
     tmp_path: Path,
 ) -> None:
     docs = render(BUNDLE_CASE)
-    (_, pod), *others = _participant_pods(docs)
+    (_, pod), *others = pods_of(docs, "participant")
     assert others == []
-    sources = _volume(pod, "tls")["projected"]["sources"]
+    sources = volume(pod, "tls")["projected"]["sources"]
     ca_from = {i["path"]: s["secret"]["name"] for s in sources for i in s["secret"]["items"]}
     assert ca_from["berlin/ca.crt"] == FEDERATION_BUNDLE_SECRET
     secrets, relayed = _bundle_case_secrets(docs)

@@ -143,12 +143,18 @@ def run_local_processes(
         everyone = [coordinator, *participants]
         for proc in everyone:
             _ready_or_fail(proc, everyone, STARTUP_S + config.federation.join_timeout_s)
-        _follow(coordinator, participants, on_round)
+        stopped = _follow(coordinator, participants, on_round)
         _wait_participants(participants, config.network.rpc_timeout_s + 10)
     records = Ledger(out / config.observability.ledger_path).records()
     wall_s = time.perf_counter() - start
     return _summarise(
-        config, out, records, wall_s, evaluate_final=evaluate_final, resumed_from=resumed_from
+        config,
+        out,
+        records,
+        wall_s,
+        evaluate_final=evaluate_final,
+        resumed_from=resumed_from,
+        stopped=stopped,
     )
 
 
@@ -211,23 +217,30 @@ def _follow(
     coordinator: ManagedProcess,
     participants: list[ManagedProcess],
     on_round: Callable[[dict[str, Any]], None] | None,
-) -> None:
-    """Report round events until the coordinator exits; fail fast if any process fails."""
+) -> str | None:
+    """Report round events until the coordinator exits; fail fast if any process fails.
+
+    Returns:
+        Why the coordinator ended its run before ``federation.rounds`` (the ``reason`` of its
+        ``stopped_early`` event), or None.
+    """
     seen = 0
     while True:
-        events = coordinator.events[seen:]
+        code = coordinator.returncode
+        # After the exit, every event the coordinator logged (its stderr drained).
+        events = coordinator.all_events()[seen:]
         seen += len(events)
         for item in events:
             if item.get("event") == "round_closed" and on_round is not None:
                 on_round(item)
-        code = coordinator.returncode
         if code is not None:
             if code != 0:
                 raise ProcessFailed(
                     f"the coordinator exited with code {code}: {coordinator.last_error()}",
                     remediation=f"see {coordinator.log_path}.",
                 )
-            return
+            stops = [e for e in coordinator.events if e.get("event") == "stopped_early"]
+            return str(stops[-1].get("reason", "")) if stops else None
         for proc in participants:
             if proc.returncode not in (None, 0):
                 raise ProcessFailed(
@@ -246,6 +259,7 @@ def _summarise(
     *,
     evaluate_final: bool,
     resumed_from: int | None,
+    stopped: str | None,
 ) -> SimulationResult:
     checkpoint = CheckpointStore(out).load()
     committed = [r for r in records if r.state == "closed"]
@@ -269,4 +283,5 @@ def _summarise(
         output_dir=out,
         wall_s=wall_s,
         resumed_from=resumed_from,
+        stopped=stopped,
     )

@@ -197,6 +197,13 @@ class ManagedProcess:
             )
         return ready
 
+    def all_events(self) -> list[dict[str, Any]]:
+        """Every JSON event the process logged; after its exit, once its stderr is drained."""
+        with self._cond:
+            if self.popen.poll() is not None:
+                self._cond.wait_for(lambda: self._stderr_done, timeout=STDERR_DRAIN_S)
+            return list(self.events)
+
     def wait_event(
         self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, start: int = 0
     ) -> dict[str, Any]:

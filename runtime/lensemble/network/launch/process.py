@@ -181,6 +181,7 @@ def _serve_coordinator(
             model_hash=summary.model_hash,
         )
         _say_if_diverged(coordinator)
+        _say_if_stopped(summary.stopped)
         if linger:
             harness.linger()
         return summary
@@ -366,6 +367,13 @@ def _say_if_diverged(coordinator: Coordinator) -> None:
             rollbacks=len(divergence["rollbacks"]),
             suspects=divergence["suspects"],
         )
+
+
+def _say_if_stopped(reason: str | None) -> None:
+    """Log why the run ended before ``federation.rounds`` (the central privacy budget)."""
+    if reason is not None:
+        # `lensemble simulate` over the network reads the reason from this event's field.
+        event(_log, "stopped_early", f"Stopped early: {reason}", logging.WARNING, reason=reason)
 
 
 def _participant_credentials(config: LensembleConfig, participant_id: str) -> str | None:
