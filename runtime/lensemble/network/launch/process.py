@@ -181,6 +181,7 @@ def _serve_coordinator(
             model_hash=summary.model_hash,
         )
         _say_if_diverged(coordinator)
+        _say_final_model(summary)
         if linger:
             harness.linger()
         return summary
@@ -207,6 +208,13 @@ def _transport(
         metrics=harness.metrics,
         round_log=round_log,
     )
+
+
+def _say_final_model(summary: RunSummary) -> None:
+    """Log the ``final_model`` event: which version the run ends with (``best_reported``)."""
+    if summary.kept is not None:
+        choice = summary.kept.choice
+        event(_log, "final_model", choice.why, **choice.to_dict())
 
 
 def _say_if_resumed(coordinator: Coordinator) -> None:
