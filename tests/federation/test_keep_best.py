@@ -19,6 +19,7 @@ from lensemble.config import config_hash
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.coordinator import RunSummary
 from lensemble.federation.faults import parse_faults
+from lensemble.federation.final_model import kept_in_record
 from lensemble.federation.keep_best import (
     ENTRY,
     BestReported,
@@ -221,3 +222,19 @@ def test_the_default_ends_with_the_last_version_and_records_nothing(tmp_path: Pa
     # ... and the models it commits do not depend on it.
     best = _run(None, rounds=3)
     assert committed_chain(best.records) == committed_chain(summary.records)
+
+
+def test_a_finished_run_s_folder_names_the_same_kept_version(tmp_path: Path) -> None:
+    # What `simulate` over the network reads once the coordinator process has ended.
+    summary = _run(tmp_path)
+    config = small_config(rounds=ROUNDS, final_model="best_reported")
+    store = CheckpointStore(tmp_path)
+    last = store.load()
+    assert last is not None and summary.kept is not None
+    committed = [r for r in Ledger(tmp_path / "ledger.jsonl").records() if r.state == "closed"]
+    kept = kept_in_record(config.federation, committed, store, last)
+    assert kept is not None and kept.choice == summary.kept.choice
+    for name, tensor in summary.kept.params.items():
+        assert torch.equal(kept.params[name], tensor)
+    default = small_config(rounds=ROUNDS)
+    assert kept_in_record(default.federation, committed, store, last) is None
