@@ -214,3 +214,24 @@ def test_an_unusable_output_folder_is_refused_before_any_work(
     assert line.startswith(f"error: cannot create the output folder {blocker / 'run'}")
     assert line.endswith("pass a writable folder with --output-dir or set run.output_dir.")
     assert "collecting data" not in result.err and "Traceback" not in result.err
+
+
+@pytest.mark.slow
+def test_best_reported_ends_with_the_best_scored_version(in_repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "best"
+    summary = _simulate(out, "--rounds", "4", "--set", "federation.final_model=best_reported")
+    kept = summary["final_model"]
+    assert isinstance(kept, dict)
+    records = [r for r in Ledger(out / "ledger.jsonl").records() if r.state == "closed"]
+    scores = [r.defences["best_reported"]["score"] for r in records]
+    best = min(range(len(scores)), key=lambda v: (scores[v], v))
+    # The last version (v4) is scored by nobody: the run keeps the best scored one.
+    assert (kept["version"], kept["last_version"]) == (best, 4)
+    assert summary["model_hash"] == kept["model_hash"] == records[best].parent_hash
+    assert summary["model_hash"] != _chain(out)[-1]
+    assert "kept v" in kept["why"]
+    # The summary's union error is the kept version's: round best - 1 scored it.
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    union = {m["round"] + 1: m["federated"]["union"]["k_step_error"] for m in lines}
+    assert summary["federated_union_k_step_error"] == union[best]
+    assert summary["federated_union_k_step_error"] != union[4]

@@ -58,6 +58,13 @@ SCHEDULES = [
         {"rounds": 7, "robustness": {"median_factor": 10, "max_relative_change": 1e6}},
         id="attacks-a-liar-and-rollbacks",
     ),
+    pytest.param(
+        # Issue 39: the best reported version (federation.final_model) from the kept
+        # contributors' median reports, a liar reporting 0 and a participant dropped among them.
+        "misreport:bravo@0-=0,drop:alpha@2",
+        {"rounds": 5, "final_model": "best_reported"},
+        id="best-reported-version-with-a-liar",
+    ),
 ]
 
 
@@ -69,6 +76,8 @@ def _outcome(records: list[RoundRecord], error: BaseException | None) -> dict[st
         ],
         # What the defences decided from the history: suspicion scores, the guard's verdicts.
         "defences": [(r.defences.get("suspicion"), r.guard) for r in records],
+        # The scoring of each version behind federation.final_model (None under "last").
+        "best_reported": [r.defences.get("best_reported") for r in records],
         "error": type(error).__name__ if error is not None else None,
     }
 
@@ -125,5 +134,7 @@ def test_both_transports_commit_the_same_ledger_under_faults(
     assert network == in_process
     # Each schedule does exclude someone (the comparison is not between two clean runs).
     assert any(excluded for _, _, _, _, excluded, _, _ in in_process["attempts"])
+    if federation.get("final_model") == "best_reported":  # every committed line scores
+        assert all(entry for entry in in_process["best_reported"])
     if "scaled" in faults:  # and the attack schedule does make the guard act
         assert any(guard.get("action") == "rollback" for _, guard in in_process["defences"])

@@ -59,6 +59,9 @@ def print_summary(
         f"{summary['aborted_attempts']}); bytes up {megabytes(summary['bytes_up'])}, down "
         f"{megabytes(summary['bytes_down'])}; wall time {result.wall_s:.1f} s."
     )
+    kept = summary["final_model"]
+    if kept is not None:  # federation.final_model: best_reported
+        lines.append(f"Final model: {kept['why']}.")
     lines.append(f"Final model hash {result.model_hash}")
     lines.append(f"Config hash      {result.config_hash}")
     files = ["ledger.jsonl", "metrics.jsonl", "coordinator/checkpoints/"]

@@ -474,6 +474,14 @@ class FederationConfig(_Section):
         description="Elements per int8 scale; 0 means one scale per tensor (count).",
     )
     robustness: RobustnessConfig = Field(default_factory=RobustnessConfig)
+    final_model: Literal["last", "best_reported"] = Field(
+        "last",
+        description="Which committed version a run ends with. 'last': the last one. "
+        "'best_reported': the version with the lowest median held-out loss its kept "
+        "contributors reported (at least quorum reports; one liar cannot move a median), "
+        "recorded in each ledger line (defences.best_reported); the last version is scored "
+        "by nobody, so the choice is among the versions before it.",
+    )
     ranks: RankLayout = Field(
         default_factory=RankLayout,
         description="Default rank layout of every participant's inner loop; a participant's "

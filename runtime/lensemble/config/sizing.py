@@ -2,7 +2,8 @@
 
 A coordinator checkpoint holds the float32 parameters and the outer momentum (two copies of
 the model). :data:`CHECKPOINTS_KEPT` are kept, the divergence guard keeps its best model's
-beside them (:data:`CHECKPOINTS_PINNED`), and one more is being written while the oldest is
+beside them (:data:`CHECKPOINTS_PINNED`; one more under ``federation.final_model:
+best_reported``, the best reported version), and one more is being written while the oldest is
 still there, so the state folder needs ``(CHECKPOINTS_KEPT + CHECKPOINTS_PINNED + 1) * 2 *
 model bytes`` plus the ledger and headroom, plus the update spool: while a round is collected,
 every accepted update waits on disk in its wire format (:mod:`lensemble.federation.spool`), one
@@ -52,7 +53,9 @@ def model_parameters(config: LensembleConfig) -> int:
 def coordinator_state_bytes(config: LensembleConfig) -> int:
     """Bytes the coordinator's state folder needs (checkpoints, ledger, headroom)."""
     checkpoint = 2 * 4 * model_parameters(config)  # float32 parameters + momentum
-    kept = CHECKPOINTS_KEPT + CHECKPOINTS_PINNED + 1  # + the one being written
+    # The best reported version a run ends with is pinned too (federation.final_model).
+    pinned = CHECKPOINTS_PINNED + (config.federation.final_model == "best_reported")
+    kept = CHECKPOINTS_KEPT + pinned + 1  # + the one being written
     return kept * checkpoint + spool_bytes(config) + STATE_HEADROOM_BYTES
 
 

@@ -8,7 +8,9 @@ model hash, parent hash, config hash, the round record it commits (``record``) a
 is written durably (:func:`lensemble.durable.atomic_write`), after checking the folder has room,
 so a crash or a full disk never leaves a half-written checkpoint. On load the model hash and the
 state hash are recomputed and compared (docs/run-record.md). The last ``KEEP`` checkpoints are
-kept, and the divergence guard's best model (``CheckpointStore.pinned``) whatever its age.
+kept, and the divergence guard's best model (``CheckpointStore.pinned``) and the best reported
+version a run may end with (``CheckpointStore.kept``, ``federation.final_model``) whatever their
+age.
 
 Participant: ``<output_dir>/participants/<id>/state/inner-r<round>-a<attempt>.safetensors`` holds
 the learner's inner state after that training, inside the participant's own folder.
@@ -134,6 +136,8 @@ class CheckpointStore:
         self.signer = signer
         #: A version kept beside the last ``KEEP`` (the divergence guard's best model), if any.
         self.pinned: int | None = None
+        #: The best reported version a run may end with (``federation.final_model``), if any.
+        self.kept: int | None = None
 
     def path(self, version: int) -> Path:
         """Where checkpoint ``version`` lives."""
@@ -173,7 +177,7 @@ class CheckpointStore:
         check_free_space(self.folder, sum(len(part) for part in parts))
         atomic_write(self.path(ckpt.version), parts)
         for old in self.versions()[:-KEEP]:
-            if old == self.pinned:
+            if old in (self.pinned, self.kept):
                 continue
             # No folder fsync: an old checkpoint a crash brings back is pruned by the next save
             # and never read before it (a resume loads the newest), so durability is unchanged

@@ -56,6 +56,7 @@ from lensemble.federation.coordinator_store import (
 )
 from lensemble.federation.defence_history import DefenceHistory
 from lensemble.federation.diloco import OuterStep
+from lensemble.federation.final_model import FinalModel, KeptModel
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masked_round import collect_masked
@@ -116,6 +117,8 @@ class RunSummary:
         params: Final global parameters.
         stopped: Why the run ended before ``federation.rounds`` (the central privacy budget
             was spent), or None.
+        kept: Under ``federation.final_model: best_reported``, the committed version the run
+            ends with and why (:mod:`lensemble.federation.final_model`); None under ``last``.
     """
 
     records: list[RoundRecord]
@@ -123,6 +126,7 @@ class RunSummary:
     version: int
     params: Params
     stopped: str | None = None
+    kept: KeptModel | None = None
 
 
 class Coordinator(CommittedModel):
@@ -194,6 +198,7 @@ class Coordinator(CommittedModel):
         self.config_hash = self.store.config_hash
         # Suspicion scores, the divergence guard and its best model (replayed on resume).
         self.defences = DefenceHistory(fed.robustness, self.store)
+        self.final = FinalModel(fed, self.store)  # which version the run ends with
         self._context = RecordContext(self.config_hash, fed.quantization, fed.robustness.aggregator)
         self.committer = Committer(self.store, observer)
         # Every attempt decided by this process, in order; under run() the last commit may
@@ -218,6 +223,7 @@ class Coordinator(CommittedModel):
         if verified is not None and latest is not None:
             self.state, self.earlier = self.store.restore(latest, verified)
             self.defences.replay(self.earlier)
+            self.final.replay([r for r in self.earlier if r.state == "closed"])
             return
         # Model and momentum each live in one buffer (flat.py: huge pages, same values).
         params = flat_copy(initial_params)
@@ -308,7 +314,10 @@ class Coordinator(CommittedModel):
             finally:
                 self.committer.shutdown()
         transport.finish()
-        return RunSummary(list(self.records), self.model_hash, self.version, self.params, stopped)
+        kept = self.final.choose(self.state)
+        return RunSummary(
+            list(self.records), self.model_hash, self.version, self.params, stopped, kept
+        )
 
     def run_round(
         self, transport: CoordinatorTransport, *, write_behind: bool = False
@@ -368,6 +377,7 @@ class Coordinator(CommittedModel):
                 return None  # below quorum, or the secure sums cannot commit
             if current.masked:
                 self._advance(current.machine, RoundState.AGGREGATING)
+            self.final.score(current, self.state)
             judgement = self.defences.judge(current, self.state)
             if judgement is not None and judgement.rollback:
                 self._advance(current.machine, RoundState.COMMITTING)
@@ -481,6 +491,7 @@ class Coordinator(CommittedModel):
         self._payload_cache = None  # the committed model's payload replaces it
         record = self._record(current, new_hash)
         self.defences.keep(current)
+        self.final.keep()
         state = self.state
         self.state = ModelState(
             state.version + 1, state.params, state.momentum, new_hash, state.model_hash

@@ -117,6 +117,11 @@ class CoordinatorStore:
         if self.checkpoints is not None:
             self.checkpoints.pinned = version
 
+    def pin_kept(self, version: int) -> None:
+        """Keep checkpoint ``version`` whatever its age (the best reported version)."""
+        if self.checkpoints is not None:
+            self.checkpoints.kept = version
+
     def save(self, state: ModelState, record: RoundRecord | None) -> str | None:
         """Write the checkpoint of ``state``; returns its state hash (None without a folder).
 

@@ -90,8 +90,11 @@ class RoundRecord:
             ``suspicion`` (participant id -> its history score,
             :mod:`lensemble.federation.suspicion`), ``set_aside`` (participant id -> the score
             before the round that named it a suspect and left its update out of the mean,
-            :mod:`lensemble.federation.set_aside`; absent when that defence is off). Empty in
-            lines written before these defences existed.
+            :mod:`lensemble.federation.set_aside`; absent when that defence is off),
+            ``best_reported`` (the score of the version the round trained from and the best
+            version so far, :mod:`lensemble.federation.keep_best`; only under
+            ``federation.final_model: best_reported``). Empty in lines written before these
+            defences existed.
         self_reported: Participant id -> the statistics it reported about itself
             (``mean_loss``, ``compute_s``, ``heldout_loss``), after the coordinator's bounds; a
             value outside them is null. Unverified: only the divergence guard reads them, as a

@@ -11,13 +11,16 @@ must name, as its target, a model the chain committed (its hash at that version)
 before these fields existed carry none and are skipped. A line with central differential privacy
 (``defences.central_privacy``) must count its release right after the previous one and record
 the epsilon Opacus' accountant gives for its own fields
-(:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`).
+(:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`). A line's best reported
+version (``defences.best_reported``, :mod:`lensemble.federation.keep_best`) must be what its
+kept contributors' reports and the earlier lines give.
 """
 
 from __future__ import annotations
 
 from lensemble.config.schema import DivergenceGuardConfig
 from lensemble.federation.guard import DivergenceGuard
+from lensemble.federation.keep_best import BestReported
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.set_aside import recorded_set_aside, set_aside
 from lensemble.federation.suspicion import Suspicion, record_scores
@@ -41,6 +44,7 @@ class HistoryReplay:
         self.suspicion = Suspicion()
         self.aside: list[str] = []  # whom the last committed line set aside
         self.guard = DivergenceGuard(DivergenceGuardConfig())
+        self.best = BestReported(1)  # each line records the quorum it was scored with
         self.hashes: list[str] = []
         self.releases = 0  # central-privacy releases so far
 
@@ -54,7 +58,12 @@ class HistoryReplay:
         problem = self._central(record)
         if problem is not None or record.state != "closed":
             return problem
-        problem = self._set_aside(record) or self._scores(record) or self._verdict(record)
+        problem = (
+            self._set_aside(record)
+            or self._scores(record)
+            or self._verdict(record)
+            or self.best.step(record)
+        )
         self.hashes.append(record.model_hash)
         return problem
 

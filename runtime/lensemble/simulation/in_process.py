@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lensemble.config import LensembleConfig, config_hash
 from lensemble.errors import RankGroupExhausted, UsageError
 from lensemble.federation.coordinator import (
     Coordinator,
     CoordinatorObserver,
+    RunSummary,
     global_architecture,
 )
 from lensemble.federation.faults import FaultPlan
@@ -124,16 +125,17 @@ def _run(
         )
     transport = InProcessTransport(participants, faults, workers=workers)
     scoring = RoundScoring(config, out, evaluation, coordinator, on_metrics)
-    stopped = coordinator.run(transport, after_commit=scoring.committed).stopped
+    ran = coordinator.run(transport, after_commit=scoring.committed)
     _raise_if_left(transport, out)
     scored = scoring.final()
+    final, kept = kept_final(ran, scored.federated, evaluation)
     return SimulationResult(
         config_hash=config_hash(config),
         # The whole run, including what came before a resume (the ledger's lines).
         records=coordinator.history,
         metrics=scoring.metrics,
-        model_hash=coordinator.model_hash,
-        final=scored.federated,
+        model_hash=kept["model_hash"] if kept else coordinator.model_hash,
+        final=final,
         final_local_only=scored.local_only or {},
         final_pooled_oracle=scored.pooled_oracle,
         final_fedavg=scored.fedavg,
@@ -141,8 +143,31 @@ def _run(
         wall_s=time.perf_counter() - start,
         resumed_from=resumed_from,
         history=read_round_metrics(out),  # with the rounds before a resume: the best rounds
-        stopped=stopped,
+        stopped=ran.stopped,
+        kept=kept,
     )
+
+
+def kept_final(
+    ran: RunSummary, last: dict[str, Any] | None, evaluation: Evaluation
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The final model's scores and, under ``federation.final_model: best_reported``, its choice.
+
+    Args:
+        ran: What the coordinator's run returned (``kept`` set under ``best_reported``).
+        last: The last committed version's scores.
+        evaluation: Scores another version when the run keeps one.
+
+    Returns:
+        ``(scores, choice)``: the last version's scores and None under ``last``; else the kept
+        version's scores (the last one's when it is the last) and
+        :meth:`~lensemble.federation.keep_best.FinalChoice.to_dict`.
+    """
+    if ran.kept is None:
+        return last, None
+    choice = ran.kept.choice
+    scores = last if choice.version == choice.last else evaluation.federated(ran.kept.params)
+    return scores, choice.to_dict()
 
 
 def _federation(

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from lensemble.config import LensembleConfig, config_hash
-from lensemble.federation.checkpoint import CheckpointStore
+from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.faults import FaultPlan
+from lensemble.federation.final_model import KeptModel, kept_in_record
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
@@ -265,17 +266,23 @@ def _summarise(
     committed = [r for r in records if r.state == "closed"]
     metrics = [RoundMetrics.of(r) for r in committed]
     scored = RoundMetrics(-1, "", [], None, 0, 0, 0.0, 0.0)
+    kept = None
+    if checkpoint is not None:
+        kept = kept_in_record(config.federation, committed, CheckpointStore(out), checkpoint)
     if checkpoint is not None and evaluate_final:
         scored = metrics[-1] if metrics else scored
         # The baselines train as many rounds as the model has (not ledger lines: a resume may
         # have recorded a round's commit twice).
-        Evaluation(config).score(scored, checkpoint.params, checkpoint.version)
+        evaluation = Evaluation(config)
+        evaluation.score(scored, checkpoint.params, checkpoint.version)
+        if kept is not None and kept.choice.version != checkpoint.version:
+            scored.federated = evaluation.federated(kept.params)
     write_metrics(out, metrics)
     return SimulationResult(
         config_hash=config_hash(config),
         records=records,
         metrics=metrics,
-        model_hash=checkpoint.model_hash if checkpoint is not None else "",
+        model_hash=_final_hash(kept, checkpoint),
         final=scored.federated,
         final_local_only=scored.local_only or {},
         final_pooled_oracle=scored.pooled_oracle,
@@ -284,4 +291,12 @@ def _summarise(
         wall_s=wall_s,
         resumed_from=resumed_from,
         stopped=stopped,
+        kept=kept.choice.to_dict() if kept is not None else None,
     )
+
+
+def _final_hash(kept: KeptModel | None, checkpoint: CoordinatorCheckpoint | None) -> str:
+    """The hash of the model the run ends with: the kept version's, else the last one's."""
+    if kept is not None:
+        return kept.choice.model_hash
+    return checkpoint.model_hash if checkpoint is not None else ""

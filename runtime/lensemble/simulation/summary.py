@@ -89,6 +89,10 @@ class SimulationResult:
             from it. Empty: ``metrics`` is the whole run.
         stopped: Why the run ended before ``federation.rounds`` (the central privacy budget
             was spent), or None.
+        kept: Under ``federation.final_model: best_reported``, the committed version the run
+            ends with (``version``, ``round``, ``model_hash``, ``last_version``, ``score``,
+            ``why``; :mod:`lensemble.federation.keep_best`): ``model_hash`` and ``final`` are
+            that version's. None under ``last``.
     """
 
     config_hash: str
@@ -104,6 +108,7 @@ class SimulationResult:
     resumed_from: int | None = None
     history: list[RoundMetrics] = field(default_factory=list)
     stopped: str | None = None
+    kept: dict[str, Any] | None = None
 
     def run_metrics(self) -> list[RoundMetrics]:
         """The whole run's metrics lines: ``history``, else this process's ``metrics``."""
@@ -171,7 +176,9 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         oracle; bytes moved (bytes), wall time (seconds) and where the files are; ``divergence``:
         what the divergence guard did (rollbacks, suspects, and a ``warning`` sentence when the
         run rolled back or its newest judged model is worse than its best,
-        :func:`lensemble.federation.guard.summary`).
+        :func:`lensemble.federation.guard.summary`); ``final_model``: under
+        ``federation.final_model: best_reported`` the version kept and why (``model_hash`` and
+        the federated errors are then that version's), else None.
     """
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
@@ -185,6 +192,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "rounds_committed": len(committed),
         "resumed_from_version": result.resumed_from,
         "stopped": result.stopped,
+        "final_model": result.kept,
         "aborted_attempts": sum(r.state == "aborted" for r in result.records),
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
         "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),

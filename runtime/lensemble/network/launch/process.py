@@ -180,8 +180,7 @@ def _serve_coordinator(
             version=summary.version,
             model_hash=summary.model_hash,
         )
-        _say_if_diverged(coordinator)
-        _say_if_stopped(summary.stopped)
+        _say_how_it_ended(coordinator, summary)
         if linger:
             harness.linger()
         return summary
@@ -208,6 +207,20 @@ def _transport(
         metrics=harness.metrics,
         round_log=round_log,
     )
+
+
+def _say_how_it_ended(coordinator: Coordinator, summary: RunSummary) -> None:
+    """Log the guard's warning, why the run stopped early, and the model it ends with."""
+    _say_if_diverged(coordinator)
+    _say_if_stopped(summary.stopped)
+    _say_final_model(summary)
+
+
+def _say_final_model(summary: RunSummary) -> None:
+    """Log the ``final_model`` event: which version the run ends with (``best_reported``)."""
+    if summary.kept is not None:
+        choice = summary.kept.choice
+        event(_log, "final_model", choice.why, **choice.to_dict())
 
 
 def _say_if_resumed(coordinator: Coordinator) -> None:
