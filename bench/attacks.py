@@ -133,11 +133,13 @@ def cell(
     *,
     sets: list[str],
     only: set[str] | None = None,
+    hostile_count: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every run of one (N, seed) not in ``done``; yields their JSON rows as they finish.
 
     ``sets`` are ``--set`` overrides for every run (e.g. ``federation.aggregation=masking``);
-    ``only``, when given, names the runs to make (``alone`` among them for the local-only ones).
+    ``only``, when given, names the runs to make (``alone`` among them for the local-only ones);
+    ``hostile_count`` overrides f (1 below N = 8, else 2).
     """
     base = [
         f"federation.participant_count={n}",
@@ -148,7 +150,7 @@ def cell(
     ]
     config = load_config(config_path, base)
     ids = sorted(config.participant_ids)
-    hostile = ids[: 1 if n < 8 else 2]
+    hostile = ids[: (1 if n < 8 else 2) if hostile_count is None else hostile_count]
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
     where = {"n": n, "seed": seed, "hostile": hostile, "sets": sets}
     runs = {"clean": "", "clean, plain mean": ""} | {
@@ -245,6 +247,13 @@ def main() -> None:
         help="Semicolon-separated run names to make (e.g. 'clean;scaled -9.5;alone'); all "
         "when omitted.",
     )
+    parser.add_argument(
+        "--hostile",
+        type=int,
+        default=None,
+        help="f, the hostile participants of every N (default 1 below N = 8, else 2); keep "
+        "each f in its own --out file.",
+    )
     args = parser.parse_args()
     only = None if args.runs is None else {r.strip() for r in args.runs.split(";") if r.strip()}
     known = {"clean", "clean, plain mean", "alone", *ORACLE, *ATTACKS}
@@ -258,7 +267,16 @@ def main() -> None:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     done = {r["run"] for r in rows if (r["n"], r["seed"]) == (n, seed)}
                     folder = Path(data) / f"{n}-{seed}"
-                    for row in cell(n, seed, args.config, folder, done, sets=args.sets, only=only):
+                    for row in cell(
+                        n,
+                        seed,
+                        args.config,
+                        folder,
+                        done,
+                        sets=args.sets,
+                        only=only,
+                        hostile_count=args.hostile,
+                    ):
                         with args.out.open("a", encoding="utf-8") as f:
                             f.write(json.dumps(row, sort_keys=True) + "\n")
                         rows.append(row)
