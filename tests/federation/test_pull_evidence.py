@@ -1,9 +1,9 @@
 """Suspicion from the pull along the outer momentum: min-max and min-sum are named (issue 36).
 
 The estimating min-max and min-sum attacks send the last aggregate plus a perturbation, larger
-than the round's median: their component along the outer momentum is 0.6 to 2 median norms
+than the round's median: their component along the outer momentum is 0.5 to 2 median norms
 above the round's median component, round after round, where an honest update's stayed within
-0.22 of it in every clean run measured (docs/security.md). The excess beyond
+0.34 of it in every clean run measured, 0.37 under attack (docs/security.md). The excess beyond
 ``PULL_SLACK`` counts ``PULL_WEIGHT`` times in the evidence; the term is a function of the norms
 and cosines the ledger records, so ``lensemble verify`` replays it and refuses a line whose
 cosines do not give its scores.

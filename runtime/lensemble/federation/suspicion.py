@@ -19,19 +19,19 @@ with the momentum is mostly positive, keeps a score near 0.1, while a sign-flipp
 update scores its log norm ratio plus its negative cosine within two rounds (a sleeper within
 two rounds of waking). The third term is for the attacks that push *with* the momentum: min-max
 and min-sum estimate the honest mean from the last aggregate and send it plus a perturbation,
-larger than the median, so their pull along the momentum is 0.6 to 2 median norms above the
-round's median pull, round after round, where an honest update's stayed within 0.22 of it in
-every clean run measured (docs/security.md#the-pull-along-the-momentum). The round's median
-pull, not a fixed cosine, is the reference: in the first rounds every honest update points
-along the young momentum. A participant is a **suspect** once its score reaches
+larger than the median, so their pull along the momentum is 0.5 to 2 median norms above the
+round's median pull, round after round, where an honest update's stayed within 0.34 of it in
+every clean run measured, 0.37 under attack (docs/security.md#the-pull-along-the-momentum). The
+round's median pull, not a fixed cosine, is the reference: in the first rounds every honest
+update points along the young momentum. A participant is a **suspect** once its score reaches
 :data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
 (docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
 line (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
 
 A suspect's update is left out of the next rounds' mean (:mod:`lensemble.federation.set_aside`).
-ALIE and the omniscient min-max and min-sum are built to look like honest updates: they stay
-unnamed, and their damage is bounded by the clipping instead (docs/security.md).
+ALIE and the omniscient min-max and min-sum are built to look like honest updates: they mostly
+stay unnamed, and their damage is bounded by the clipping instead (docs/security.md).
 """
 
 from __future__ import annotations
