@@ -6,22 +6,31 @@ history can: an update that is again and again far larger than the round's media
 points against the outer momentum (the direction the federation has been moving in), round
 after round. Each round the coordinator records, per contributor, its update's L2 norm (the
 ledger's ``defences.norms``) and its cosine with the outer momentum before the step
-(``defences.cosines``; none in round 0, when the momentum is zero). From them:
+(``defences.cosines``; none in round 0, when the momentum is zero). From them, with
+``pull_i = (norm_i / median norm) * cosine_i`` the update's component along the momentum in
+units of the round's median norm:
 
     evidence_i = max(0, ln(norm_i / median norm)) + max(0, -cosine_i)
+                 + PULL_WEIGHT * max(0, pull_i - median pull - PULL_SLACK)
     score_i    = (1 - DECAY) * score_i + DECAY * evidence_i      (rounds it contributed to)
 
 so an honest participant, whose norm stays within about 0.5-1.5 x the median and whose cosine
 with the momentum is mostly positive, keeps a score near 0.1, while a sign-flipped or scaled
 update scores its log norm ratio plus its negative cosine within two rounds (a sleeper within
-two rounds of waking). A participant is a **suspect** once its score reaches
+two rounds of waking). The third term is for the attacks that push *with* the momentum: min-max
+and min-sum estimate the honest mean from the last aggregate and send it plus a perturbation,
+larger than the median, so their pull along the momentum is 0.5 to 2 median norms above the
+round's median pull, round after round, where an honest update's stayed within 0.34 of it in
+every clean run measured, 0.37 under attack (docs/security.md#the-pull-along-the-momentum). The
+round's median pull, not a fixed cosine, is the reference: in the first rounds every honest
+update points along the young momentum. A participant is a **suspect** once its score reaches
 :data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
 (docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
 line (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
 
 A suspect's update is left out of the next rounds' mean (:mod:`lensemble.federation.set_aside`).
-Stealthy attacks (ALIE, min-max, min-sum) are built to look like honest updates: they mostly
+ALIE and the omniscient min-max and min-sum are built to look like honest updates: they mostly
 stay unnamed, and their damage is bounded by the clipping instead (docs/security.md).
 """
 
@@ -36,6 +45,11 @@ from lensemble.federation.ledger import RoundRecord
 
 #: Weight of the newest round in a participant's score (an exponential moving average).
 DECAY = 0.5
+#: How far above the round's median pull along the momentum an update's pull may be before it
+#: counts as evidence (units of the round's median norm).
+PULL_SLACK = 0.5
+#: Evidence per median norm of pull beyond :data:`PULL_SLACK`.
+PULL_WEIGHT = 2.0
 #: Score from which a participant is named a suspect.
 SUSPECT_SCORE = 1.0
 #: The excess of a norm the ledger could not record (not finite): that of 1e30 x the median.
@@ -48,13 +62,32 @@ def _short(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def evidence(norm: float | None, median: float, cosine: float | None) -> float:
-    """One round's evidence against an update: its excess log norm ratio and negative cosine.
+def pull(norm: float | None, median: float, cosine: float | None) -> float:
+    """An update's component along the outer momentum, in units of the round's median norm.
+
+    Args:
+        norm: The update's L2 norm (None: not finite).
+        median: The round's median norm.
+        cosine: Its cosine with the outer momentum, or None when there was no momentum.
+
+    Returns:
+        ``norm / median * cosine``; 0 when any of them is missing or the median is 0.
+    """
+    if median <= 0 or norm is None or cosine is None:
+        return 0.0
+    return norm / median * cosine
+
+
+def evidence(
+    norm: float | None, median: float, cosine: float | None, median_pull: float | None = None
+) -> float:
+    """One round's evidence against an update: excess log norm, negative cosine, excess pull.
 
     Args:
         norm: The update's L2 norm (None: not finite, counts as the largest excess).
         median: The round's median norm (0: no excess can be judged).
         cosine: Its cosine with the outer momentum, or None when there was no momentum.
+        median_pull: The round's median :func:`pull` (None: no pull term).
     """
     if median <= 0:
         excess = 0.0
@@ -62,7 +95,10 @@ def evidence(norm: float | None, median: float, cosine: float | None) -> float:
         excess = _UNBOUNDED_EXCESS
     else:
         excess = math.log(max(norm, _TINY) / median)
-    return max(0.0, excess) + max(0.0, -(cosine or 0.0))
+    seen = max(0.0, excess) + max(0.0, -(cosine or 0.0))
+    if median_pull is not None:
+        seen += PULL_WEIGHT * max(0.0, pull(norm, median, cosine) - median_pull - PULL_SLACK)
+    return seen
 
 
 class Suspicion:
@@ -89,9 +125,11 @@ class Suspicion:
         """
         finite = [n for n in norms.values() if n is not None]
         median = statistics.median(sorted(finite)) if finite else 0.0
+        pulls = sorted(pull(norms[pid], median, cosines.get(pid)) for pid in sorted(norms))
+        median_pull = statistics.median(pulls) if pulls else 0.0
         scores = dict(self.scores)
         for pid in sorted(norms):
-            seen = evidence(norms[pid], median, cosines.get(pid))
+            seen = evidence(norms[pid], median, cosines.get(pid), median_pull)
             before = scores.get(pid)
             scores[pid] = _short(seen if before is None else (1 - DECAY) * before + DECAY * seen)
         return dict(sorted(scores.items()))
