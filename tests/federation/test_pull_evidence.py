@@ -121,3 +121,20 @@ def test_verify_replays_the_pull_term(tmp_path: Path) -> None:
     brk = verify_run(tmp_path).first_break
     assert brk is not None
     assert f"round {round_index}'s suspicion scores" in brk.sentence(), brk.sentence()
+
+
+def test_a_ledger_written_before_the_pull_term_still_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The coordinator of before 2026-12-05: no pull term in its scores.
+    with monkeypatch.context() as before:
+        before.setattr("lensemble.federation.suspicion.PULL_WEIGHT", 0.0)
+        config = small_config(rounds=6, robustness={})
+        coordinator, transport, _ = build(
+            config, faults=parse_faults("minmax:delta@0-"), output_dir=tmp_path
+        )
+        records = coordinator.run(transport).records
+    # The current rule would have scored one of its lines differently ...
+    assert any(_pull_decides(r) for r in records if r.state == "closed")
+    # ... yet the ledger follows the older rule throughout, so it verifies.
+    assert verify_run(tmp_path).first_break is None

@@ -108,8 +108,16 @@ class Suspicion:
         scores: Participant id -> score (unitless, >= 0), for those that contributed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, pull_evidence: bool = True) -> None:
+        """A history with no scores yet.
+
+        Args:
+            pull_evidence: Count the pull along the momentum (the third term). Off only to
+                verify ledgers written before that term existed (before 2026-12-05), whose
+                scores were computed without it.
+        """
         self.scores: dict[str, float] = {}
+        self.pull_evidence = pull_evidence
 
     def updated(
         self, norms: Mapping[str, float | None], cosines: Mapping[str, float | None]
@@ -126,7 +134,7 @@ class Suspicion:
         finite = [n for n in norms.values() if n is not None]
         median = statistics.median(sorted(finite)) if finite else 0.0
         pulls = sorted(pull(norms[pid], median, cosines.get(pid)) for pid in sorted(norms))
-        median_pull = statistics.median(pulls) if pulls else 0.0
+        median_pull = statistics.median(pulls) if pulls and self.pull_evidence else None
         scores = dict(self.scores)
         for pid in sorted(norms):
             seen = evidence(norms[pid], median, cosines.get(pid), median_pull)

@@ -14,6 +14,10 @@ the epsilon Opacus' accountant gives for its own fields
 (:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`). A line's best reported
 version (``defences.best_reported``, :mod:`lensemble.federation.keep_best`) must be what its
 kept contributors' reports and the earlier lines give.
+
+The suspicion rule gained a term on 2026-12-05 (the pull along the momentum); a ledger's scores
+must follow one rule from its first line to its last, the current one or, for a ledger written
+before, the one without that term, so an older run record still verifies.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ class HistoryReplay:
     """
 
     def __init__(self) -> None:
-        self.suspicion = Suspicion()
+        # The suspicion rules the lines so far agree with: the current one, and the one
+        # before the pull term (older ledgers). Each line drops those it contradicts.
+        self.rules = [Suspicion(), Suspicion(pull_evidence=False)]
         self.aside: list[str] = []  # whom the last committed line set aside
         self.guard = DivergenceGuard(DivergenceGuardConfig())
         self.best = BestReported(1)  # each line records the quorum it was scored with
@@ -91,7 +97,8 @@ class HistoryReplay:
         if "set_aside" not in record.defences:
             self.aside = []
             return None
-        expected = set_aside(self.suspicion.scores, record.contributors, self.aside)
+        # Every rule still standing holds the scores the lines recorded.
+        expected = set_aside(self.rules[0].scores, record.contributors, self.aside)
         self.aside = recorded_set_aside(record)
         if record.defences["set_aside"] != expected:
             return (
@@ -108,12 +115,14 @@ class HistoryReplay:
         cosines = record.defences.get("cosines")
         if not isinstance(norms, dict) or not isinstance(cosines, dict):
             return f"round {record.round} records suspicion scores without norms and cosines"
-        again = self.suspicion.updated(norms, cosines)
-        if again != recorded:
+        standing = [rule for rule in self.rules if rule.updated(norms, cosines) == recorded]
+        if not standing:
             return (
                 f"round {record.round}'s suspicion scores are not what its norms and cosines give"
             )
-        self.suspicion.apply(again)
+        for rule in standing:
+            rule.apply(recorded)
+        self.rules = standing
         return None
 
     def _verdict(self, record: RoundRecord) -> str | None:
