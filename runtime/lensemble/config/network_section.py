@@ -98,16 +98,18 @@ class NetworkConfig(_Section):
         description="Bytes per streamed chunk of a model or pseudo-gradient payload.",
     )
     upload_window_bytes: int = Field(
-        16 * MiB,
+        4 * MiB,
         ge=64 * 1024,
         le=256 * MiB,
         description="HTTP/2 flow-control window (bytes) of each update upload on the "
         "coordinator: the most one upload stream may have sent that the coordinator has not "
         "read yet. The coordinator buffers about three windows per upload in flight, so its "
         "memory grows by that much per participant uploading at once; one stream's throughput "
-        "is below window / round-trip time: the default fills 1 Gbit/s at 40 ms, 4 MiB "
-        "filled 0.6 of it (docs/performance.md, 'WAN links'). Keep it above twice the "
-        "bandwidth-delay product of the participants' links.",
+        "is below window / round-trip time: the default 4 MiB filled 0.6 of 1 Gbit/s at "
+        "40 ms, 16 MiB (config/staging.yaml, config/sovereign-prod.yaml) 0.89 of it, at 40% "
+        "more coordinator memory with 16 uploads at once on a fast LAN (docs/performance.md, "
+        "'WAN links'). Keep it above twice the bandwidth-delay product of the participants' "
+        "links.",
     )
     rpc_timeout_s: float = Field(
         30.0,
