@@ -48,6 +48,8 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("network/test_processes.py", "e2e"),  # coordinator and participants as processes
     ("network/test_local_processes.py", "e2e"),  # lensemble simulate over the network transport
     ("network/test_privacy_processes.py", "e2e"),  # DP participants as processes
+    ("network/test_central_privacy_processes.py", "e2e"),  # central DP as processes
+    ("network/test_wan.py", "e2e"),  # processes over shaped links in network namespaces
     ("network/test_abstain_processes.py", "e2e"),  # a rank failure over the network, as processes
     ("network/test_multihost.py", "e2e"),  # processes in network namespaces
     ("adversarial/test_network_idle_streams.py", "e2e"),  # a hostile client vs processes
