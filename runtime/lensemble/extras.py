@@ -34,7 +34,7 @@ EXTRA_OF_IMPORT: dict[str, tuple[str, str]] = {
 PURPOSE: dict[str, str] = {
     "train": "training and running a federation",
     "infra": "the Pulumi programs",
-    "dp": "a participant's differential privacy",
+    "dp": "differential privacy (a participant's DP-SGD, central DP-FedAvg)",
 }
 
 

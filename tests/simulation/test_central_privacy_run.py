@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from lensemble.cli.run_summary import central_privacy_line
 from lensemble.config import load_config
 from lensemble.config.schema import LensembleConfig
 from lensemble.federation.verify import verify_run
 from lensemble.simulation.in_process import run_in_process
+from lensemble.simulation.summary import summary
 
 pytestmark = pytest.mark.integration  # three short federated runs
 
@@ -64,6 +66,11 @@ def test_the_run_stops_at_its_budget_says_why_and_reruns_to_the_same_hashes(
     assert entry["clipped"]
     assert entry["noise_std"] == pytest.approx(1.0 * 0.02 / 3)
     assert verify_run(tmp_path / "a").ok
+    # The run's summary says what it spent, in the terminal too.
+    spent = summary(result, None)["central_privacy"]
+    assert spent == entry
+    line = central_privacy_line(spent)
+    assert f"user-level epsilon {entry['epsilon']:.3g} at delta 1e-05 after 1 release" in line
 
     again = run_in_process(_config(tmp_path / "b", SHORT_BUDGET))
     assert [r.model_hash for r in again.records] == [r.model_hash for r in result.records]

@@ -47,6 +47,9 @@ def print_summary(
     console = Console(file=out, width=TABLE_WIDTH, force_terminal=terminal, highlight=False)
     console.print(summary_table(cfg, result, summary))
     lines = verdicts(summary)
+    privacy = summary["central_privacy"]
+    if privacy is not None:
+        lines.append(central_privacy_line(privacy))
     warning = summary["divergence"]["warning"]
     if warning:
         lines.append(f"Divergence: {warning} (ledger.jsonl, field guard).")
@@ -70,6 +73,20 @@ def print_summary(
     lines.append(f"Wrote {', '.join(str(result.output_dir / f) for f in files)}")
     out.write("".join(line + "\n" for line in lines))
     out.flush()
+
+
+def central_privacy_line(entry: dict[str, Any]) -> str:
+    """One sentence on what central DP-FedAvg spent (the ledger's newest entry of it)."""
+    releases = int(entry.get("releases", 0))
+    return (
+        f"Central privacy: user-level epsilon {float(entry.get('epsilon', 0.0)):.3g} at delta "
+        f"{float(entry.get('delta', 0.0)):g} after {plural(releases, 'release')} (noise "
+        f"multiplier {float(entry.get('noise_multiplier', 0.0)):g}, clip "
+        f"{float(entry.get('clip_norm', 0.0)):g}: noise of std "
+        f"{float(entry.get('noise_std', 0.0)):.3g} on every coordinate of the mean; with few "
+        "participants it can outweigh the update, docs/security.md, 'Central user-level "
+        "differential privacy')."
+    )
 
 
 def summary_table(cfg: LensembleConfig, result: SimulationResult, summary: dict[str, Any]) -> Table:

@@ -160,6 +160,15 @@ def _union(report: dict[str, Any] | None) -> float | None:
     return None if not report else float(report["union"]["k_step_error"])
 
 
+def _central_privacy(records: list[RoundRecord]) -> dict[str, Any] | None:
+    """The newest ``defences.central_privacy`` entry of the ledger's lines, or None."""
+    for record in reversed(records):
+        entry = record.defences.get("central_privacy")
+        if isinstance(entry, dict):
+            return dict(entry)
+    return None
+
+
 def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]:
     """The run's one-object summary (what ``lensemble simulate --json`` prints).
 
@@ -178,7 +187,10 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         run rolled back or its newest judged model is worse than its best,
         :func:`lensemble.federation.guard.summary`); ``final_model``: under
         ``federation.final_model: best_reported`` the version kept and why (``model_hash`` and
-        the federated errors are then that version's), else None.
+        the federated errors are then that version's), else None; ``central_privacy``: under
+        ``federation.central_privacy`` the newest release's ledger entry (the user-level epsilon
+        spent, delta, the releases, z, C and the noise's standard deviation on the mean), else
+        None.
     """
     final = result.final or {}
     committed = [r for r in result.records if r.state == "closed"]
@@ -193,6 +205,7 @@ def summary(result: SimulationResult, report_png: Path | None) -> dict[str, Any]
         "resumed_from_version": result.resumed_from,
         "stopped": result.stopped,
         "final_model": result.kept,
+        "central_privacy": _central_privacy(result.records),
         "aborted_attempts": sum(r.state == "aborted" for r in result.records),
         "federated_union_k_step_error": final.get("union", {}).get("k_step_error"),
         "federated_union_probe_r2": final.get("union", {}).get("probe_r2"),
