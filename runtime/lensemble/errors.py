@@ -157,6 +157,15 @@ class IntegrityError(LensembleError):
     exit_code = EXIT_FAIL_CLOSED
 
 
+def unreplayable(exc: ValueError) -> IntegrityError:
+    """A resume's refusal of a ledger whose recorded decision its own inputs do not give.
+
+    Args:
+        exc: The replay's sentence (a guard verdict, a best reported version, ...).
+    """
+    return IntegrityError(f"{exc};", remediation="run `lensemble verify` on the folder.")
+
+
 class NonDeterministicAggregation(LensembleError):
     """The outer step did not reproduce bit for bit; fails closed.
 

@@ -13,27 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.simulation.test_central_privacy_run import SHORT_BUDGET, TINY
 from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("opacus", reason="needs the [dp] extra (Opacus)")
-
-#: As tests/simulation/test_central_privacy_run.py: three small participants.
-TINY = [
-    "federation.participant_count=3",
-    "federation.quorum=2",
-    "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
-    "federation.robustness.median_factor=null",
-]
-#: z = 1 at delta 1e-5 spends epsilon 4.73 in one round and 7.08 in two (Opacus' RDP
-#: accountant, sampling rate 1): a budget of 5 affords exactly one round of the three.
-SHORT_BUDGET = "federation.central_privacy={clip_norm: 0.02, noise_multiplier: 1.0, epsilon: 5}"
 
 
 def _simulate(out: Path, *overrides: str, network: bool) -> dict[str, object]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from lensemble.config.schema import RobustnessConfig
-from lensemble.errors import IntegrityError
+from lensemble.errors import IntegrityError, unreplayable
 from lensemble.federation.attempt import Attempt
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
 from lensemble.federation.guard import DivergenceGuard, Judgement
@@ -66,9 +66,7 @@ class DefenceHistory:
         try:
             self.guard = DivergenceGuard.replay(self.guard.settings, committed)
         except ValueError as exc:
-            raise IntegrityError(
-                f"{exc};", remediation="run `lensemble verify` on the folder."
-            ) from None
+            raise unreplayable(exc) from None
         if self.guard.state.best is not None:
             self.store.pin(self.guard.state.best)
 

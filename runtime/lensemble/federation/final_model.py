@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lensemble.config.schema import FederationConfig
-from lensemble.errors import IntegrityError
+from lensemble.errors import IntegrityError, unreplayable
 from lensemble.federation.attempt import Attempt
 from lensemble.federation.checkpoint import CheckpointStore, CoordinatorCheckpoint
 from lensemble.federation.coordinator_store import CoordinatorStore, ModelState
@@ -77,9 +77,7 @@ class FinalModel:
         try:
             self.tracker = BestReported.replay(self.tracker.quorum, committed)
         except ValueError as exc:
-            raise IntegrityError(
-                f"{exc};", remediation="run `lensemble verify` on the folder."
-            ) from None
+            raise unreplayable(exc) from None
         if self.tracker.state.version is not None:
             self.store.pin_kept(self.tracker.state.version)
 
