@@ -22,6 +22,7 @@ from lensemble.config.load import validate_mapping
 from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
+from lensemble.network.launch.launcher import free_port
 from lensemble.network.shared.health import READINESS_SERVICE, check
 from tests.support.federation import build
 from tests.support.network import chain, federation, ledger, network_mapping, write_config
@@ -209,7 +210,14 @@ def test_lingering_coordinator_stays_up_and_a_restart_on_a_finished_run_ends_at_
         coordinator.popen.send_signal(signal.SIGTERM)
         assert coordinator.wait(30) == 0
         # Restarted on the finished run with no participant running and an hour to wait for
-        # them: it ends at once instead.
-        again = fed.start_coordinator(extra_overrides=["federation.join_timeout_s=3600"])
+        # them: it ends at once instead. It listens on new ports: the first one's may have been
+        # handed to another process's connection since it closed (CI met that once).
+        again = fed.start_coordinator(
+            extra_overrides=[
+                "federation.join_timeout_s=3600",
+                f"network.port={free_port()}",
+                f"network.download_port={free_port()}",
+            ]
+        )
         assert again.wait(START_S) == 0
     assert [r.state for r in ledger(config)] == ["closed", "closed"]
