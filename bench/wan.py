@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -56,6 +57,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -571,6 +573,7 @@ class Result:
     raw_up_fraction: float
     raw_down_fraction: float
     round_wall_s: float
+    round_period_s: float
     compute_s: float
     coordinator_peak_rss_mb: float
     overrides: list[str]
@@ -646,6 +649,14 @@ def run_profile(
         if not records or any(r.state != "closed" for r in records):
             raise SystemExit(f"{profile.name}: a round did not commit: {records}")
         wall = statistics.median(r.wall_s for r in records)
+        # From one opening to the next: what a round costs when its training overlaps the
+        # previous round's transfers (federation.overlap), where wall_s covers only a part.
+        opened = [datetime.fromisoformat(r.opened_at) for r in records]
+        period = (
+            statistics.median((b - a).total_seconds() for a, b in itertools.pairwise(opened))
+            if len(opened) > 1
+            else float("nan")
+        )
         compute = statistics.median(r.compute_s for r in records)
         notes = [json.loads(x) for x in streams.read_text().splitlines()]
         streamed = {(x["participant"], x["round"]): x["end"] for x in notes if "end" in x}
@@ -684,6 +695,7 @@ def run_profile(
                     raw_up_fraction=payload * 8 / raw[i]["up_s"] / 1e6 / link.up_mbit,
                     raw_down_fraction=payload * 8 / raw[i]["down_s"] / 1e6 / link.down_mbit,
                     round_wall_s=wall,
+                    round_period_s=period,
                     compute_s=compute,
                     coordinator_peak_rss_mb=peak_rss_mb,
                     overrides=list(overrides),
@@ -740,9 +752,10 @@ def main() -> None:
     print(
         "| profile | params | participant | link (up/down, RTT, loss) | up Mbit/s | up / rate "
         "| up incl. verdict / rate | down Mbit/s | down / rate | raw TCP up / rate "
-        "| raw TCP down / rate | round s | compute s | coordinator peak RSS MB |"
+        "| raw TCP down / rate | round s | round period s | compute s "
+        "| coordinator peak RSS MB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for profile in profiles:
         for size in sizes:
             for r in run_profile(
@@ -760,7 +773,8 @@ def main() -> None:
                     f"| {r.up_verdict_fraction:.2f} "
                     f"| {r.down_goodput_mbit:.1f} "
                     f"| {r.down_fraction:.2f} | {r.raw_up_fraction:.2f} "
-                    f"| {r.raw_down_fraction:.2f} | {r.round_wall_s:.2f} | {r.compute_s:.2f} "
+                    f"| {r.raw_down_fraction:.2f} | {r.round_wall_s:.2f} "
+                    f"| {r.round_period_s:.2f} | {r.compute_s:.2f} "
                     f"| {r.coordinator_peak_rss_mb:.0f} |",
                     flush=True,
                 )

@@ -66,6 +66,7 @@ TIER_BY_PATH: tuple[tuple[str, str], ...] = (
     ("network/test_parity.py", "integration"),  # both transports under the same faults
     ("simulation/test_option_sweep.py", "integration"),  # every enumerated option, each transport
     ("simulation/test_workers.py", "integration"),  # whole runs, serial and side by side
+    ("simulation/test_overlap_quality.py", "integration"),  # six short trainings
     ("network/test_fuzz.py", "integration"),  # ten thousand streams against a live server
     ("adversarial/test_fuzz.py", "integration"),  # ten thousand mutated updates, replayed
     ("k8s/*", "integration"),  # Helm, kubectl and kubernetes-validate on rendered manifests

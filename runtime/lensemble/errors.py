@@ -241,6 +241,18 @@ class PrivacyBudgetExhausted(LensembleError):
     exit_code = EXIT_RUN_FAILED
 
 
+class OverlapBaseMissing(LensembleError):
+    """An overlapped round trains from a model this participant does not hold.
+
+    Under ``federation.overlap.mode: one_round`` (:mod:`lensemble.federation.overlap`) a round
+    trains from the model the previous round announced; a participant that missed that round,
+    or restarted since, sits the round out (the ledger names it ``no_base_model``).
+    """
+
+    code = "no_base_model"
+    exit_code = EXIT_RUN_FAILED
+
+
 class RankGroupExhausted(LensembleError):
     """A participant's rank group failed more often than its layout's ``max_restarts`` allows."""
 

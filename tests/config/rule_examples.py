@@ -135,6 +135,9 @@ BREAKING: dict[str, Breaking] = {
         "federation.participants",
     ),
     "masking-sends-fixed-point": Breaking(STAGING, MASKING, "federation.quantization"),
+    "overlap-needs-plain-aggregation": Breaking(
+        LOCAL, (*MASKING, ("federation.overlap.mode", "one_round")), "federation.overlap.mode"
+    ),
     "masking-needs-client-certificates": Breaking(
         LOCAL,
         (*MASKING, ("network.auth", "token"), ("network.tls.client_auth", False)),

@@ -17,11 +17,13 @@ import pytest
 
 from lensemble.config import LensembleConfig
 from lensemble.config.load import validate_mapping
+from lensemble.errors import OverlapBaseMissing, RankFailure
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import (
     ABSTENTION_REASONS,
+    NO_BASE_MODEL,
     PRIVACY_BUDGET,
     RANK_FAILURE,
     Reason,
@@ -121,8 +123,14 @@ def _refused(outcome: Abstention | Rejection, reason: str, status: grpc.StatusCo
 
 # ------------------------------------------------------------------------------ accepted
 def test_the_vocabulary_is_closed_and_names_the_in_process_reasons() -> None:
-    assert frozenset({RANK_FAILURE, PRIVACY_BUDGET}) == ABSTENTION_REASONS
-    assert (RANK_FAILURE, PRIVACY_BUDGET) == ("rank_failure", "privacy_budget")
+    assert frozenset({RANK_FAILURE, PRIVACY_BUDGET, NO_BASE_MODEL}) == ABSTENTION_REASONS
+    assert (RANK_FAILURE, PRIVACY_BUDGET, NO_BASE_MODEL) == (
+        "rank_failure",
+        "privacy_budget",
+        "no_base_model",
+    )
+    # The network participant abstains with its error's code: the same words.
+    assert (RankFailure.code, OverlapBaseMissing.code) == (RANK_FAILURE, NO_BASE_MODEL)
 
 
 def test_an_abstention_is_recorded_and_the_attempt_stops_waiting_for_it() -> None:

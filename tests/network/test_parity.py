@@ -65,6 +65,25 @@ SCHEDULES = [
         {"rounds": 5, "final_model": "best_reported"},
         id="best-reported-version-with-a-liar",
     ),
+    pytest.param(
+        # Issue 40: overlapped rounds (federation.overlap one_round); over the network each
+        # participant trains the next round while its update travels. bravo misses round 0, so
+        # it holds no base for round 1 (no_base_model); charlie's round-1 update is corrupted,
+        # so round 2 trains from the held model alone; a late arrival in round 3.
+        "drop:bravo@0,corrupt:charlie@1,delay:alpha@3=1",
+        {"rounds": 4, "overlap": {"mode": "one_round"}},
+        id="overlapped-rounds-a-missing-base-and-a-corrupt-update",
+    ),
+    pytest.param(
+        # Issue 40: a rollback under overlap; the round after it trains from the restored model.
+        "scaled:delta@2-=-20,alie:charlie@0-,drop:alpha@4",
+        {
+            "rounds": 7,
+            "overlap": {"mode": "one_round"},
+            "robustness": {"median_factor": 10, "max_relative_change": 1e6},
+        },
+        id="overlapped-rounds-attacks-and-rollbacks",
+    ),
 ]
 
 
@@ -136,5 +155,7 @@ def test_both_transports_commit_the_same_ledger_under_faults(
     assert any(excluded for _, _, _, _, excluded, _, _ in in_process["attempts"])
     if federation.get("final_model") == "best_reported":  # every committed line scores
         assert all(entry for entry in in_process["best_reported"])
+    if federation.get("overlap") and "drop:bravo@0" in faults:  # no base for round 1
+        assert in_process["attempts"][1][4].get("bravo") == "no_base_model"
     if "scaled" in faults:  # and the attack schedule does make the guard act
         assert any(guard.get("action") == "rollback" for _, guard in in_process["defences"])

@@ -142,6 +142,10 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (has $c.federation.aggregation (list "tee")) -}}
 {{- fail (printf "config.federation.aggregation: '%v' is not yet supported; use 'plain' or 'masking' (aggregation in a trusted execution environment is reserved for a later release)." $c.federation.aggregation) -}}
 {{- end -}}
+{{- /* overlap-needs-plain-aggregation */ -}}
+{{- if (and (eq $c.federation.overlap.mode "one_round") (not (eq $c.federation.aggregation "plain"))) -}}
+{{- fail (printf "config.federation.overlap.mode: 'one_round' is not built for aggregation '%v' yet; set federation.overlap.mode: blocking or federation.aggregation: plain." $c.federation.aggregation) -}}
+{{- end -}}
 {{- /* masking-threshold */ -}}
 {{- if (and (and (eq $c.federation.aggregation "masking") (not (kindIs "invalid" $c.federation.masking.threshold))) (not (and (lt (float64 $half) (float64 $c.federation.masking.threshold)) (le (float64 $c.federation.masking.threshold) (float64 $n))))) -}}
 {{- fail (printf "config.federation.masking.threshold: %v is not above half of the %v participants or exceeds them; set it above %v and at most %v, or null for the default floor(2n/3) + 1." $c.federation.masking.threshold $n $half $n) -}}

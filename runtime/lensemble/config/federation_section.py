@@ -119,6 +119,33 @@ def widest_fractional_bits(clip: float, participants: int) -> int | None:
     return None
 
 
+class OverlapConfig(_Section):
+    """Communication overlapped with training (``federation.overlap``; docs/performance.md).
+
+    Under ``mode: one_round`` round t trains from the model announced one round earlier,
+    ``G_{t-1}``, plus ``local_weight`` times the participant's own pseudo-gradient of round
+    t - 1 (subtracted, as the outer step would): Streaming DiLoCo's merge of local and global
+    parameters (Douillard et al., 2025) with a full round of overlap. A participant can then
+    start round t's inner steps as soon as it has sent round t - 1's update, while the
+    coordinator aggregates and the new model travels.
+    """
+
+    mode: Literal["blocking", "one_round"] = Field(
+        "blocking",
+        description="'blocking': round t trains from the model round t - 1 committed (DiLoCo). "
+        "'one_round': from the model one round older plus the participant's own progress "
+        "(federation.overlap.local_weight), so training overlaps the upload, the aggregation "
+        "and the download; measured with outer momentum 0 (docs/performance.md).",
+    )
+    local_weight: float = Field(
+        0.75,
+        ge=0.0,
+        le=1.0,
+        description="Weight of the participant's own last pseudo-gradient in its overlapped "
+        "base (unitless; 0 is the one-step-delayed outer update).",
+    )
+
+
 class MaskingConfig(_Section):
     """Secure aggregation by masking (``federation.aggregation: masking``; docs/security.md).
 
@@ -498,6 +525,10 @@ class FederationConfig(_Section):
     masking: MaskingConfig = Field(
         default_factory=MaskingConfig,
         description="Secure aggregation's parameters; read only under aggregation 'masking'.",
+    )
+    overlap: OverlapConfig = Field(
+        default_factory=OverlapConfig,
+        description="Communication overlapped with training (mode blocking or one_round).",
     )
     central_privacy: CentralPrivacyConfig | None = Field(
         None,

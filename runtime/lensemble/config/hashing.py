@@ -7,8 +7,9 @@ timeouts, ``federation.masking`` unless the aggregation is ``masking`` (its one 
 adding that section kept the hash of every other config), the outer optimizer's schedules while
 they are unset, and a participant's ``privacy`` and ``federation.central_privacy`` while they
 are null (so adding them kept the hash of every config without a schedule or differential
-privacy), and ``federation.final_model`` while it is ``last`` (so adding it kept the hash of
-every config that ends with its last round). Two processes of one federation must agree on
+privacy), ``federation.final_model`` while it is ``last`` (so adding it kept the hash of
+every config that ends with its last round), and ``federation.overlap`` while its mode is
+``blocking`` (likewise). Two processes of one federation must agree on
 it; when they do not, :func:`differing_fields` names the field paths that differ.
 
 Algorithm ``sha256-canon-v1``: the resolved config (defaults filled in) as JSON, with the
@@ -57,6 +58,8 @@ def hashed_view(config: LensembleConfig) -> dict[str, Any]:
             outer.pop(schedule, None)
     if data["federation"].get("final_model") == "last":
         data["federation"].pop("final_model", None)
+    if data["federation"].get("overlap", {}).get("mode") == "blocking":
+        data["federation"].pop("overlap", None)
     if data["federation"].get("central_privacy") is None:
         data["federation"].pop("central_privacy", None)
     for participant in data["federation"]["participants"]:

@@ -134,6 +134,16 @@ RULES: tuple[Rule, ...] = (
         "'{c.federation.aggregation}' is not yet supported; use 'plain' or 'masking' "
         "(aggregation in a trusted execution environment is reserved for a later release).",
     ),
+    # The overlapped round is built for plain aggregation (docs/performance.md).
+    Rule(
+        "overlap-needs-plain-aggregation",
+        "config",
+        "federation.overlap.mode",
+        "c.federation.aggregation == 'plain'",
+        "'one_round' is not built for aggregation '{c.federation.aggregation}' yet; set "
+        "federation.overlap.mode: blocking or federation.aggregation: plain.",
+        when="c.federation.overlap.mode == 'one_round'",
+    ),
     # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol).
     Rule(
         "masking-threshold",

@@ -398,7 +398,7 @@ class Admission:
                     _mismatch_reason(key, meta.get(key, "")),
                     f"payload field '{key}' is {meta.get(key)!r}, expected {value!r}.",
                 )
-        if meta.get("base_hash") != col.opening.model_hash:
+        if meta.get("base_hash") != col.opening.trains_from:
             return self._verdict(
                 Reason.STALE_BASE,
                 "the pseudo-gradient was computed from another global model; fetch the current "

@@ -62,6 +62,7 @@ from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masked_round import collect_masked
 from lensemble.federation.masking import unflatten_into
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
+from lensemble.federation.overlap import round_base_hash
 from lensemble.federation.payload import TensorSpec, manifest, model_hash
 from lensemble.federation.resume_record import coordinator_signer, record_to_resume
 from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
@@ -421,6 +422,7 @@ class Coordinator(CommittedModel):
             model_version=self.version,
             model_hash=self.model_hash,
             deadline_s=stragglers.opened_at + fed.round_timeout_s,
+            base_hash=round_base_hash(self.config, self.history, self.model_hash),
         )
         col = None if fed.aggregation == "masking" else self.admission.open(opening)
         transport.open_round(opening, self.model_payload())
@@ -438,8 +440,7 @@ class Coordinator(CommittedModel):
                 break  # the previous round is not durable: _settle raises why
         # The previous round must be durable before this one can change anything.
         self._settle()
-        # A transport may know why an absent participant is absent (its connection broke, it
-        # sent an oversized stream): the ledger names that instead of "timeout".
+        # A transport may know why a participant is absent: the ledger names that, not timeout.
         for pid, why in transport.absence_reasons().items():
             col.rejected.setdefault(pid, why)
         current.collect_s = stragglers.close(col, transport.now())

@@ -47,7 +47,12 @@ from dataclasses import dataclass
 
 import torch
 
-from lensemble.errors import PrivacyBudgetExhausted, RankFailure, RankGroupExhausted
+from lensemble.errors import (
+    OverlapBaseMissing,
+    PrivacyBudgetExhausted,
+    RankFailure,
+    RankGroupExhausted,
+)
 from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
@@ -55,6 +60,7 @@ from lensemble.federation.masking import SessionKey, flatten
 from lensemble.federation.masking_client import MaskingClient
 from lensemble.federation.messages import (
     LEFT,
+    NO_BASE_MODEL,
     PRIVACY_BUDGET,
     RANK_FAILURE,
     RoundOpening,
@@ -72,7 +78,7 @@ from lensemble.machinery.cpus import cores_given
 _log = logging.getLogger("lensemble.federation.inprocess")
 
 #: Why a participant that was asked to train sends nothing (its absence reason follows).
-TrainingRefused = RankFailure | RankGroupExhausted | PrivacyBudgetExhausted
+TrainingRefused = RankFailure | RankGroupExhausted | PrivacyBudgetExhausted | OverlapBaseMissing
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ class InProcessTransport(CoordinatorTransport):
         opening, model_payload = self._opening
         try:
             return self.participants[pid].contribute(opening, model_payload, peers=self._peers(pid))
-        except (RankFailure, RankGroupExhausted, PrivacyBudgetExhausted) as exc:
+        except (RankFailure, RankGroupExhausted, PrivacyBudgetExhausted, OverlapBaseMissing) as exc:
             return exc
 
     def _deliver(
@@ -314,6 +320,9 @@ class InProcessTransport(CoordinatorTransport):
         """
         if isinstance(outcome, RankFailure):
             self._absence[pid] = RANK_FAILURE
+            return
+        if isinstance(outcome, OverlapBaseMissing):
+            self._absence[pid] = NO_BASE_MODEL
             return
         if isinstance(outcome, PrivacyBudgetExhausted):
             # The participant's own refusal: said once, then it sits out every attempt.

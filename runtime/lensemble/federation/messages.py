@@ -25,6 +25,9 @@ class RoundOpening:
         model_hash: ``sha256:<hex>`` of that model (hash chain, see ``payload.model_hash``).
         deadline_s: Transport-clock time (seconds) when collection ends.
         final: True once the run is over (no round to train; participants leave).
+        base_hash: ``sha256:<hex>`` of the model the round trains from when that is not
+            ``model_hash``: the model the previous round announced (``federation.overlap``
+            ``one_round``, :mod:`lensemble.federation.overlap`); empty for ``model_hash``.
     """
 
     round_index: int
@@ -33,6 +36,12 @@ class RoundOpening:
     model_hash: str
     deadline_s: float
     final: bool = False
+    base_hash: str = ""
+
+    @property
+    def trains_from(self) -> str:
+        """The hash of the model the round's pseudo-gradients are computed from."""
+        return self.base_hash or self.model_hash
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,15 @@ LEFT = "left"
 #: network it says so with ``Abstain``).
 PRIVACY_BUDGET = "privacy_budget"
 
+#: ``RoundRecord.excluded`` reason of a participant that sits an overlapped attempt out because
+#: it does not hold the model the attempt trains from (:class:`lensemble.errors.OverlapBaseMissing`,
+#: :mod:`lensemble.federation.overlap`): it missed the previous round or restarted.
+NO_BASE_MODEL = "no_base_model"
+
 #: The closed vocabulary of reasons a participant may give for sitting out an open attempt (the
 #: network transport's ``Abstain`` call; the in-process transport records the same reasons).
 #: Anything else a peer sends is refused and changes nothing.
-ABSTENTION_REASONS: frozenset[str] = frozenset({RANK_FAILURE, PRIVACY_BUDGET})
+ABSTENTION_REASONS: frozenset[str] = frozenset({RANK_FAILURE, PRIVACY_BUDGET, NO_BASE_MODEL})
 
 
 class Reason(StrEnum):

@@ -30,6 +30,7 @@ from lensemble.federation.diloco import pseudo_gradient
 from lensemble.federation.fault_kinds import ATTACK_KINDS
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.messages import RoundOpening
+from lensemble.federation.overlap import OverlapState
 from lensemble.federation.payload import (
     TensorSpec,
     bytes_hash,
@@ -39,7 +40,20 @@ from lensemble.federation.payload import (
 )
 from lensemble.federation.quantization import quantize, wire_specs
 from lensemble.federation.residency import ResidencyGuard
-from lensemble.learner import Learner
+from lensemble.learner import Learner, LocalRound
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """Inner steps of an overlapped round trained before its announcement (see train_ahead).
+
+    ``local`` is None when that training failed: the learner's state moved on all the same.
+    """
+
+    round_index: int
+    base_hash: str
+    local: LocalRound | None
+    compute_s: float
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,9 @@ class Participant:
         self._writer: ThreadPoolExecutor | None = None
         #: The attacks this participant makes on itself (None: an honest participant).
         self.attacker: Attacker | None = None
+        #: What an overlapped round's base needs (federation.overlap).
+        self.overlap = OverlapState(config)
+        self._ahead: _Ahead | None = None
 
     def take_faults(self, plan: FaultPlan) -> None:
         """Become the compromised participant ``plan`` makes of this one, if it attacks.
@@ -189,6 +206,7 @@ class Participant:
         if self.states is None:
             return False
         self.settle_snapshot()
+        self._ahead = None  # trained from the state being replaced
         found = self.states.latest_before(round_index, attempt)
         try:
             self.learner.load_inner_state(found[1] if found else {})
@@ -211,6 +229,7 @@ class Participant:
             True when the state was rewound; False with snapshots disabled (nothing to go back
             to) or when this participant did not train that round last.
         """
+        self.overlap.forget(round_index, attempt)
         if self.states is None or self._trained != (round_index, attempt):
             return False
         self.settle_snapshot()  # a snapshot still being written would outlive the discard
@@ -233,7 +252,7 @@ class Participant:
             "round": str(opening.round_index),
             "attempt": str(opening.attempt),
             "participant": self.id,
-            "base_hash": opening.model_hash,
+            "base_hash": opening.trains_from,
             "quantization": fed.quantization,
             "int8_chunk": str(fed.int8_chunk),
             "mean_loss": repr(float(mean_loss)),
@@ -244,6 +263,78 @@ class Participant:
         if privacy_epsilon is not None:
             metadata["privacy_epsilon"] = repr(float(privacy_epsilon))
         return metadata
+
+    def _train(
+        self, opening: RoundOpening, base: Mapping[str, torch.Tensor]
+    ) -> tuple[LocalRound, float]:
+        """The attempt's inner steps from ``base``, or those :meth:`train_ahead` already ran."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead.local is not None and (ahead.round_index, 0, ahead.base_hash) == (
+                opening.round_index,
+                opening.attempt,
+                opening.trains_from,
+            ):
+                return ahead.local, ahead.compute_s
+            # Trained for another attempt or base: back to the state before this attempt.
+            self.restore(opening.round_index, opening.attempt)
+        start = time.perf_counter()
+        local = self.learner.train_round(
+            base, opening.round_index, self.config.federation.inner_steps
+        )
+        return local, time.perf_counter() - start
+
+    def train_ahead(self, sent: RoundOpening) -> bool:
+        """Under ``federation.overlap`` ``one_round``, run the next round's inner steps now.
+
+        Called right after this participant's update of ``sent`` is sealed, while it travels:
+        the next round (attempt 0) will train from ``sent``'s model plus this participant's
+        own progress (:mod:`lensemble.federation.overlap`), all of which it holds already.
+        :meth:`contribute` of that attempt takes the result when its announcement names that
+        base, and otherwise rewinds the inner state and trains as usual, so the update is the
+        same bits either way. Nothing else may use this participant while it runs.
+
+        Returns:
+            True when it trained (or tried to); False when the overlap is off or inner-state
+            snapshots are disabled (without them a discarded training could not be undone).
+        """
+        if not self.overlap.enabled or self.states is None:
+            return False
+        self.settle_snapshot()
+        guess = RoundOpening(
+            round_index=sent.round_index + 1,
+            attempt=0,
+            model_version=sent.model_version + 1,
+            model_hash="",
+            deadline_s=0.0,
+            base_hash=sent.model_hash,
+        )
+        local: LocalRound | None = None
+        start = time.perf_counter()
+        try:
+            base = self.overlap.base(guess, {})
+            local = self.learner.train_round(
+                base, guess.round_index, self.config.federation.inner_steps
+            )
+        except Exception:  # contribute() retrains, and meets the same error where it is handled
+            local = None
+        self._ahead = _Ahead(guess.round_index, sent.model_hash, local, time.perf_counter() - start)
+        return True
+
+    def _save_state(self, opening: RoundOpening, behind: bool) -> None:
+        """Snapshot the inner state after ``opening``'s attempt; on a thread when ``behind``."""
+        if self.states is None:
+            return
+        # inner_state() returns copies, taken now: later training cannot change them.
+        state = self.learner.inner_state()
+        if not behind:
+            self.states.save(opening.round_index, opening.attempt, state)
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-snapshot")
+        self._snapshot = self._writer.submit(
+            self.states.save, opening.round_index, opening.attempt, state
+        )
 
     def contribute(
         self,
@@ -273,6 +364,8 @@ class Participant:
             PayloadError: The pseudo-gradient is not finite.
             PrivacyBudgetExhausted: Training would spend past the participant's own
                 differential-privacy budget; nothing was trained or sealed.
+            OverlapBaseMissing: The attempt trains from a model this participant does not
+                hold (``federation.overlap``); nothing was trained or sealed.
         """
         fed = self.config.federation
         self.settle_snapshot()  # the previous round's, before training changes the state
@@ -285,15 +378,16 @@ class Participant:
             self.attacker.observe(opening.model_version, global_params)
         heldout = self.learner.heldout_loss(global_params)
         here = (opening.round_index, opening.attempt)
+        self.overlap.hold(opening, global_params)
+        base = self.overlap.base(opening, global_params)
         if self._trained is not None and self._trained >= here:
             # The coordinator restarted and reopened a round this participant already trained:
             # rewind the inner state so the retraining reproduces the same pseudo-gradient.
             self.restore(*here)
-        start = time.perf_counter()
-        local = self.learner.train_round(global_params, opening.round_index, fed.inner_steps)
-        compute_s = time.perf_counter() - start
+        local, compute_s = self._train(opening, base)
         encode_start = time.perf_counter()
-        delta = pseudo_gradient(global_params, local.params)
+        delta = pseudo_gradient(base, local.params)
+        self.overlap.keep_own(opening, delta)
         if self.attacker is not None:
             delta = self.attacker.tamper(*here, delta, peers)
             heldout = self.attacker.report(*here, heldout)
@@ -304,17 +398,7 @@ class Participant:
         payload = self.guard.seal(wire, metadata)
         serialize_s = time.perf_counter() - encode_start
         self._trained = here
-        if self.states is not None:
-            # inner_state() returns copies, taken now: later training cannot change them.
-            state = self.learner.inner_state()
-            if snapshot_behind:
-                if self._writer is None:
-                    self._writer = ThreadPoolExecutor(1, thread_name_prefix="lensemble-snapshot")
-                self._snapshot = self._writer.submit(
-                    self.states.save, opening.round_index, opening.attempt, state
-                )
-            else:
-                self.states.save(opening.round_index, opening.attempt, state)
+        self._save_state(opening, snapshot_behind)
         return Contribution(
             payload,
             bytes_hash(payload),

@@ -181,6 +181,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 model_hash=opening.model_hash,
                 deadline_in_s=max(0.0, opening.deadline_s - transport.now()),
                 model_bytes=size,
+                base_hash=opening.base_hash,
             )
             after = (opening.round_index, opening.attempt)
 

@@ -38,14 +38,19 @@ from lensemble.errors import (
     ConfigError,
     ConfigProblem,
     IntegrityError,
+    OverlapBaseMissing,
     PayloadError,
     PrivacyBudgetExhausted,
     RankFailure,
     RankGroupExhausted,
 )
 from lensemble.federation.faults import FaultPlan
-from lensemble.federation.messages import PRIVACY_BUDGET, RANK_FAILURE, RoundOpening
+from lensemble.federation.messages import (
+    PRIVACY_BUDGET,
+    RoundOpening,
+)
 from lensemble.federation.participant import Contribution, Participant
+from lensemble.network.participant.ahead import TrainAhead
 from lensemble.network.participant.backoff import Backoff
 from lensemble.network.participant.call_errors import CallError, Failure, classify
 from lensemble.network.participant.client import CoordinatorClient
@@ -60,6 +65,41 @@ _log = logging.getLogger("lensemble.network.participant")
 
 #: Times a model that fails verification is fetched again within one round.
 FETCH_ATTEMPTS = 3
+
+#: Longest hash an announcement may name as a round's base (``sha256:`` and 64 hex digits, with
+#: room to spare); a longer one is cut, so it names no model this participant holds.
+BASE_HASH_CHARS = 80
+
+
+def line_up(participant: Participant, reply: pb.JoinReply) -> tuple[int, int]:
+    """Restore the inner state for the next round the participant will train after joining.
+
+    With a round open the participant skips it (contributes from the next opening): if it
+    already has an accepted update there, its state is the one after that training; if not,
+    the one before it, as if it had been absent. With no round open it trains the next one.
+
+    Returns:
+        The last ``(round, attempt)`` to consider handled: the loop watches for newer ones.
+    """
+    current = reply.collecting_round
+    if reply.round_open:
+        after = (current, reply.collecting_attempt)
+        restore_round = current + 1 if reply.already_submitted else current
+    else:
+        after = (current - 1, 1 << 30)
+        restore_round = current
+    restored = participant.restore(restore_round)
+    event(
+        _log,
+        "joined",
+        f"joined the coordinator at round {current}"
+        f"{' (open, contributing from the next one)' if reply.round_open else ''}; inner "
+        f"state {'restored' if restored else 'fresh'} for round {restore_round}.",
+        round=current,
+        round_open=reply.round_open,
+        restored=restored,
+    )
+    return after
 
 
 class ParticipantLoop:
@@ -113,6 +153,11 @@ class ParticipantLoop:
         )
         self.after: tuple[int, int] = (-1, -1)
         self.rounds_contributed: list[tuple[int, int]] = []
+        # federation.overlap one_round: the next round trains while this one's update travels.
+        kills = any(
+            f.kind == "rank_kill" and f.participant == client.id for f in self.faults.faults
+        )
+        self.ahead = TrainAhead(participant, enabled=not kills)
 
     # ---------------------------------------------------------------------------- helpers
     def _ready(self, ready: bool) -> None:
@@ -175,34 +220,9 @@ class ParticipantLoop:
                 "every process with the same config (`lensemble config diff A B`).",
             )
         self._succeeded()
-        self._line_up(reply)
+        self.ahead.settle()
+        self.after = line_up(self.participant, reply)
         self._ready(True)
-
-    def _line_up(self, reply: pb.JoinReply) -> None:
-        """Restore the inner state for the next round this participant will train.
-
-        With a round open the participant skips it (contributes from the next opening): if it
-        already has an accepted update there, its state is the one after that training; if not,
-        the one before it, as if it had been absent. With no round open it trains the next one.
-        """
-        current = reply.collecting_round
-        if reply.round_open:
-            self.after = (current, reply.collecting_attempt)
-            restore_round = current + 1 if reply.already_submitted else current
-        else:
-            self.after = (current - 1, 1 << 30)
-            restore_round = current
-        restored = self.participant.restore(restore_round)
-        event(
-            _log,
-            "joined",
-            f"joined the coordinator at round {current}"
-            f"{' (open, contributing from the next one)' if reply.round_open else ''}; inner "
-            f"state {'restored' if restored else 'fresh'} for round {restore_round}.",
-            round=current,
-            round_open=reply.round_open,
-            restored=restored,
-        )
 
     # ------------------------------------------------------------------------------- loop
     def run(self) -> None:
@@ -236,6 +256,7 @@ class ParticipantLoop:
             self.client.leave(RankGroupExhausted.code)
             raise
         finally:
+            self.ahead.settle()
             done.set()
             self.client.end_presence()
             presence.join(self.client.timeout_s)
@@ -275,8 +296,10 @@ class ParticipantLoop:
             model_version=announcement.model_version,
             model_hash=announcement.model_hash,
             deadline_s=time.monotonic() + announcement.deadline_in_s,
+            base_hash=announcement.base_hash[:BASE_HASH_CHARS],
         )
         self.after = (opening.round_index, opening.attempt)
+        self.ahead.settle()
         self.metrics.round_index.set(opening.round_index)
         self.metrics.round_attempt.set(opening.attempt)
         contribution = self._train(announcement, opening)
@@ -285,6 +308,7 @@ class ParticipantLoop:
             if self.masked.take_part(opening, contribution, self._on_error):
                 self.rounds_contributed.append((opening.round_index, opening.attempt))
         elif contribution is not None:
+            self.ahead.start(opening)
             self._submit(opening, contribution)
             self.participant.settle_snapshot()  # when the update never reached its last chunk
 
@@ -326,9 +350,11 @@ class ParticipantLoop:
             except PayloadError as exc:
                 _log.error("skipping %s: %s", where, exc)
                 return None
-            except RankFailure as exc:  # a rank died: the round is lost, the group restarts
+            except (RankFailure, OverlapBaseMissing) as exc:
+                # A rank died (the group restarts), or it lacks the overlapped round's base:
+                # this round is lost, the next one is trained. The error's code is the reason.
                 _log.error("skipping %s: %s", where, exc)
-                self._abstain(opening, RANK_FAILURE)
+                self._abstain(opening, exc.code)
                 return None
             except PrivacyBudgetExhausted as exc:  # its own budget: it sits out from now on
                 if not self._out_of_budget:
@@ -453,6 +479,7 @@ class ParticipantLoop:
 
     def _forget(self, opening: RoundOpening) -> None:
         """The update was not taken: train on as if absent from that round (see forget)."""
+        self.ahead.settle()  # trained from the state being rewound: contribute discards it
         if self.participant.forget(opening.round_index, opening.attempt):
             event(
                 _log,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.lensemble/network/shared/proto/lensemble.proto\x12\x0clensemble.v1\"n\n\x0bJoinRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x18\n\x10\x63onfig_view_json\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"\xff\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10\x64iffering_fields\x18\x03 \x03(\t\x12\x13\n\x0b\x63onfig_hash\x18\x04 \x01(\t\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12\x0f\n\x07session\x18\x06 \x01(\t\x12\x18\n\x10\x63ollecting_round\x18\x07 \x01(\x03\x12\x12\n\nround_open\x18\x08 \x01(\x08\x12\x1a\n\x12\x63ollecting_attempt\x18\t \x01(\x05\x12\x19\n\x11\x61lready_submitted\x18\n \x01(\x08\x12\x10\n\x08run_over\x18\x0b \x01(\x08\"i\n\x12WatchRoundsRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x03 \x01(\x03\x12\x15\n\rafter_attempt\x18\x04 \x01(\x05\"\x9f\x01\n\x11RoundAnnouncement\x12\x13\n\x0bround_index\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\x12\n\nmodel_hash\x18\x04 \x01(\t\x12\x15\n\rdeadline_in_s\x18\x05 \x01(\x01\x12\x13\n\x0bmodel_bytes\x18\x06 \x01(\x04\x12\r\n\x05\x66inal\x18\x07 \x01(\x08\"P\n\x11\x46\x65tchModelRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x12\n\nmodel_hash\x18\x03 \x01(\t\"C\n\nModelChunk\x12\x12\n\nmodel_hash\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb1\x01\n\x0cUpdateHeader\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x14\n\x0cpayload_hash\x18\x05 \x01(\t\x12\x14\n\x0cquantization\x18\x06 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x11\n\tcompute_s\x18\x08 \x01(\x01\"G\n\x0bUpdateChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.lensemble.v1.UpdateHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"W\n\x0bSubmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rcurrent_round\x18\x04 \x01(\x03\"G\n\x0cLeaveRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0c\n\nLeaveReply\":\n\x0fPresenceRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"(\n\x0cPresenceBeat\x12\x18\n\x10\x63ollecting_round\x18\x01 \x01(\x03\"o\n\x0e\x41\x62stainRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"6\n\x0c\x41\x62stainReply\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\"e\n\x14MaskingStagesRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"B\n\x0fPeerCertificate\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x02 \x01(\x0c\"\xb8\x01\n\x0cMaskingStage\x12\x13\n\x0bround_index\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05group\x18\x03 \x01(\x05\x12\r\n\x05stage\x18\x04 \x01(\t\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12,\n\x05peers\x18\x06 \x03(\x0b\x32\x1d.lensemble.v1.PeerCertificate\x12\x15\n\rdeadline_in_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x63losed\x18\x08 \x01(\x08\"\x9b\x02\n\x13MaskingAnswerHeader\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\r\n\x05group\x18\x05 \x01(\x05\x12\r\n\x05stage\x18\x06 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x14\n\x0cpayload_hash\x18\x08 \x01(\t\x12=\n\x06report\x18\t \x03(\x0b\x32-.lensemble.v1.MaskingAnswerHeader.ReportEntry\x1a-\n\x0bReportEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x12MaskingAnswerChunk\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32!.lensemble.v1.MaskingAnswerHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"<\n\x12MaskingAnswerReply\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\x32\xa5\x05\n\x0b\x43oordinator\x12:\n\x04Join\x12\x19.lensemble.v1.JoinRequest\x1a\x17.lensemble.v1.JoinReply\x12R\n\x0bWatchRounds\x12 .lensemble.v1.WatchRoundsRequest\x1a\x1f.lensemble.v1.RoundAnnouncement0\x01\x12I\n\nFetchModel\x12\x1f.lensemble.v1.FetchModelRequest\x1a\x18.lensemble.v1.ModelChunk0\x01\x12\x46\n\x0cSubmitUpdate\x12\x19.lensemble.v1.UpdateChunk\x1a\x19.lensemble.v1.SubmitReply(\x01\x12=\n\x05Leave\x12\x1a.lensemble.v1.LeaveRequest\x1a\x18.lensemble.v1.LeaveReply\x12G\n\x08Presence\x12\x1d.lensemble.v1.PresenceRequest\x1a\x1a.lensemble.v1.PresenceBeat0\x01\x12\x43\n\x07\x41\x62stain\x12\x1c.lensemble.v1.AbstainRequest\x1a\x1a.lensemble.v1.AbstainReply\x12Q\n\rMaskingStages\x12\".lensemble.v1.MaskingStagesRequest\x1a\x1a.lensemble.v1.MaskingStage0\x01\x12S\n\x0b\x41nswerStage\x12 .lensemble.v1.MaskingAnswerChunk\x1a .lensemble.v1.MaskingAnswerReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.lensemble/network/shared/proto/lensemble.proto\x12\x0clensemble.v1\"n\n\x0bJoinRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\x12\x18\n\x10\x63onfig_view_json\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"\xff\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10\x64iffering_fields\x18\x03 \x03(\t\x12\x13\n\x0b\x63onfig_hash\x18\x04 \x01(\t\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12\x0f\n\x07session\x18\x06 \x01(\t\x12\x18\n\x10\x63ollecting_round\x18\x07 \x01(\x03\x12\x12\n\nround_open\x18\x08 \x01(\x08\x12\x1a\n\x12\x63ollecting_attempt\x18\t \x01(\x05\x12\x19\n\x11\x61lready_submitted\x18\n \x01(\x08\x12\x10\n\x08run_over\x18\x0b \x01(\x08\"i\n\x12WatchRoundsRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x66ter_round\x18\x03 \x01(\x03\x12\x15\n\rafter_attempt\x18\x04 \x01(\x05\"\xb2\x01\n\x11RoundAnnouncement\x12\x13\n\x0bround_index\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\x12\n\nmodel_hash\x18\x04 \x01(\t\x12\x15\n\rdeadline_in_s\x18\x05 \x01(\x01\x12\x13\n\x0bmodel_bytes\x18\x06 \x01(\x04\x12\r\n\x05\x66inal\x18\x07 \x01(\x08\x12\x11\n\tbase_hash\x18\x08 \x01(\t\"P\n\x11\x46\x65tchModelRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x12\n\nmodel_hash\x18\x03 \x01(\t\"C\n\nModelChunk\x12\x12\n\nmodel_hash\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb1\x01\n\x0cUpdateHeader\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x14\n\x0cpayload_hash\x18\x05 \x01(\t\x12\x14\n\x0cquantization\x18\x06 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x11\n\tcompute_s\x18\x08 \x01(\x01\"G\n\x0bUpdateChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x1a.lensemble.v1.UpdateHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"W\n\x0bSubmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rcurrent_round\x18\x04 \x01(\x03\"G\n\x0cLeaveRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x0c\n\nLeaveReply\":\n\x0fPresenceRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\"(\n\x0cPresenceBeat\x12\x18\n\x10\x63ollecting_round\x18\x01 \x01(\x03\"o\n\x0e\x41\x62stainRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\"6\n\x0c\x41\x62stainReply\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\"e\n\x14MaskingStagesRequest\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"B\n\x0fPeerCertificate\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x02 \x01(\x0c\"\xb8\x01\n\x0cMaskingStage\x12\x13\n\x0bround_index\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\r\n\x05group\x18\x03 \x01(\x05\x12\r\n\x05stage\x18\x04 \x01(\t\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12,\n\x05peers\x18\x06 \x03(\x0b\x32\x1d.lensemble.v1.PeerCertificate\x12\x15\n\rdeadline_in_s\x18\x07 \x01(\x01\x12\x0e\n\x06\x63losed\x18\x08 \x01(\x08\"\x9b\x02\n\x13MaskingAnswerHeader\x12\x16\n\x0eparticipant_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x13\n\x0bround_index\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\r\n\x05group\x18\x05 \x01(\x05\x12\r\n\x05stage\x18\x06 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x14\n\x0cpayload_hash\x18\x08 \x01(\t\x12=\n\x06report\x18\t \x03(\x0b\x32-.lensemble.v1.MaskingAnswerHeader.ReportEntry\x1a-\n\x0bReportEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"U\n\x12MaskingAnswerChunk\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32!.lensemble.v1.MaskingAnswerHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"<\n\x12MaskingAnswerReply\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x15\n\rcurrent_round\x18\x02 \x01(\x03\x32\xa5\x05\n\x0b\x43oordinator\x12:\n\x04Join\x12\x19.lensemble.v1.JoinRequest\x1a\x17.lensemble.v1.JoinReply\x12R\n\x0bWatchRounds\x12 .lensemble.v1.WatchRoundsRequest\x1a\x1f.lensemble.v1.RoundAnnouncement0\x01\x12I\n\nFetchModel\x12\x1f.lensemble.v1.FetchModelRequest\x1a\x18.lensemble.v1.ModelChunk0\x01\x12\x46\n\x0cSubmitUpdate\x12\x19.lensemble.v1.UpdateChunk\x1a\x19.lensemble.v1.SubmitReply(\x01\x12=\n\x05Leave\x12\x1a.lensemble.v1.LeaveRequest\x1a\x18.lensemble.v1.LeaveReply\x12G\n\x08Presence\x12\x1d.lensemble.v1.PresenceRequest\x1a\x1a.lensemble.v1.PresenceBeat0\x01\x12\x43\n\x07\x41\x62stain\x12\x1c.lensemble.v1.AbstainRequest\x1a\x1a.lensemble.v1.AbstainReply\x12Q\n\rMaskingStages\x12\".lensemble.v1.MaskingStagesRequest\x1a\x1a.lensemble.v1.MaskingStage0\x01\x12S\n\x0b\x41nswerStage\x12 .lensemble.v1.MaskingAnswerChunk\x1a .lensemble.v1.MaskingAnswerReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,43 +40,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHROUNDSREQUEST']._serialized_start=434
   _globals['_WATCHROUNDSREQUEST']._serialized_end=539
   _globals['_ROUNDANNOUNCEMENT']._serialized_start=542
-  _globals['_ROUNDANNOUNCEMENT']._serialized_end=701
-  _globals['_FETCHMODELREQUEST']._serialized_start=703
-  _globals['_FETCHMODELREQUEST']._serialized_end=783
-  _globals['_MODELCHUNK']._serialized_start=785
-  _globals['_MODELCHUNK']._serialized_end=852
-  _globals['_UPDATEHEADER']._serialized_start=855
-  _globals['_UPDATEHEADER']._serialized_end=1032
-  _globals['_UPDATECHUNK']._serialized_start=1034
-  _globals['_UPDATECHUNK']._serialized_end=1105
-  _globals['_SUBMITREPLY']._serialized_start=1107
-  _globals['_SUBMITREPLY']._serialized_end=1194
-  _globals['_LEAVEREQUEST']._serialized_start=1196
-  _globals['_LEAVEREQUEST']._serialized_end=1267
-  _globals['_LEAVEREPLY']._serialized_start=1269
-  _globals['_LEAVEREPLY']._serialized_end=1281
-  _globals['_PRESENCEREQUEST']._serialized_start=1283
-  _globals['_PRESENCEREQUEST']._serialized_end=1341
-  _globals['_PRESENCEBEAT']._serialized_start=1343
-  _globals['_PRESENCEBEAT']._serialized_end=1383
-  _globals['_ABSTAINREQUEST']._serialized_start=1385
-  _globals['_ABSTAINREQUEST']._serialized_end=1496
-  _globals['_ABSTAINREPLY']._serialized_start=1498
-  _globals['_ABSTAINREPLY']._serialized_end=1552
-  _globals['_MASKINGSTAGESREQUEST']._serialized_start=1554
-  _globals['_MASKINGSTAGESREQUEST']._serialized_end=1655
-  _globals['_PEERCERTIFICATE']._serialized_start=1657
-  _globals['_PEERCERTIFICATE']._serialized_end=1723
-  _globals['_MASKINGSTAGE']._serialized_start=1726
-  _globals['_MASKINGSTAGE']._serialized_end=1910
-  _globals['_MASKINGANSWERHEADER']._serialized_start=1913
-  _globals['_MASKINGANSWERHEADER']._serialized_end=2196
-  _globals['_MASKINGANSWERHEADER_REPORTENTRY']._serialized_start=2151
-  _globals['_MASKINGANSWERHEADER_REPORTENTRY']._serialized_end=2196
-  _globals['_MASKINGANSWERCHUNK']._serialized_start=2198
-  _globals['_MASKINGANSWERCHUNK']._serialized_end=2283
-  _globals['_MASKINGANSWERREPLY']._serialized_start=2285
-  _globals['_MASKINGANSWERREPLY']._serialized_end=2345
-  _globals['_COORDINATOR']._serialized_start=2348
-  _globals['_COORDINATOR']._serialized_end=3025
+  _globals['_ROUNDANNOUNCEMENT']._serialized_end=720
+  _globals['_FETCHMODELREQUEST']._serialized_start=722
+  _globals['_FETCHMODELREQUEST']._serialized_end=802
+  _globals['_MODELCHUNK']._serialized_start=804
+  _globals['_MODELCHUNK']._serialized_end=871
+  _globals['_UPDATEHEADER']._serialized_start=874
+  _globals['_UPDATEHEADER']._serialized_end=1051
+  _globals['_UPDATECHUNK']._serialized_start=1053
+  _globals['_UPDATECHUNK']._serialized_end=1124
+  _globals['_SUBMITREPLY']._serialized_start=1126
+  _globals['_SUBMITREPLY']._serialized_end=1213
+  _globals['_LEAVEREQUEST']._serialized_start=1215
+  _globals['_LEAVEREQUEST']._serialized_end=1286
+  _globals['_LEAVEREPLY']._serialized_start=1288
+  _globals['_LEAVEREPLY']._serialized_end=1300
+  _globals['_PRESENCEREQUEST']._serialized_start=1302
+  _globals['_PRESENCEREQUEST']._serialized_end=1360
+  _globals['_PRESENCEBEAT']._serialized_start=1362
+  _globals['_PRESENCEBEAT']._serialized_end=1402
+  _globals['_ABSTAINREQUEST']._serialized_start=1404
+  _globals['_ABSTAINREQUEST']._serialized_end=1515
+  _globals['_ABSTAINREPLY']._serialized_start=1517
+  _globals['_ABSTAINREPLY']._serialized_end=1571
+  _globals['_MASKINGSTAGESREQUEST']._serialized_start=1573
+  _globals['_MASKINGSTAGESREQUEST']._serialized_end=1674
+  _globals['_PEERCERTIFICATE']._serialized_start=1676
+  _globals['_PEERCERTIFICATE']._serialized_end=1742
+  _globals['_MASKINGSTAGE']._serialized_start=1745
+  _globals['_MASKINGSTAGE']._serialized_end=1929
+  _globals['_MASKINGANSWERHEADER']._serialized_start=1932
+  _globals['_MASKINGANSWERHEADER']._serialized_end=2215
+  _globals['_MASKINGANSWERHEADER_REPORTENTRY']._serialized_start=2170
+  _globals['_MASKINGANSWERHEADER_REPORTENTRY']._serialized_end=2215
+  _globals['_MASKINGANSWERCHUNK']._serialized_start=2217
+  _globals['_MASKINGANSWERCHUNK']._serialized_end=2302
+  _globals['_MASKINGANSWERREPLY']._serialized_start=2304
+  _globals['_MASKINGANSWERREPLY']._serialized_end=2364
+  _globals['_COORDINATOR']._serialized_start=2367
+  _globals['_COORDINATOR']._serialized_end=3044
 # @@protoc_insertion_point(module_scope)

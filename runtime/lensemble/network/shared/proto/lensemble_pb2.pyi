@@ -57,7 +57,7 @@ class WatchRoundsRequest(_message.Message):
     def __init__(self, participant_id: _Optional[str] = ..., session: _Optional[str] = ..., after_round: _Optional[int] = ..., after_attempt: _Optional[int] = ...) -> None: ...
 
 class RoundAnnouncement(_message.Message):
-    __slots__ = ("round_index", "attempt", "model_version", "model_hash", "deadline_in_s", "model_bytes", "final")
+    __slots__ = ("round_index", "attempt", "model_version", "model_hash", "deadline_in_s", "model_bytes", "final", "base_hash")
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class RoundAnnouncement(_message.Message):
     DEADLINE_IN_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    BASE_HASH_FIELD_NUMBER: _ClassVar[int]
     round_index: int
     attempt: int
     model_version: int
@@ -72,7 +73,8 @@ class RoundAnnouncement(_message.Message):
     deadline_in_s: float
     model_bytes: int
     final: bool
-    def __init__(self, round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., model_version: _Optional[int] = ..., model_hash: _Optional[str] = ..., deadline_in_s: _Optional[float] = ..., model_bytes: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    base_hash: str
+    def __init__(self, round_index: _Optional[int] = ..., attempt: _Optional[int] = ..., model_version: _Optional[int] = ..., model_hash: _Optional[str] = ..., deadline_in_s: _Optional[float] = ..., model_bytes: _Optional[int] = ..., final: _Optional[bool] = ..., base_hash: _Optional[str] = ...) -> None: ...
 
 class FetchModelRequest(_message.Message):
     __slots__ = ("participant_id", "session", "model_hash")
