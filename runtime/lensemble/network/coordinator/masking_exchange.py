@@ -201,6 +201,16 @@ class MaskingExchange:
         gone = set(self._liveness.absent_now()) | set(board.absence) | set(board.abstained)
         return all(p in stage.answered or p in gone for p in stage.outgoing)
 
+    def present(self) -> set[str]:
+        """Who is present now and not missing from the open attempt for a known reason.
+
+        The groups of the attempt's sessions are drawn from them (with several groups).
+        """
+        board = self._board
+        with board.cond:
+            gone = set(self._liveness.absent_now()) | set(board.absence) | set(board.abstained)
+            return set(board.expected) - gone
+
     def reports(self) -> dict[str, dict[str, str]]:
         """What each participant reported with its masked vector, in the open attempt."""
         with self._board.cond:
