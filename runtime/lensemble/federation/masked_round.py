@@ -152,7 +152,8 @@ def masked_attempt(
     # Who sent nothing for a known reason (its ranks failed, it left) is named as such.
     absence = transport.absence_reasons()
     col.rejected.update(absence)
-    here, left_out = present_now(config, transport.masking_present(), absence, dropped)
+    known = transport.masking_present() if regroups(config) else None
+    here, left_out = present_now(config, known, absence, dropped)
     for pid, reason in left_out.items():
         col.rejected.setdefault(pid, reason)
         col.details.setdefault(pid, _LEFT_OUT_DETAIL[reason])
