@@ -149,10 +149,12 @@ def masked_attempt(
             (:func:`dropped_earlier`): left out of the groups while enough remain.
     """
     col = Collection(opening, frozenset(config.participant_ids))
+    # Who is present first: over the network it waits for the training, and a participant
+    # whose ranks fail meanwhile sits out with a reason the absences then carry.
+    known = transport.masking_present() if regroups(config) else None
     # Who sent nothing for a known reason (its ranks failed, it left) is named as such.
     absence = transport.absence_reasons()
     col.rejected.update(absence)
-    known = transport.masking_present() if regroups(config) else None
     here, left_out = present_now(config, known, absence, dropped)
     for pid, reason in left_out.items():
         col.rejected.setdefault(pid, reason)
