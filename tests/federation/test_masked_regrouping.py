@@ -9,6 +9,7 @@ session digest.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from lensemble.federation.secagg.keys import simulation_seed
 from lensemble.federation.secagg.present import PresentSet
 from lensemble.federation.secagg.server import ServerSession
 from lensemble.federation.verify import verify_run
+from tests.federation.secagg.helpers import context
 from tests.support.federation import build, initial_params, small_federation
 
 NINE = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
@@ -254,3 +256,16 @@ def test_central_privacy_sizes_the_shares_by_the_sessions_groups() -> None:
         assert fewest_summed(config, 2, present) == fewest
     # Drawn from 8, the groups are of 4 (t = 3); from all ten, of 5 (t = 4).
     assert fewest_summed(config, 2, ten[:8]) < fewest_summed(config, 2)
+
+
+def test_the_present_set_is_bound_into_the_digest_only_when_there_is_one() -> None:
+    base = context(3, 8)
+    present = (*base.roster, "zulu")
+    bound = dataclasses.replace(base, present=present)
+    assert bound.digest != base.digest
+    assert dataclasses.replace(base, present=(*base.roster, "yankee")).digest != bound.digest
+    assert dataclasses.replace(bound, present=()).digest == base.digest
+    with pytest.raises(ValueError, match="drawn from the present set"):
+        dataclasses.replace(base, present=base.roster[1:])
+    with pytest.raises(ValueError, match="sorted"):
+        dataclasses.replace(base, present=tuple(reversed(present)))
