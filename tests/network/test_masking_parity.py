@@ -23,6 +23,7 @@ from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey
 from lensemble.federation.payload import manifest
+from lensemble.federation.secagg.groups import assign_groups
 from lensemble.network.participant.call_errors import classify
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.masked_round import MaskedRounds
@@ -138,3 +139,71 @@ def test_hostile_answers_over_grpc_are_refused_by_name_and_the_run_goes_on(
             t.thread.join(30)
             t.close()
         assert _outcome(live.coordinator.records) == expected
+
+
+NINE = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
+
+
+def test_groups_drawn_from_the_present_set_commit_the_in_process_hashes(tmp_path: Path) -> None:
+    """Nine in groups of 3: one absent from round 0, two silent mid-session in round 1.
+
+    Round 0 draws its groups from the eight present (over the network: those that trained by
+    the attempt's deadline); round 1's first attempt loses two groups of 3 and its retry
+    regroups the seven still there. The network commits the in-process ledger's outcome.
+    """
+    groups = assign_groups(NINE, 3, 3, 1).groups
+    silent = (groups[0][0], groups[1][0])
+    absent = next(p for p in NINE if p not in silent)
+    faults = f"drop:{absent}@0,delay:{silent[0]}@1,delay:{silent[1]}@1"
+    participants = [{"id": pid} for pid in NINE]
+    federation = {"rounds": 2, "masking": {"group_size": 3}, "quorum": 5}
+    mapping = network_mapping(
+        tmp_path,
+        aggregation="masking",
+        round_timeout_s=8,
+        participants=participants,
+        **federation,
+    )
+    mapping["network"].update(rpc_timeout_s=1, keepalive_s=1, liveness_timeout_s=2.5)
+    _, config = write_config(tmp_path, mapping)
+    in_process_config = validate_mapping(
+        dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    )
+    coordinator, transport, _ = build(
+        in_process_config, faults=parse_faults(faults), output_dir=tmp_path / "in-process"
+    )
+    coordinator.run(transport)
+    expected = _outcome(coordinator.records)
+    assert [(r[0], r[1], r[2]) for r in expected] == [
+        (0, 0, "closed"),
+        (1, 0, "aborted"),
+        (1, 1, "closed"),
+    ]
+    plan = parse_faults(faults)
+    with LiveCoordinator(config, output_dir=tmp_path / "network") as live:
+
+        def attempt_closed(round_index: int, attempt: int) -> bool:
+            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
+            return (round_index, attempt) in done or not live.thread.is_alive()
+
+        threads = [
+            FaultyParticipantThread(config, pid, tmp_path / "network", plan, attempt_closed)
+            for pid in config.participant_ids
+        ]
+        live.thread.join(240)
+        assert not live.thread.is_alive(), "the coordinator did not finish"
+        assert live.error is None, live.error
+        for t in threads:
+            t.thread.join(30)
+            t.close()
+        errors = [t.error for t in threads if not isinstance(t.error, ShutdownRequested | None)]
+        assert errors == [], errors
+        assert all(t.loop.masked.refusals == [] for t in threads)  # type: ignore[union-attr]
+        records = list(live.coordinator.records)
+        assert _outcome(records) == expected
+        presents = [r.defences["masking"].get("present") for r in records]
+        assert presents == [
+            [p for p in NINE if p != absent],
+            None,
+            [p for p in NINE if p not in silent],
+        ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,27 +150,38 @@ def coordinator_seed(root: int, round_index: int, attempt: int) -> int:
 
 
 # ------------------------------------------------------------------------------- masking
-def fewest_summed(config: LensembleConfig, round_index: int) -> int:
+def fewest_summed(
+    config: LensembleConfig, round_index: int, present: Collection[str] | None = None
+) -> int:
     """m: the fewest survivors of any sum the coordinator can learn in round ``round_index``.
 
     One group: a sum needs ``max(quorum, 3, t)`` survivors. Several groups: the coordinator
     learns each group's sum, which needs ``max(3, t_g)`` of its members; m is the least of
-    those, so every sum it can learn carries at least the full noise.
+    those, so every sum it can learn carries at least the full noise. The groups are the
+    sessions' (:func:`~lensemble.federation.masking.session_contexts`): drawn from the
+    attempt's present set when one was announced.
+
+    Args:
+        config: The run's config.
+        round_index: The round.
+        present: The attempt's present set (None: every configured participant).
     """
     fed = config.federation
-    ids = sorted(config.participant_ids)
+    ids = sorted(present if present else config.participant_ids)
     groups = assign_groups(ids, fed.masking.group_size, config.run.root_seed, round_index).groups
-    if len(groups) == 1:
+    if len(config.participant_ids) // fed.masking.group_size < 2:  # one group, no present set
         return max(fed.quorum, MIN_SUMMED, fed.masking.resolved_threshold(len(ids)))
     return min(max(MIN_SUMMED, default_threshold(len(g))) for g in groups)
 
 
-def share_std(config: LensembleConfig, round_index: int) -> float:
+def share_std(
+    config: LensembleConfig, round_index: int, present: Collection[str] | None = None
+) -> float:
     """One participant's noise standard deviation under masking: ``z C / sqrt(m)``."""
     privacy = config.federation.central_privacy
     assert privacy is not None
     z = planned_noise_multiplier(privacy, config.federation.rounds)
-    return z * privacy.clip_norm / math.sqrt(fewest_summed(config, round_index))
+    return z * privacy.clip_norm / math.sqrt(fewest_summed(config, round_index, present))
 
 
 def share_seed(secret: bytes, round_index: int, attempt: int) -> int:
@@ -181,7 +192,13 @@ def share_seed(secret: bytes, round_index: int, attempt: int) -> int:
 
 
 def noisy_share(
-    update: np.ndarray, config: LensembleConfig, secret: bytes, round_index: int, attempt: int
+    update: np.ndarray,
+    config: LensembleConfig,
+    secret: bytes,
+    round_index: int,
+    attempt: int,
+    *,
+    present: Collection[str] | None = None,
 ) -> np.ndarray:
     """The participant's update clipped to ``clip_norm`` plus its share of the noise.
 
@@ -191,6 +208,7 @@ def noisy_share(
         secret: The participant's own secret bytes (its masking seed).
         round_index: The round (with ``attempt``, a fresh draw per attempt).
         attempt: The attempt.
+        present: The attempt's present set its groups were drawn from (None: everyone).
 
     Returns:
         d float32 values: ``clip(update) + N(0, z^2 C^2 / m)``.
@@ -202,7 +220,7 @@ def noisy_share(
     if norm > privacy.clip_norm:
         values *= privacy.clip_norm / norm
     rng = np.random.Generator(np.random.PCG64(share_seed(secret, round_index, attempt)))
-    values += rng.normal(0.0, share_std(config, round_index), size=values.shape)
+    values += rng.normal(0.0, share_std(config, round_index, present), size=values.shape)
     return values.astype(np.float32)
 
 
@@ -364,7 +382,8 @@ class CentralPrivacy:
         if not summed:
             return
         survivors = sum(len(g["survivors"]) for g in summed)
-        share = share_std(self.config, current.machine.round_index)
+        present = record.get("present") if isinstance(record, dict) else None
+        share = share_std(self.config, current.machine.round_index, present)
         std = share * survivors**0.5 / survivors  # of the survivors' mean
         current.defences[RECORD_KEY] = self.account.entry(noise_std=std, clipped=None)
 

@@ -370,6 +370,13 @@ class InProcessTransport(CoordinatorTransport):
         """Every in-process participant's simulated identity public key."""
         return {pid: client.identity_key.public_key() for pid, client in self._masking.items()}
 
+    def masking_present(self) -> set[str]:
+        """Who holds an update for the open attempt: it trained (a ``drop`` did not)."""
+        if self._opening is None:
+            return set()
+        t, a = self._opening[0].round_index, self._opening[0].attempt
+        return {pid for pid, client in self._masking.items() if client.holds(t, a)}
+
     def exchange(
         self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
     ) -> Iterator[tuple[str, bytes]]:

@@ -14,13 +14,21 @@ keeps of the attempt (:class:`MaskedAttempt`):
 
 A group whose session aborts contributes nothing and its members are excluded with the reason;
 the attempt aborts when fewer than ``federation.quorum`` survivors remain in all groups.
+
+With several groups the attempt's groups are drawn from its present set (:func:`present_now`):
+the participants the transport counts present when the sessions start, less those that dropped
+out of an earlier attempt's sessions of the same round (while enough remain), so that absent
+participants are in no group and a retry regroups the ones still there. The set travels with
+``advertise`` and is recorded (``defences.masking.present``, only when it is not every
+configured participant); who is outside it is excluded as absent (the transport's reason, or
+``masking_absent``) or ``masking_left_out``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,13 +39,19 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.federation.admission import self_reported
 from lensemble.federation.attempt import Attempt, Collection
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.masking import SessionKey, session_contexts
+from lensemble.federation.masking import (
+    SessionKey,
+    least_present,
+    present_set,
+    regroups,
+    session_contexts,
+)
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.robustness import update_norm
 from lensemble.federation.secagg.context import SessionContext
 from lensemble.federation.secagg.driver import Exchange, drive
-from lensemble.federation.secagg.errors import SecAggAbort
+from lensemble.federation.secagg.errors import Reason, SecAggAbort
 from lensemble.federation.secagg.server import SecureSum, ServerSession
 from lensemble.federation.transport import CoordinatorTransport
 
@@ -45,6 +59,12 @@ from lensemble.federation.transport import CoordinatorTransport
 ROBUST_OVER_GROUPS = ("median", "trimmed_mean")
 #: The ledger's exclusion reason prefix of a participant whose group's session aborted.
 ABORTED = "masking_aborted"
+#: The ledger's exclusion reason of a participant absent when the attempt's groups were drawn
+#: (for no reason the transport knows).
+ABSENT = "masking_absent"
+#: The ledger's exclusion reason of a participant left out of a retry's groups: it dropped out
+#: of an earlier attempt's session of the round.
+LEFT_OUT = "masking_left_out"
 #: The aggregate bound's window: the last committed masked rounds whose median it scales, and
 #: how many it needs before it applies.
 AGGREGATE_WINDOW = 5
@@ -100,7 +120,8 @@ def collect_masked(
         transport: Carries the sessions' messages.
     """
     config, architecture, history = owner.config, owner.architecture, owner.history
-    masked = masked_attempt(config, opening, transport, architecture)
+    dropped = dropped_earlier(history, opening.round_index)
+    masked = masked_attempt(config, opening, transport, architecture, dropped)
     if masked.mean is not None:
         factor = config.federation.masking.aggregate_factor
         masked.mean, masked.record["aggregate"] = bounded(masked.mean, history, factor)
@@ -115,6 +136,7 @@ def masked_attempt(
     opening: RoundOpening,
     transport: CoordinatorTransport,
     architecture: Mapping[str, TensorSpec],
+    dropped: frozenset[str] = frozenset(),
 ) -> MaskedAttempt:
     """Run every group's session of the open attempt and combine the sums.
 
@@ -123,12 +145,29 @@ def masked_attempt(
         opening: The attempt, already opened on ``transport`` (participants have trained).
         transport: Carries the sessions' messages.
         architecture: The global model's tensor specs (d).
+        dropped: Who dropped out of an earlier attempt's sessions of this round
+            (:func:`dropped_earlier`): left out of the groups while enough remain.
     """
     col = Collection(opening, frozenset(config.participant_ids))
+    # Who is present first: over the network it waits for the training, and a participant
+    # whose ranks fail meanwhile sits out with a reason the absences then carry.
+    known = transport.masking_present() if regroups(config) else None
     # Who sent nothing for a known reason (its ranks failed, it left) is named as such.
-    col.rejected.update(transport.absence_reasons())
+    absence = transport.absence_reasons()
+    col.rejected.update(absence)
+    here, left_out = present_now(config, known, absence, dropped)
+    for pid, reason in left_out.items():
+        col.rejected.setdefault(pid, reason)
+        col.details.setdefault(pid, _LEFT_OUT_DETAIL[reason])
+    if left_out and len(here) < least_present(config):
+        # Too few to group: no session could reach the quorum, and no group its size.
+        return MaskedAttempt(col, None, {"present": list(here), "groups": []})
+    present = present_set(config, here)
+    record: dict[str, object] = {"present": list(present)} if present else {}
     verifiers = transport.masking_identities()
-    contexts = session_contexts(config, opening.round_index, opening.attempt, architecture)
+    contexts = session_contexts(
+        config, opening.round_index, opening.attempt, architecture, present or None
+    )
     combiner = _Combiner(config.federation.robustness.aggregator)
     groups: list[dict[str, object]] = []
     for ctx in contexts:
@@ -151,7 +190,69 @@ def masked_attempt(
         col.reported[pid] = self_reported(reports.get(pid, {}))
     enough = len(survivors) >= config.federation.quorum and combiner.groups > 0
     mean = combiner.mean() if enough else None
-    return MaskedAttempt(col, mean, {"groups": groups})
+    return MaskedAttempt(col, mean, {**record, "groups": groups})
+
+
+_LEFT_OUT_DETAIL = {
+    ABSENT: "absent when the attempt's groups were drawn",
+    LEFT_OUT: "dropped out of an earlier attempt's session of this round; left out of the groups",
+}
+
+
+def present_now(
+    config: LensembleConfig,
+    known: Iterable[str] | None,
+    absence: Mapping[str, str],
+    dropped: Iterable[str],
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The attempt's present set, and why each configured participant outside it is out.
+
+    With one group there is none (every configured participant is on the roster). Otherwise
+    the present set is the transport's (``known``; None: everyone without an absence reason),
+    less ``dropped`` unless that leaves fewer than :func:`least_present`.
+
+    Args:
+        config: The run's config.
+        known: Who the transport counts present (``masking_present``), or None.
+        absence: The transport's absence reasons (participant id -> reason).
+        dropped: Who dropped out of an earlier attempt's sessions of this round.
+
+    Returns:
+        The present set, sorted (every configured participant with one group), and participant
+        id -> ``masking_absent`` or ``masking_left_out`` for the others (the caller keeps a
+        transport's reason before these).
+    """
+    ids = sorted(config.participant_ids)
+    if not regroups(config):
+        return tuple(ids), {}
+    here = set(ids) & set(known) if known is not None else set(ids) - set(absence)
+    out = {pid: ABSENT for pid in ids if pid not in here}
+    kept = here - set(dropped)
+    if kept != here and len(kept) >= least_present(config):
+        out.update(dict.fromkeys(sorted(here - kept), LEFT_OUT))
+        here = kept
+    return tuple(sorted(here)), out
+
+
+def dropped_earlier(history: Sequence[RoundRecord], round_index: int) -> frozenset[str]:
+    """Who dropped out of a session of an earlier attempt of ``round_index``, from the ledger.
+
+    A member of a group that summed without it, or of a group that aborted below threshold
+    without being among the last stage's participants, dropped out.
+    """
+    dropped: set[str] = set()
+    for record in history:
+        masking = record.defences.get("masking") if record.round == round_index else None
+        groups = masking.get("groups") if isinstance(masking, dict) else None
+        for group in groups if isinstance(groups, list) else []:
+            if not isinstance(group, dict):
+                continue
+            roster = set(group.get("roster", []))
+            if "survivors" in group:
+                dropped |= roster - set(group["survivors"])
+            elif group.get("aborted") == Reason.BELOW_THRESHOLD.value:
+                dropped |= roster - set(group.get("named", []))
+    return frozenset(dropped)
 
 
 def _recording(transport: CoordinatorTransport, key: SessionKey, col: Collection) -> Exchange:

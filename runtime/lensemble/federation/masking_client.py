@@ -7,6 +7,13 @@ into, the client derives the session's public parameters itself
 :class:`~lensemble.federation.secagg.driver.Party`; a message for a session it is not in, for an
 attempt it did not train, or that its session refuses, gets no answer (the coordinator counts it
 as dropped). Only the open attempt's sessions are kept.
+
+With several groups the ``advertise`` message carries the attempt's present set
+(:mod:`lensemble.federation.secagg.present`): the client checks it before it derives the
+contexts from it. It takes part in one session per attempt at most: a second ``advertise`` of
+the same attempt (another group, or the same group under another present set) gets no answer,
+so its update never enters two sums the coordinator could unmask. Under central privacy the
+noise share is drawn once the present set is known (its groups set the share's size).
 """
 
 from __future__ import annotations
@@ -17,12 +24,18 @@ import numpy as np
 
 from lensemble.config.schema import LensembleConfig
 from lensemble.federation.central_privacy import noisy_share
-from lensemble.federation.masking import SessionKey, session_contexts
+from lensemble.federation.masking import (
+    SessionKey,
+    least_present,
+    regroups,
+    session_contexts,
+)
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.secagg import identity
 from lensemble.federation.secagg.driver import Party
-from lensemble.federation.secagg.errors import SecAggRefusal
+from lensemble.federation.secagg.errors import Reason, SecAggRefusal
 from lensemble.federation.secagg.participant import ParticipantSession
+from lensemble.federation.secagg.present import PresentSet, check_present
 
 
 class MaskingClient:
@@ -62,16 +75,19 @@ class MaskingClient:
         """Keep ``update`` (d float values) for the attempt's session; earlier ones go.
 
         Under ``federation.central_privacy`` the update is clipped and gets this participant's
-        share of the noise first, drawn from its own secret (the sum carries the whole noise).
+        share of the noise when it masks, drawn from its own secret (the sum carries the whole
+        noise; its size depends on the attempt's groups).
         """
-        if self.config.federation.central_privacy is not None:
-            update = noisy_share(update, self.config, self._seed, round_index, attempt)
         self._update = (round_index, attempt, update)
         self._parties = {
             k: p
             for k, p in self._parties.items()
             if (k.round_index, k.attempt) == (round_index, attempt)
         }
+
+    def holds(self, round_index: int, attempt: int) -> bool:
+        """Whether an update for ``(round_index, attempt)`` is held (it trained that attempt)."""
+        return self._update is not None and self._update[:2] == (round_index, attempt)
 
     def forget(self) -> None:
         """Drop the held update and every session (the attempt is over)."""
@@ -80,28 +96,65 @@ class MaskingClient:
 
     def answer(self, key: SessionKey, stage: str, data: bytes) -> bytes | None:
         """The encoded answer to ``stage``'s message of session ``key``, or None (no answer)."""
-        party = self._party(key) if stage == "advertise" else self._parties.get(key)
-        if party is None:
-            return None
         try:
+            party = self._party(key, data) if stage == "advertise" else self._parties.get(key)
+            if party is None:
+                return None
             return party.answer(stage, data)
         except SecAggRefusal as refusal:
             self.refusals.append(refusal)
             return None
 
-    def _party(self, key: SessionKey) -> Party | None:
-        """A fresh party for ``key`` when this participant trained that attempt and is in it."""
+    def _party(self, key: SessionKey, announced: bytes) -> Party | None:
+        """A fresh party for ``key`` when this participant trained that attempt and is in it.
+
+        Raises:
+            SecAggRefusal: ``present_set_refused`` (or ``bad_message``): the announced present
+                set fails a check (:func:`~lensemble.federation.secagg.present.check_present`).
+        """
         if self._update is None or self._update[:2] != (key.round_index, key.attempt):
             return None
-        if key in self._parties:
-            return None  # a second start of one session: the first stands
-        contexts = session_contexts(self.config, key.round_index, key.attempt, self._architecture)
+        if any((k.round_index, k.attempt) == (key.round_index, key.attempt) for k in self._parties):
+            return None  # one session per attempt: the first stands, its update in one sum only
+        present = self._present(announced)
+        contexts = session_contexts(
+            self.config, key.round_index, key.attempt, self._architecture, present
+        )
         if not 0 <= key.group < len(contexts) or self.me not in contexts[key.group]:
             return None
-        update = self._update[2]
+        round_index, attempt, update = self._update
+        if self.config.federation.central_privacy is not None:
+            update = noisy_share(
+                update, self.config, self._seed, round_index, attempt, present=present
+            )
         session = ParticipantSession(
             contexts[key.group], self.me, self._seed, self.identity_key, self._verifiers
         )
         party = Party(session, lambda: update)
         self._parties[key] = party
         return party
+
+    def _present(self, announced: bytes) -> tuple[str, ...] | None:
+        """The announced present set once checked; None (every participant) when none came.
+
+        Raises:
+            SecAggRefusal: The announcement is malformed, or fails a check.
+        """
+        if not announced:
+            return None
+        members = PresentSet.decode(announced).members
+        if not regroups(self.config):
+            raise SecAggRefusal(
+                Reason.PRESENT_SET_REFUSED,
+                "a present set was announced, but this run has one group: its roster is every "
+                "configured participant.",
+                stage="advertise",
+                remediation="The participant answers nothing in this attempt.",
+            )
+        check_present(
+            members,
+            configured=self.config.participant_ids,
+            me=self.me,
+            least=least_present(self.config),
+        )
+        return members

@@ -17,7 +17,7 @@ timeouts), the network transport uses the monotonic clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -51,7 +51,8 @@ class CoordinatorTransport(Protocol):
     Required: :meth:`now`, :meth:`wait_for_participants`, :meth:`open_round`, :meth:`receive`,
     :meth:`reply`. Hooks with a default that does nothing: :meth:`attach`,
     :meth:`absence_reasons`, :meth:`round_closed`, :meth:`round_durable`, :meth:`take_traffic`,
-    :meth:`finish`.
+    :meth:`finish`, and the masked rounds' (:meth:`masking_identities`, :meth:`exchange`,
+    :meth:`masking_present`, :meth:`masked_reports`).
     """
 
     def now(self) -> float:
@@ -138,6 +139,15 @@ class CoordinatorTransport(Protocol):
             participant is the one the transport authenticated. The default brings none.
         """
         return ()
+
+    def masking_present(self) -> Collection[str] | None:
+        """Who is present for the open attempt's sessions, as the transport knows it now.
+
+        Called once per masked attempt, before its sessions start; with several groups they
+        are drawn from these participants (:func:`lensemble.federation.masked_round.
+        present_now`). The default knows nothing more than :meth:`absence_reasons`: None.
+        """
+        return None
 
     def masked_reports(self) -> Mapping[str, Mapping[str, str]]:
         """What each participant reported with its masked upload, for the sessions just ended.

@@ -2,7 +2,9 @@
 
 A session is one attempt of one round (of one group, when updates are aggregated by groups):
 ``run_id``, ``round``, ``attempt`` and ``group`` name it; ``roster`` lists who may take part;
-``threshold`` is Shamir's t; ``min_survivors`` is ``max(quorum, 3, t)``, the fewest inputs a sum
+``present`` the attempt's present set when it is not every configured participant (the groups
+were drawn from it: :mod:`lensemble.federation.secagg.present`); ``threshold`` is Shamir's t;
+``min_survivors`` is ``max(quorum, 3, t)``, the fewest inputs a sum
 may have; ``dimension`` is d and ``codec`` the fixed-point encoding. :meth:`SessionContext.digest`
 is SHA-256 of all of it: it salts every key derivation, is signed with every key and survivor
 set, and heads every message, so nothing from one session (or one set of parameters) is ever
@@ -47,6 +49,9 @@ class SessionContext:
         dimension: d, the number of float values of one update.
         codec: The fixed-point encoding.
         quorum: The round's quorum (``federation.quorum`` resolved).
+        present: The attempt's present set the groups were drawn from, sorted, unique; empty
+            when they were drawn from every configured participant (the digest is then the one
+            a context without a present set always had).
     """
 
     run_id: str
@@ -58,6 +63,7 @@ class SessionContext:
     dimension: int
     codec: FixedPoint
     quorum: int = 0
+    present: tuple[str, ...] = ()
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _digest: bytes = field(init=False, repr=False, compare=False)
 
@@ -65,6 +71,10 @@ class SessionContext:
         n = len(self.roster)
         if list(self.roster) != sorted(set(self.roster)):
             raise ValueError("the roster must be sorted participant ids without duplicates")
+        if list(self.present) != sorted(set(self.present)):
+            raise ValueError("the present set must be sorted participant ids without duplicates")
+        if self.present and not set(self.roster) <= set(self.present):
+            raise ValueError("the roster must be drawn from the present set")
         if any(not p or len(p.encode()) > MAX_ID_BYTES or not p.isprintable() for p in self.roster):
             raise ValueError(f"participant ids must be printable and at most {MAX_ID_BYTES} bytes")
         if not MIN_INPUTS <= n <= MAX_PARTICIPANTS:
@@ -145,4 +155,10 @@ class SessionContext:
         )
         for participant in self.roster:
             out.text(participant)
+        if self.present:
+            # Appended only when set, so every digest without one is unchanged; the roster's
+            # count prefix keeps the encoding unambiguous.
+            out.u8(1).u32(len(self.present))
+            for participant in self.present:
+                out.text(participant)
         return hashlib.sha256(out.finish()).digest()

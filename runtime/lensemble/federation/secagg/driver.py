@@ -32,11 +32,14 @@ from lensemble.federation.secagg.messages import (
     UnmaskShares,
 )
 from lensemble.federation.secagg.participant import ParticipantSession
+from lensemble.federation.secagg.present import PresentSet
 from lensemble.federation.secagg.server import SecureSum, ServerSession
 
 #: The protocol's stages, in order (Bonawitz et al., CCS'17, rounds 0-4 of Figure 4).
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
-#: What each stage sends to the participants (none to start ``advertise``) and gets back.
+#: What each stage sends to the participants and gets back. ``advertise`` sends nothing, or the
+#: attempt's :class:`~.present.PresentSet` where the groups were drawn from one (read by
+#: :class:`~lensemble.federation.masking_client.MaskingClient`, before a :class:`Party` exists).
 SENT: dict[str, type[Any]] = {
     "share": KeyRoster,
     "mask": ShareDelivery,
@@ -74,7 +77,9 @@ def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
         SecAggAbort: A stage closed with too few participants, or no shares reconstruct a
             secret; the round cannot use this session.
     """
-    start = dict.fromkeys(server.context.roster, b"")
+    present = server.context.present
+    # advertise carries the attempt's present set when the groups were drawn from one.
+    start = dict.fromkeys(server.context.roster, PresentSet(present).encode() if present else b"")
     _receive(server, "advertise", exchange("advertise", start), server.receive_advert)
     roster = server.close_advertising()
     sent = roster.encode()

@@ -34,6 +34,7 @@ class Reason(StrEnum):
     RECONSTRUCTION_FAILED = "reconstruction_failed"
     UNMASK_CHECK_FAILED = "unmask_check_failed"
     SESSION_CLOSED = "session_closed"
+    PRESENT_SET_REFUSED = "present_set_refused"
 
 
 class SecAggRefusal(LensembleError):

@@ -15,7 +15,11 @@ bounds what a minority of poisoned groups can do. What it guarantees:
 
 The assignment is a deterministic function of ``run.root_seed``, the round and the ids (a
 SHA-256 keyed shuffle), so every party computes it alone and a rerun gives the same groups;
-it changes every round, so no participant stays with the same partners.
+it changes every round, so no participant stays with the same partners. The ids are an
+attempt's present set (:mod:`lensemble.federation.secagg.present`): each id's place in the
+order depends on the seed, the round and itself only, so the groups of a subset are runs of
+the same public order, and the coordinator that chooses the set chooses among those runs
+(docs/security.md, "what a hostile coordinator gains by choosing the set").
 """
 
 from __future__ import annotations

@@ -112,6 +112,8 @@ class MaskingExchange:
         self._certificates: dict[str, bytes] = {}
         self._stage: _Stage | None = None
         self._reports: dict[str, dict[str, str]] = {}
+        #: Who has watched the open attempt's stages: it trained (:meth:`present`).
+        self._ready: set[str] = set()
         #: Bytes of stage messages sent and of answers received since the last take.
         self.bytes_down = 0
         self.bytes_up = 0
@@ -201,6 +203,30 @@ class MaskingExchange:
         gone = set(self._liveness.absent_now()) | set(board.absence) | set(board.abstained)
         return all(p in stage.answered or p in gone for p in stage.outgoing)
 
+    def present(self) -> set[str]:
+        """Who trained the open attempt and is still present: its groups are drawn from them.
+
+        A participant watches the attempt's stages (``MaskingStages``) once it has trained, so
+        this waits until every participant present now watches, or is gone (absent, missing for
+        a known reason, sitting the attempt out), or the attempt's deadline passed, as the
+        ``advertise`` stage would; one that has not trained by then is not present.
+
+        Raises:
+            ShutdownRequested: The coordinator is stopping.
+        """
+        board = self._board
+        with board.cond:
+            opening = board.opening
+            end = opening.deadline_s if opening is not None else board.now()
+            while True:
+                board.check_stop()
+                gone = set(self._liveness.absent_now()) | set(board.absence) | set(board.abstained)
+                waiting = set(board.expected) - gone - self._ready
+                remaining = end - board.now()
+                if not waiting or remaining <= 0:
+                    return set(self._ready) - gone
+                board.cond.wait(min(RECHECK_S, remaining))
+
     def reports(self) -> dict[str, dict[str, str]]:
         """What each participant reported with its masked vector, in the open attempt."""
         with self._board.cond:
@@ -210,6 +236,7 @@ class MaskingExchange:
         """The attempt is over: wake every stage watcher so it says so (caller holds the lock)."""
         self._stage = None
         self._reports = {}
+        self._ready = set()
         self._board.cond.notify_all()
 
     # ---------------------------------------------------------------- handler threads
@@ -233,6 +260,9 @@ class MaskingExchange:
                 stage = self._stage
                 if not board.is_open(round_index, attempt) or board.stopping or not alive():
                     return None
+                if participant not in self._ready:
+                    self._ready.add(participant)  # it trained: present for the groups
+                    board.cond.notify_all()
                 if (
                     stage is not None
                     and (stage.session.round_index, stage.session.attempt) == (round_index, attempt)

@@ -220,6 +220,10 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         """
         return self.masking.exchange(session, stage, outgoing)
 
+    def masking_present(self) -> set[str]:
+        """Who is present for the open attempt's sessions (:meth:`MaskingExchange.present`)."""
+        return self.masking.present()
+
     def masked_reports(self) -> dict[str, dict[str, str]]:
         """The statistics each participant sent with its masked vector in the open attempt."""
         return self.masking.reports()

@@ -9,8 +9,11 @@ identity key is its own mTLS key, its secret seed derives from it
 (:mod:`lensemble.network.participant.peer_keys`), and its peers' keys come from the certificates
 the coordinator relays with ``advertise``, each checked against this participant's CA: one that
 fails makes the participant refuse the session (it answers nothing; the session counts it as
-dropped), so the coordinator cannot substitute a key. Nothing received is ever unpickled: stage
-messages are parsed by :mod:`lensemble.federation.secagg.wire`'s bounded decoders.
+dropped), so the coordinator cannot substitute a key. It advertises in one session per attempt
+at most (with several groups the ``advertise`` message carries the attempt's present set, which
+its :class:`~lensemble.federation.masking_client.MaskingClient` checks). Nothing received is
+ever unpickled: stage messages are parsed by :mod:`lensemble.federation.secagg.wire`'s bounded
+decoders.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class _Attempt:
     update: np.ndarray
     report: dict[str, str]
     client: MaskingClient | None = None
+    advertised: bool = False
     done: bool = False
     completed: bool = False
 
@@ -180,6 +184,15 @@ class MaskedRounds:
             self.refusals.append(f"unknown_stage: {shown(stage, 40)}")
             return
         if stage == "advertise":
+            if state.advertised:
+                # One session per attempt: its update never enters two sums (another group, or
+                # the same group under another present set, gets no answer).
+                self.refusals.append(
+                    f"second_session: round {key.round_index} attempt {key.attempt} group "
+                    f"{key.group}, after another session of the attempt"
+                )
+                return
+            state.advertised = True
             state.client = self._client_for(state, message)
         if state.client is None or self.silent(key, stage):
             return
