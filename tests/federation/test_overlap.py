@@ -72,18 +72,45 @@ def test_base_hash_follows_the_last_outer_step_and_never_a_rolled_back_model() -
     blocking, overlapped = small_config(), small_config(overlap=ONE_ROUND)
     _, records = _run(overlap=ONE_ROUND)
     current = records[-1].model_hash
-    assert round_base_hash(blocking, records, current) == ""
-    assert round_base_hash(overlapped, [], current) == ""
-    assert round_base_hash(overlapped, records, current) == records[-1].parent_hash
+    assert round_base_hash(blocking, records, current, 0) == ""
+    assert round_base_hash(overlapped, records, current, 0) == records[-1].parent_hash
+    # A coordinator's first round (a resumed one's too) and a retried attempt train from the
+    # announced model: whoever lacked the base holds that one.
+    assert round_base_hash(overlapped, [], current, 0) == ""
+    assert round_base_hash(overlapped, records, current, 1) == ""
     # An aborted attempt after the commit changes nothing; a model the history did not make
     # (a rollback's restored one) is trained from directly.
     aborted = records[-1].__class__(
         **{**records[-1].__dict__, "state": "aborted", "parent_hash": current}
     )
-    assert round_base_hash(overlapped, [*records, aborted], current) == records[-1].parent_hash
-    assert round_base_hash(overlapped, records, "sha256:" + "0" * 64) == ""
+    assert round_base_hash(overlapped, [*records, aborted], current, 0) == records[-1].parent_hash
+    assert round_base_hash(overlapped, records, "sha256:" + "0" * 64, 0) == ""
     rolled_back = records[-1].__class__(**{**records[-1].__dict__, "guard": {"action": "rollback"}})
-    assert round_base_hash(overlapped, [*records[:-1], rolled_back], current) == ""
+    assert round_base_hash(overlapped, [*records[:-1], rolled_back], current, 0) == ""
+
+
+def test_a_round_nobody_holds_the_base_of_commits_on_its_retry(tmp_path: Path) -> None:
+    # A resumed run: its participants are new processes holding no model. The resumed
+    # coordinator's first round trains from its own model, so nobody sits out.
+    config = small_config(overlap=ONE_ROUND, rounds=2)
+    coordinator, transport, _ = build(config, output_dir=tmp_path)
+    coordinator.run(transport)
+    longer = small_config(overlap=ONE_ROUND, rounds=4)
+    resumed, transport, _ = build(longer, output_dir=tmp_path, resume=True)
+    records = resumed.run(transport).records
+    assert [(r.round, r.attempt, r.state) for r in records] == [(2, 0, "closed"), (3, 0, "closed")]
+    assert all(r.excluded == {} for r in records)
+    # Round 1's first attempt: three lack its base (they sent nothing in round 0), the fourth
+    # drops. The retry trains from the announced model, which all of them now hold.
+    _, records = _run(
+        "drop:alpha@0,drop:bravo@0,drop:charlie@0,drop:delta@1.0", overlap=ONE_ROUND, quorum=1
+    )
+    by_attempt = {(r.round, r.attempt): r for r in records}
+    assert by_attempt[(1, 0)].state == "aborted"
+    assert {by_attempt[(1, 0)].excluded[p] for p in ("alpha", "bravo", "charlie")} == {
+        NO_BASE_MODEL
+    }
+    assert by_attempt[(1, 1)].state == "closed" and by_attempt[(1, 1)].excluded == {}
 
 
 def test_overlap_state_base_is_the_held_model_minus_the_weighted_own_progress() -> None:
@@ -172,3 +199,28 @@ def test_overlap_is_refused_with_masking_naming_the_field() -> None:
                 }
             }
         )
+
+
+def test_the_ledger_names_each_rounds_base_and_verification_replays_it() -> None:
+    from lensemble.federation.verify_history import HistoryReplay
+
+    _, records = _run(
+        "scaled:delta@2-=-20,alie:charlie@0-",
+        overlap=ONE_ROUND,
+        rounds=7,
+        robustness={"median_factor": 10, "max_relative_change": 1e6},
+    )
+    assert [r.defences.get("trained_from") for r in records[:2]] == [None, records[0].parent_hash]
+    # The round after a rollback trains from the restored model, its parent.
+    rollbacks = [i for i, r in enumerate(records) if r.guard.get("action") == "rollback"]
+    assert rollbacks and rollbacks[0] + 1 < len(records)
+    assert "trained_from" not in records[rollbacks[0] + 1].defences
+    replay = HistoryReplay()
+    assert [replay.check(r) for r in records] == [None] * len(records)
+    # A line claiming another base is a break, named.
+    forged = dataclasses.replace(
+        records[2], defences={**records[2].defences, "trained_from": records[2].parent_hash}
+    )
+    replay = HistoryReplay()
+    problems = [replay.check(r) for r in [*records[:2], forged]]
+    assert problems[:2] == [None, None] and "trained from" in str(problems[2])

@@ -149,6 +149,7 @@ def test_the_participant_uses_its_own_section_and_the_coordinator_sends_none(
         "model_hash",
         "deadline_s",
         "final",
+        "base_hash",  # federation.overlap: a hash of a model the participant holds, no setting
     }
 
 

@@ -194,6 +194,8 @@ def attempt_record(
     }
     defences = {**attempt.defences, "rejected": rejected}
     defences.setdefault("precommit", None)
+    if col.opening.base_hash:  # federation.overlap: the updates' base, when not the parent
+        defences["trained_from"] = col.opening.base_hash
     wall = time.perf_counter() - attempt.wall_start
     committed = new_hash != parent_hash
     return RoundRecord(

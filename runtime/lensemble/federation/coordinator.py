@@ -202,8 +202,7 @@ class Coordinator(CommittedModel):
         self.final = FinalModel(fed, self.store)  # which version the run ends with
         self._context = RecordContext(self.config_hash, fed.quantization, fed.robustness.aggregator)
         self.committer = Committer(self.store, observer)
-        # Every attempt decided by this process, in order; under run() the last commit may
-        # still be being written until the next attempt (or run) settles it.
+        # This process's attempts, in order (run(): the last commit may still be being written).
         self.records = self.committer.records
         self.observer = observer
         self._start(initial_params, output_dir, resume)
@@ -418,11 +417,11 @@ class Coordinator(CommittedModel):
         stragglers = Stragglers(fed, transport.now(), self.history)
         opening = RoundOpening(
             round_index=current.machine.round_index,
-            attempt=current.machine.attempt,
+            attempt=(attempt := current.machine.attempt),
             model_version=self.version,
             model_hash=self.model_hash,
             deadline_s=stragglers.opened_at + fed.round_timeout_s,
-            base_hash=round_base_hash(self.config, self.history, self.model_hash),
+            base_hash=round_base_hash(self.config, self.records, self.model_hash, attempt),
         )
         col = None if fed.aggregation == "masking" else self.admission.open(opening)
         transport.open_round(opening, self.model_payload())

@@ -93,8 +93,10 @@ class RoundRecord:
             :mod:`lensemble.federation.set_aside`; absent when that defence is off),
             ``best_reported`` (the score of the version the round trained from and the best
             version so far, :mod:`lensemble.federation.keep_best`; only under
-            ``federation.final_model: best_reported``). Empty in lines written before these
-            defences existed.
+            ``federation.final_model: best_reported``), ``trained_from`` (the hash of the
+            model the attempt's updates were computed from when it is not ``parent_hash``:
+            ``federation.overlap`` ``one_round``, :mod:`lensemble.federation.overlap`). Empty in
+            lines written before these defences existed.
         self_reported: Participant id -> the statistics it reported about itself
             (``mean_loss``, ``compute_s``, ``heldout_loss``), after the coordinator's bounds; a
             value outside them is null. Unverified: only the divergence guard reads them, as a

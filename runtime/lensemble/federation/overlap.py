@@ -35,20 +35,24 @@ from lensemble.federation.messages import RoundOpening
 
 
 def round_base_hash(
-    config: LensembleConfig, history: Sequence[RoundRecord], model_hash: str
+    config: LensembleConfig, history: Sequence[RoundRecord], model_hash: str, attempt: int
 ) -> str:
     """The hash of the model the next attempt trains from, or "" for ``model_hash`` itself.
 
     Under ``one_round``: the parent of the last commit, when that commit made ``model_hash``
-    by an outer step. The first round, and the round after a divergence-guard rollback (whose
-    parent is the model it rejected), train from ``model_hash``.
+    by an outer step. These train from ``model_hash``: the first round of a coordinator
+    process (a resumed one included: its participants may hold no older model), a retried
+    attempt (whoever lacked the base in the first one holds ``model_hash``, announced with
+    it), and the round after a divergence-guard rollback (whose parent is the model it
+    rejected).
 
     Args:
         config: The run's config.
-        history: The run's attempts so far, oldest first (aborted ones included).
+        history: The attempts this coordinator process ran, oldest first (aborted included).
         model_hash: The coordinator's current model.
+        attempt: The attempt about to open (0 for a round's first).
     """
-    if config.federation.overlap.mode != "one_round":
+    if config.federation.overlap.mode != "one_round" or attempt > 0:
         return ""
     last = next((r for r in reversed(history) if r.model_hash != r.parent_hash), None)
     if last is None or last.model_hash != model_hash or last.guard.get("action") == "rollback":

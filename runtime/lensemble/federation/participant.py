@@ -300,7 +300,8 @@ class Participant:
         """
         if not self.overlap.enabled or self.states is None:
             return False
-        self.settle_snapshot()
+        # Not settle_snapshot(): the transport settles the snapshot of ``sent`` before its last
+        # byte leaves (that snapshot holds copies, so training on now cannot change it).
         guess = RoundOpening(
             round_index=sent.round_index + 1,
             attempt=0,

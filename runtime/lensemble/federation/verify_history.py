@@ -13,7 +13,9 @@ before these fields existed carry none and are skipped. A line with central diff
 the epsilon Opacus' accountant gives for its own fields
 (:func:`lensemble.federation.central_privacy.recorded_epsilon_problem`). A line's best reported
 version (``defences.best_reported``, :mod:`lensemble.federation.keep_best`) must be what its
-kept contributors' reports and the earlier lines give.
+kept contributors' reports and the earlier lines give. A line whose updates were trained from
+another model than its parent (``defences.trained_from``, :mod:`lensemble.federation.overlap`)
+must name the model committed one version before that parent, by an outer step, not a rollback.
 
 The suspicion rule gained a term on 2026-12-05 (the pull along the momentum); a ledger's scores
 must follow one rule from its first line to its last, the current one or, for a ledger written
@@ -53,6 +55,7 @@ class HistoryReplay:
         self.best = BestReported(1)  # each line records the quorum it was scored with
         self.hashes: list[str] = []
         self.releases = 0  # central-privacy releases so far
+        self.rolled_back = False  # the last committed line was a rollback
 
     def check(self, record: RoundRecord) -> str | None:
         """Replay one line; None when it holds, else what does not (a clause for a break).
@@ -61,9 +64,10 @@ class HistoryReplay:
         """
         if not self.hashes:
             self.hashes.append(record.parent_hash)
-        problem = self._central(record)
+        problem = self._trained_from(record) or self._central(record)
         if problem is not None or record.state != "closed":
             return problem
+        self.rolled_back = record.guard.get("action") == "rollback"
         problem = (
             self._set_aside(record)
             or self._scores(record)
@@ -72,6 +76,17 @@ class HistoryReplay:
         )
         self.hashes.append(record.model_hash)
         return problem
+
+    def _trained_from(self, record: RoundRecord) -> str | None:
+        base = record.defences.get("trained_from")
+        if base is None:
+            return None
+        if self.rolled_back or len(self.hashes) < 2 or base != self.hashes[-2]:
+            return (
+                f"round {record.round}'s updates were trained from {str(base)[:19]}..., not from "
+                "the model an outer step committed one version before its parent"
+            )
+        return None
 
     def _central(self, record: RoundRecord) -> str | None:
         entry = record.defences.get("central_privacy")

@@ -256,7 +256,8 @@ class ParticipantLoop:
             self.client.leave(RankGroupExhausted.code)
             raise
         finally:
-            self.ahead.settle()
+            # Not ahead.settle(): a shutdown does not wait for training nobody will send (the
+            # thread is a daemon, and what it trains is never written anywhere).
             done.set()
             self.client.end_presence()
             presence.join(self.client.timeout_s)
@@ -299,7 +300,6 @@ class ParticipantLoop:
             base_hash=announcement.base_hash[:BASE_HASH_CHARS],
         )
         self.after = (opening.round_index, opening.attempt)
-        self.ahead.settle()
         self.metrics.round_index.set(opening.round_index)
         self.metrics.round_attempt.set(opening.attempt)
         contribution = self._train(announcement, opening)
@@ -341,6 +341,8 @@ class ParticipantLoop:
             if kill is not None:
                 learner: Any = self.participant.learner
                 learner.arm_rank_kill(int(kill.value or 1))
+            # The next round trained ahead (federation.overlap) while the model came down.
+            self.ahead.settle()
             try:
                 # The snapshot is written while the update streams; see _submit.
                 contribution = self.participant.contribute(opening, payload, snapshot_behind=True)
