@@ -28,12 +28,12 @@ class TrainAhead:
 
     def __init__(self, participant: Participant, enabled: bool) -> None:
         self.participant = participant
-        self.enabled = enabled and participant.overlap.enabled
+        self.enabled = enabled
         self._thread: threading.Thread | None = None
 
     def start(self, sent: RoundOpening) -> None:
         """Train the round after ``sent`` on a thread (after waiting for one in flight)."""
-        if not self.enabled:
+        if not (self.enabled and self.participant.overlap.enabled):
             return
         self.settle()
         self._thread = threading.Thread(
