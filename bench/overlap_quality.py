@@ -1,4 +1,4 @@
-"""What overlapping communication with training costs in accuracy (issue 40), before it is built.
+"""What overlapping communication with training costs in accuracy: the field's variants.
 
 Blocking DiLoCo makes every participant wait, after its inner steps, for its upload, the
 coordinator's aggregation and the new model's download. An overlapped variant starts the next
@@ -19,7 +19,8 @@ final model's union error, for each variant:
   paper runs the outer optimizer, momentum included, on every worker).
 - ``mix:A``: Streaming DiLoCo's merge (Douillard et al., 2025, sec. 2.3) with a full round of
   overlap: participant ``m`` trains round ``t`` from ``G_{t-1} - A * delta_m^{t-1}``, the newest
-  global model plus ``A`` of its own last round's progress (``A`` = the local weight).
+  global model plus ``A`` of its own last round's progress (``A`` = the local weight). This is
+  the runtime's ``federation.overlap.mode: one_round`` with ``local_weight`` A.
 
 Every variant is deterministic (canonical participant order, the run's seeds). Per variant,
 root seed and N it writes one JSON line (final and best-round union error, the curve) to
@@ -202,7 +203,13 @@ def main() -> None:
     parser.add_argument("-n", dest="counts", type=int, action="append", default=[])
     parser.add_argument("--seeds", default="7", help="Comma-separated root seeds.")
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--variant", action="append", default=[], help="KIND[:A]:PATH=VALUE,...")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="KIND[:A]:PATH=VALUE,... with KIND one of blocking, delayed, eager, mix (mix:A: "
+        "local weight A); repeatable",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/overlap_quality.jsonl"))
     parser.add_argument("--table-only", action="store_true", help="Summarise --out and stop.")
     args = parser.parse_args()

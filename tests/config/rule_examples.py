@@ -136,7 +136,16 @@ BREAKING: dict[str, Breaking] = {
     ),
     "masking-sends-fixed-point": Breaking(STAGING, MASKING, "federation.quantization"),
     "overlap-needs-plain-aggregation": Breaking(
-        LOCAL, (*MASKING, ("federation.overlap.mode", "one_round")), "federation.overlap.mode"
+        LOCAL,
+        (
+            *MASKING,
+            ("federation.overlap.mode", "one_round"),
+            ("federation.outer_optimizer.momentum", 0.0),
+        ),
+        "federation.overlap.mode",
+    ),
+    "overlap-without-outer-momentum": Breaking(
+        LOCAL, (("federation.overlap.mode", "one_round"),), "federation.outer_optimizer.momentum"
     ),
     "masking-needs-client-certificates": Breaking(
         LOCAL,

@@ -67,6 +67,31 @@ def test_launcher_issues_credentials_runs_every_process_and_summarises(
             assert ("round_closed", round_index - 1) in order[:index], order
 
 
+def test_overlapped_rounds_as_processes_commit_the_in_process_chain_and_exit_cleanly(
+    tmp_path: Path, in_repo: Path
+) -> None:
+    # federation.overlap one_round: every participant process trains the next round on a
+    # thread while its update travels; none may be left inside torch when it exits (a process
+    # that exits so aborts), so every process exits 0 (run_local_processes raises otherwise).
+    mapping = network_mapping(
+        tmp_path, rounds=3, overlap={"mode": "one_round"}, outer_optimizer={"momentum": 0.0}
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    config = validate_mapping(mapping)
+    result = run_local_processes(path, [], config, program=NETPROC, evaluate_final=False)
+    in_process = dict(mapping, federation={**mapping["federation"], "transport": "in_process"})
+    reference, transport, _ = build(validate_mapping(in_process))
+    expected = reference.run(transport).records
+    assert committed_chain(result.records) == committed_chain(expected)
+    assert [r.defences.get("trained_from") for r in result.records] == [
+        r.defences.get("trained_from") for r in expected
+    ]
+    assert result.records[1].defences["trained_from"] == result.records[0].parent_hash
+    logs = Path(config.run.output_dir) / "logs"
+    assert not any("terminate called" in log.read_text() for log in logs.iterdir())
+
+
 def test_a_failing_process_stops_the_run_with_one_sentence(tmp_path: Path) -> None:
     mapping = network_mapping(tmp_path, rounds=1)
     path = tmp_path / "config.yaml"

@@ -71,7 +71,7 @@ SCHEDULES = [
         # it holds no base for round 1 (no_base_model); charlie's round-1 update is corrupted,
         # so round 2 trains from the held model alone; a late arrival in round 3.
         "drop:bravo@0,corrupt:charlie@1,delay:alpha@3=1",
-        {"rounds": 4, "overlap": {"mode": "one_round"}},
+        {"rounds": 4, "overlap": {"mode": "one_round"}, "outer_optimizer": {"momentum": 0.0}},
         id="overlapped-rounds-a-missing-base-and-a-corrupt-update",
     ),
     pytest.param(
@@ -80,6 +80,7 @@ SCHEDULES = [
         {
             "rounds": 7,
             "overlap": {"mode": "one_round"},
+            "outer_optimizer": {"momentum": 0.0},
             "robustness": {"median_factor": 10, "max_relative_change": 1e6},
         },
         id="overlapped-rounds-attacks-and-rollbacks",

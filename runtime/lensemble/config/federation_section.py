@@ -135,7 +135,7 @@ class OverlapConfig(_Section):
         description="'blocking': round t trains from the model round t - 1 committed (DiLoCo). "
         "'one_round': from the model one round older plus the participant's own progress "
         "(federation.overlap.local_weight), so training overlaps the upload, the aggregation "
-        "and the download; measured with outer momentum 0 (docs/performance.md).",
+        "and the download; needs federation.outer_optimizer.momentum 0 (docs/performance.md).",
     )
     local_weight: float = Field(
         0.75,

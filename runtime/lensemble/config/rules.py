@@ -144,6 +144,16 @@ RULES: tuple[Rule, ...] = (
         "federation.overlap.mode: blocking or federation.aggregation: plain.",
         when="c.federation.overlap.mode == 'one_round'",
     ),
+    Rule(
+        "overlap-without-outer-momentum",
+        "config",
+        "federation.outer_optimizer.momentum",
+        "c.federation.outer_optimizer.momentum == 0",
+        "{c.federation.outer_optimizer.momentum} with federation.overlap.mode one_round: outer "
+        "momentum on a base one round old ended worse than momentum 0 in every run measured "
+        "(1.01-1.9x the error, docs/performance.md); set federation.outer_optimizer.momentum: 0.",
+        when="c.federation.overlap.mode == 'one_round'",
+    ),
     # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol).
     Rule(
         "masking-threshold",

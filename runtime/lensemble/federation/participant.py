@@ -295,11 +295,14 @@ class Participant:
         same bits either way. Nothing else may use this participant while it runs.
 
         Returns:
-            True when it trained (or tried to); False when the overlap is off or inner-state
-            snapshots are disabled (without them a discarded training could not be undone).
+            True when it trained (or tried to); False when the overlap is off, inner-state
+            snapshots are disabled (without them a discarded training could not be undone) or
+            ``sent`` is the run's last round.
         """
         if not self.overlap.enabled or self.states is None:
             return False
+        if sent.round_index + 1 >= self.config.federation.rounds:
+            return False  # the run's last round: nothing comes after it
         # Not settle_snapshot(): the transport settles the snapshot of ``sent`` before its last
         # byte leaves (that snapshot holds copies, so training on now cannot change it).
         guess = RoundOpening(

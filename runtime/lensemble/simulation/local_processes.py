@@ -185,7 +185,7 @@ def _wait_participants(participants: list[ManagedProcess], timeout_s: float) -> 
         if code != 0:
             raise ProcessFailed(
                 f"participant {proc.identity} exited with code {code} after the run: "
-                f"{proc.last_error()}",
+                f"{proc.last_error().rstrip('.; ')};",
                 remediation=f"see {proc.log_path}.",
             )
 

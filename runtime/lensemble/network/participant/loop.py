@@ -256,8 +256,9 @@ class ParticipantLoop:
             self.client.leave(RankGroupExhausted.code)
             raise
         finally:
-            # Not ahead.settle(): a shutdown does not wait for training nobody will send (the
-            # thread is a daemon, and what it trains is never written anywhere).
+            # A process must not exit while a thread is inside torch (it aborts): a shutdown
+            # waits for the next round's training in flight (none after the last round).
+            self.ahead.settle()
             done.set()
             self.client.end_presence()
             presence.join(self.client.timeout_s)
