@@ -3,8 +3,10 @@
 For every point (a set of ``--set`` overrides on top of the config), every participant count
 ``N`` and every seed (``run.root_seed``), trains in memory:
 
-- the federated model (DiLoCo with the point's outer optimizer, the coordinator's arithmetic:
-  :class:`lensemble.simulation.baselines.DilocoRun`), evaluated after every round;
+- the federated model (DiLoCo with the point's outer optimizer and its schedule, each update
+  through the point's wire format, the coordinator's arithmetic:
+  :class:`lensemble.simulation.baselines.DilocoRun`; :class:`Federation`), evaluated after
+  every round, with the version ``federation.final_model: best_reported`` would keep;
 - each participant alone (the local-only baseline) and the best of them;
 - the pooled-data oracle (one model on every participant's training data, ``N * H`` steps a
   round);
@@ -22,6 +24,9 @@ ratios federated / best site and federated / oracle, and the worst ratio final /
 
     nice -n 19 python bench/federation_payoff.py -n 4 -n 8 --seeds 1,2 \\
         --point default: --point h50:federation.inner_steps=50 --out runs/payoff.jsonl
+
+Issue 39's grid (N x rounds x wire format x seeds, with its targets) is ``bench/payoff_grid.py``,
+built on :class:`Federation` and :class:`Baselines`.
 
 A point is ``NAME:PATH=VALUE,PATH=VALUE`` (``NAME:`` alone is the config as it is). Run it under
 ``nice -n 19`` on a shared machine: one point for one seed is 3 x (N x H x R) inner steps
