@@ -15,7 +15,8 @@ as its first rounds; each site alone and the pooled oracle do not depend on the 
 are trained once per ``(N, seed)`` (or read back from an earlier line of ``--out``).
 
 One JSON line per ``(N, R, wire, seed)`` is appended to ``--out`` as soon as it is known; a
-line already there is not trained again, so a stopped run resumes where it was. ``--table``
+line already there is not trained again, so a stopped run resumes where it was (the key is
+``(N, R, wire, seed)``: use one ``--out`` per config and ``--set``). ``--table``
 reads the lines and prints, per cell and final-model policy, the ratios issue 39 asks for and
 whether each target holds:
 
