@@ -3,8 +3,10 @@
 For every point (a set of ``--set`` overrides on top of the config), every participant count
 ``N`` and every seed (``run.root_seed``), trains in memory:
 
-- the federated model (DiLoCo with the point's outer optimizer, the coordinator's arithmetic:
-  :class:`lensemble.simulation.baselines.DilocoRun`), evaluated after every round;
+- the federated model (DiLoCo with the point's outer optimizer and its schedule, each update
+  through the point's wire format, the coordinator's arithmetic:
+  :class:`lensemble.simulation.baselines.DilocoRun`; :class:`Federation`), evaluated after
+  every round, with the version ``federation.final_model: best_reported`` would keep;
 - each participant alone (the local-only baseline) and the best of them;
 - the pooled-data oracle (one model on every participant's training data, ``N * H`` steps a
   round);
@@ -22,6 +24,9 @@ ratios federated / best site and federated / oracle, and the worst ratio final /
 
     nice -n 19 python bench/federation_payoff.py -n 4 -n 8 --seeds 1,2 \\
         --point default: --point h50:federation.inner_steps=50 --out runs/payoff.jsonl
+
+Issue 39's grid (N x rounds x wire format x seeds, with its targets) is ``bench/payoff_grid.py``,
+built on :class:`Federation` and :class:`Baselines`.
 
 A point is ``NAME:PATH=VALUE,PATH=VALUE`` (``NAME:`` alone is the config as it is). Run it under
 ``nice -n 19`` on a shared machine: one point for one seed is 3 x (N x H x R) inner steps
@@ -43,6 +48,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import ParticipantData, load_or_collect
 from lensemble.eval.heldout import evaluate
 from lensemble.federation.diloco import OuterStep
+from lensemble.federation.keep_best import BestReported, final_choice
 from lensemble.model.inner_loop import LocalOnlyRun
 from lensemble.simulation.baselines import FEDAVG, DilocoRun, PooledRun
 
@@ -63,6 +69,88 @@ def parse_point(text: str) -> tuple[str, list[str]]:
     return name, [item for item in rest.split(",") if item]
 
 
+class Federation:
+    """The config's federation, trained round by round in memory and scored after every round.
+
+    DiLoCo with the config's outer optimizer and its schedule, each update through the config's
+    wire format (:class:`DilocoRun`, the coordinator's arithmetic). Every version is scored on
+    the union of the held-out episodes (``errors[v]``, version ``v`` after ``v`` rounds) and on
+    each site's own (``reports[v]``: what each participant reports of the version it receives,
+    the same k-step error), so the model ``federation.final_model: best_reported`` keeps is
+    known without a second run. Nothing here reads ``federation.rounds``: the first ``R`` rounds
+    of a longer run are an ``R``-round run.
+    """
+
+    def __init__(self, config: LensembleConfig, datasets: dict[str, ParticipantData]) -> None:
+        opt = config.federation.outer_optimizer
+        outer = OuterStep(lr=opt.lr, momentum=opt.momentum, nesterov=opt.nesterov)
+        self.config, self.datasets = config, datasets
+        self.run = DilocoRun(config, datasets, outer, scheduled=True)
+        self.errors: list[float] = []
+        self.reports: list[dict[str, float]] = []
+        self._score(self.run.params)
+
+    def _score(self, params: Any) -> None:
+        report = evaluate(self.config, params, self.datasets)
+        self.errors.append(report.union.k_step_error)
+        self.reports.append({pid: s.k_step_error for pid, s in report.participants.items()})
+
+    def advance(self, rounds: int) -> None:
+        """Train and score the rounds not trained yet, up to ``rounds`` in all."""
+        for r in range(len(self.errors), rounds + 1):
+            self._score(self.run.train_until(r))
+
+    def kept_version(self, rounds: int) -> int:
+        """The version an ``rounds``-round run ends with under ``final_model: best_reported``.
+
+        The coordinator's tracker (:class:`BestReported`, with ``federation.quorum``) scores
+        version ``v`` by the median held-out report of round ``v``'s kept contributors.
+        """
+        tracker = BestReported(self.config.federation.quorum)
+        for v in range(rounds):
+            reports = {pid: self.reports[v][pid] for pid in self.run.contributors[v]}
+            tracker.apply(tracker.score(v, f"v{v}", reports))
+        return final_choice(tracker.state, rounds, f"v{rounds}").version
+
+    def row(self, rounds: int) -> dict[str, Any]:
+        """The federated fields of a JSON line for the first ``rounds`` rounds (advanced)."""
+        curve = self.errors[1 : rounds + 1]
+        kept = self.kept_version(rounds)
+        return {
+            "federated": curve[-1],
+            "federated_best_round": min(range(len(curve)), key=curve.__getitem__),  # 0-based
+            "federated_best": min(curve),
+            "curve": curve,
+            "kept_version": kept,
+            "final": {"last": curve[-1], "best_reported": self.errors[kept]},
+        }
+
+
+class Baselines:
+    """Each site alone and the pooled oracle, trained incrementally and scored on demand."""
+
+    def __init__(self, config: LensembleConfig, datasets: dict[str, ParticipantData]) -> None:
+        steps = config.federation.inner_steps
+        self.config, self.datasets = config, datasets
+        self.local = {pid: LocalOnlyRun(config, pid, datasets[pid], steps) for pid in datasets}
+        self.pooled = PooledRun(config, datasets)
+
+    def scores(self, rounds: int) -> dict[str, float]:
+        """``local:<id>`` and ``pooled`` union errors after ``rounds`` rounds."""
+        out = {
+            f"local:{pid}": union_error(self.config, run.train_until(rounds), self.datasets)
+            for pid, run in self.local.items()
+        }
+        out["pooled"] = union_error(self.config, self.pooled.train_until(rounds), self.datasets)
+        return out
+
+
+def baseline_fields(scores: dict[str, float]) -> dict[str, Any]:
+    """The baselines' fields of a JSON line, from :meth:`Baselines.scores`."""
+    local = {k.split(":", 1)[1]: v for k, v in scores.items() if k.startswith("local:")}
+    return {"local": local, "best_site": min(local.values()), "pooled": scores["pooled"]}
+
+
 def run_point(
     config: LensembleConfig,
     overrides: list[str],
@@ -71,15 +159,10 @@ def run_point(
 ) -> dict[str, Any]:
     ids = config.participant_ids
     datasets = {pid: load_or_collect(config, pid) for pid in ids}
-    fed = config.federation
+    rounds = config.federation.rounds
     start = time.perf_counter()
-    outer = OuterStep(
-        lr=fed.outer_optimizer.lr,
-        momentum=fed.outer_optimizer.momentum,
-        nesterov=fed.outer_optimizer.nesterov,
-    )
-    run = DilocoRun(config, datasets, outer)
-    curve = [union_error(config, run.train_until(r), datasets) for r in range(1, fed.rounds + 1)]
+    federation = Federation(config, datasets)
+    federation.advance(rounds)
     key = json.dumps(
         [
             config.run.root_seed,
@@ -88,31 +171,12 @@ def run_point(
         ]
     )
     if key not in cache:
-        local = {
-            pid: union_error(
-                config,
-                LocalOnlyRun(config, pid, datasets[pid], fed.inner_steps).train_until(fed.rounds),
-                datasets,
-            )
-            for pid in ids
-        }
-        pooled = union_error(config, PooledRun(config, datasets).train_until(fed.rounds), datasets)
-        cache[key] = {**{f"local:{p}": v for p, v in local.items()}, "pooled": pooled}
-    base = cache[key]
-    local = {k.split(":", 1)[1]: v for k, v in base.items() if k.startswith("local:")}
-    row: dict[str, Any] = {
-        "federated": curve[-1],
-        "federated_best_round": min(range(len(curve)), key=curve.__getitem__),  # 0-based
-        "federated_best": min(curve),
-        "curve": curve,
-        "local": local,
-        "best_site": min(local.values()),
-        "pooled": base["pooled"],
-    }
+        cache[key] = Baselines(config, datasets).scores(rounds)
+    row: dict[str, Any] = {**federation.row(rounds), **baseline_fields(cache[key])}
     if fedavg:
         row["fedavg"] = union_error(
             config,
-            DilocoRun(config, datasets, FEDAVG, robust=False).train_until(fed.rounds),
+            DilocoRun(config, datasets, FEDAVG, robust=False).train_until(rounds),
             datasets,
         )
     row["seconds"] = round(time.perf_counter() - start, 1)

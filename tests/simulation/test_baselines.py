@@ -61,6 +61,37 @@ def test_diloco_run_with_the_configs_outer_step_is_the_coordinators_model(
     assert params_digest(run.train_until(2)) == params_digest(committed.params)
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "federation.quantization=int8",
+        "federation.quantization=bf16",
+        "federation.outer_optimizer.momentum_half_life_rounds=1",
+    ],
+)
+def test_diloco_run_follows_the_wire_format_and_the_schedule(tmp_path: Path, setting: str) -> None:
+    # Issue 39's grid trains the federation with DilocoRun: each update must cross the config's
+    # wire format, and the outer step follow its schedule, as the coordinator's do.
+    config = _config(
+        tmp_path,
+        setting,
+        "evaluation.local_only_baseline=false",
+        "evaluation.pooled_oracle=false",
+        "evaluation.fedavg_ablation=false",
+    )
+    result = run_in_process(config)
+    o = config.federation.outer_optimizer
+    datasets = _datasets(config)
+    run = DilocoRun(config, datasets, OuterStep(o.lr, o.momentum, o.nesterov), scheduled=True)
+    committed = CheckpointStore(tmp_path).load()
+    assert committed is not None and committed.model_hash == result.model_hash
+    assert params_digest(run.train_until(2)) == params_digest(committed.params)
+    assert run.contributors == [tuple(sorted(datasets))] * 2
+    plain = _config(tmp_path / "plain", "evaluation.fedavg_ablation=false")
+    unscheduled = DilocoRun(plain, _datasets(plain), OuterStep(o.lr, o.momentum, o.nesterov))
+    assert params_digest(unscheduled.train_until(2)) != params_digest(committed.params)
+
+
 def test_fedavg_makes_the_global_model_the_mean_of_the_local_models(tmp_path: Path) -> None:
     config = _config(tmp_path)
     datasets = _datasets(config)

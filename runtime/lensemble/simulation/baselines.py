@@ -7,7 +7,8 @@
   (``N * H`` per round): what training would reach if residency did not matter.
 - **FedAvg** (:class:`DilocoRun` with :data:`FEDAVG`): the same federation with the outer
   optimizer reduced to plain averaging (outer learning rate 1, no momentum) of the updates as
-  they are (no norm bound), the ablation of DiLoCo's outer Nesterov step.
+  they are (no norm bound), the ablation of DiLoCo's outer Nesterov step. Its updates cross the
+  same wire format (``federation.quantization``) as the federation's.
 
 Every baseline starts from the federated run's initial parameters, draws its batches from seeds
 derived from ``run.root_seed``, and trains incrementally: ``train_until(r)`` continues from the
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from lensemble.federation.diloco import OuterStep, canonical_mean, pseudo_gradient, zeros_like
+from lensemble.federation.payload import manifest
+from lensemble.federation.quantization import dequantize, quantize
 from lensemble.federation.robustness import (
     aggregate,
     cosine,
@@ -96,10 +99,12 @@ class DilocoRun:
     """A fault-free DiLoCo federation of every participant, in memory, with a given outer step.
 
     The arithmetic is the coordinator's (:func:`~lensemble.federation.diloco.pseudo_gradient`,
-    the norm bound and aggregator of ``federation.robustness``
+    each update encoded in ``federation.quantization`` and decoded as the coordinator receives
+    it, the norm bound and aggregator of ``federation.robustness``
     (:mod:`lensemble.federation.robustness`), :class:`OuterStep`), without the ledger,
-    checkpoints, transport or divergence guard; with the config's own outer step it reproduces
-    the federated run's global models when no fault is injected and the guard never rolls back.
+    checkpoints, transport, divergence guard or suspicion scores; with the config's own outer
+    step (and ``scheduled``) it reproduces the federated run's global models when no fault is
+    injected and the guard never rolls back.
 
     Args:
         config: The run's config.
@@ -108,6 +113,13 @@ class DilocoRun:
         robust: Combine the updates as the coordinator does (``federation.robustness``); False
             takes their plain canonical mean (FedAvg's definition: the mean of the local
             models).
+        scheduled: Step as ``federation.outer_optimizer``'s half-lives schedule ``outer`` for
+            each version, as the coordinator does; False keeps ``outer`` constant (FedAvg).
+
+    Attributes:
+        contributors: Per round trained, the ids whose updates were combined (sorted): the
+            kept contributors whose held-out reports score the round's starting version
+            (:mod:`lensemble.federation.keep_best`).
     """
 
     def __init__(
@@ -117,36 +129,59 @@ class DilocoRun:
         outer: OuterStep,
         *,
         robust: bool = True,
+        scheduled: bool = False,
     ) -> None:
+        fed = config.federation
         self.learners = {pid: WorldModelLearner(config, pid, datasets[pid]) for pid in datasets}
         self.params: Params = {
             k: v.to(torch.float32) for k, v in initial_global_parameters(config).items()
         }
         self.momentum = zeros_like(self.params)
         self.outer = outer
-        self.steps = config.federation.inner_steps
-        self.robustness = config.federation.robustness if robust else None
+        opt = fed.outer_optimizer
+        self.half_lives = (
+            (opt.lr_half_life_rounds, opt.momentum_half_life_rounds) if scheduled else (None, None)
+        )
+        self.steps = fed.inner_steps
+        self.robustness = fed.robustness if robust else None
+        self.wire = (fed.quantization, fed.int8_chunk)
+        self.architecture = manifest(self.params)
+        self.contributors: list[tuple[str, ...]] = []
         self.rounds = 0
 
     def train_until(self, rounds: int) -> Params:
         """Run the rounds not run yet, up to ``rounds`` in all; return the global parameters."""
         for round_index in range(self.rounds, rounds):
             deltas = {
-                pid: pseudo_gradient(
-                    self.params, learner.train_round(self.params, round_index, self.steps).params
+                pid: self._over_the_wire(
+                    pseudo_gradient(
+                        self.params,
+                        learner.train_round(self.params, round_index, self.steps).params,
+                    )
                 )
                 for pid, learner in sorted(self.learners.items())
             }
             combined = self._combine(deltas)
-            self.params, self.momentum = self.outer.apply(self.params, combined, self.momentum)
+            # The model version stepped from is the number of rounds before this one.
+            step = self.outer.at(round_index, *self.half_lives)
+            self.params, self.momentum = step.apply(self.params, combined, self.momentum)
         self.rounds = max(self.rounds, rounds)
         return self.params
+
+    def _over_the_wire(self, delta: Params) -> Params:
+        """The update as the coordinator decodes it from ``federation.quantization``."""
+        scheme, chunk = self.wire
+        if scheme == "none":
+            return delta  # float32 on the wire: the same tensors
+        return dequantize(quantize(delta, scheme, chunk), self.architecture, scheme, chunk)
 
     def _combine(self, deltas: Mapping[str, Params]) -> Params:
         """The coordinator's combination of a round's updates (or their plain mean)."""
         if self.robustness is None:
+            self.contributors.append(tuple(sorted(deltas)))
             return canonical_mean(deltas)
         screening = screen(deltas, self.robustness)
+        self.contributors.append(tuple(screening.kept_ids))
         reference = update_norm(self.momentum)
         cosines = {
             pid: cosine(deltas[pid], screening.norms[pid], self.momentum, reference)
