@@ -55,7 +55,9 @@ def _is(name: str, **fields: Any) -> Any:
 @pytest.mark.parametrize(
     "scale",
     [
-        pytest.param(Scale(600, 200, 512, 14), id="800-connections-nofile-512"),
+        # About 1 s a round: the restarted participant (a new process importing torch) must
+        # rejoin with rounds to spare, on a loaded CI machine too (CI met 14 rounds too few).
+        pytest.param(Scale(600, 200, 512, 20), id="800-connections-nofile-512"),
         pytest.param(
             Scale(5000, 2000, 1024, 18),
             id="7000-connections-nofile-1024",
