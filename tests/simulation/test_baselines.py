@@ -19,6 +19,7 @@ from lensemble.simulation.in_process import run_in_process
 from lensemble.simulation.report import score_curves, write_report_png
 from lensemble.simulation.summary import RoundMetrics, best_round, best_single_site
 from tests.model.conftest import params_digest
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,12 +28,7 @@ TINY = [
     "federation.quorum=2",
     "federation.rounds=2",
     "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
 ]
 
 

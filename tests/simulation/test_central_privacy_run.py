@@ -18,6 +18,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.federation.verify import verify_run
 from lensemble.simulation.in_process import run_in_process
 from lensemble.simulation.summary import summary
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 pytestmark = pytest.mark.integration  # three short federated runs
 
@@ -30,12 +31,7 @@ TINY = [
     "federation.quorum=2",
     "federation.rounds=3",
     "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
     "federation.robustness.median_factor=null",
 ]
 #: z = 1 at delta 1e-5 spends epsilon 4.73 in one round and 7.08 in two (Opacus' RDP

@@ -14,6 +14,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import load_or_collect
 from lensemble.federation.diloco import OuterStep
 from lensemble.simulation.baselines import DilocoRun
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -25,12 +26,7 @@ TINY = [
     "federation.quorum=2",
     "federation.rounds=3",
     "federation.inner_steps=2",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
 ]
 
 

@@ -18,17 +18,13 @@ import pytest
 from lensemble.config import load_config
 from lensemble.data.trajectories import load_or_collect
 from lensemble.simulation.in_process import run_in_process
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 
 TINY = [
     "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
 ]
 
 

@@ -16,6 +16,7 @@ from lensemble.config import load_config
 from lensemble.config.schema import LensembleConfig
 from lensemble.federation.messages import PRIVACY_BUDGET
 from lensemble.simulation.in_process import run_in_process
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 pytestmark = pytest.mark.integration  # short federated runs, seven in all
 
@@ -28,12 +29,7 @@ TINY = [
     "federation.quorum=2",
     "federation.rounds=3",
     "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
 ]
 #: sigma 3 at q 0.5 and delta 1e-5 spends epsilon 1.45 in a round of 3 steps and 2.02 in two
 #: (Opacus' RDP accountant): a budget of 1.8 affords exactly one round.

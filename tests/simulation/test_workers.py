@@ -12,6 +12,7 @@ from lensemble.config import load_config
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import committed_chain
 from lensemble.simulation.in_process import run_in_process
+from tests.support.small_world import SMALL_WORLD_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,12 +21,7 @@ TINY = [
     "federation.quorum=2",
     "federation.rounds=3",
     "federation.inner_steps=3",
-    "data.episodes=6",
-    "data.episode_steps=30",
-    "data.window=3",
-    "evaluation.k_steps=2",
-    "model.hidden_dim=16",
-    "model.latent_dim=4",
+    *SMALL_WORLD_MODEL,
 ]
 #: Timings: the only fields of a metrics line that may differ between two runs.
 TIMING = {"wall_s", "non_compute_s", "compute_s", "seconds"}
