@@ -27,8 +27,7 @@ from lensemble.federation.secagg.groups import assign_groups
 from lensemble.network.participant.call_errors import classify
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.masked_round import MaskedRounds
-from lensemble.network.shared.transport_errors import ShutdownRequested
-from tests.support.faulty_network import FaultyParticipantThread
+from tests.support.faulty_network import run_over_grpc
 from tests.support.federation import build, initial_params
 from tests.support.network import (
     LiveCoordinator,
@@ -77,30 +76,14 @@ def test_a_masked_network_run_commits_the_in_process_hashes(
     )
     coordinator.run(transport)
     expected = _outcome(coordinator.records)
-    plan = parse_faults(faults)
-    with LiveCoordinator(config, output_dir=tmp_path / "network") as live:
-
-        def attempt_closed(round_index: int, attempt: int) -> bool:
-            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
-            return (round_index, attempt) in done or not live.thread.is_alive()
-
-        threads = [
-            FaultyParticipantThread(config, pid, tmp_path / "network", plan, attempt_closed)
-            for pid in config.participant_ids
-        ]
-        live.thread.join(180)
-        assert not live.thread.is_alive(), "the coordinator did not finish"
-        assert live.error is None, live.error
-        for t in threads:
-            t.thread.join(30)
-            t.close()
-        errors = [t.error for t in threads if not isinstance(t.error, ShutdownRequested | None)]
-        assert errors == [], errors
-        assert [t.loop.masked.refusals for t in threads] == [[]] * 4  # type: ignore[union-attr]
-        assert _outcome(live.coordinator.records) == expected
-        if not faults:  # every participant answered every stage of every round
-            rounds = [(r, 0) for r in range(config.federation.rounds)]
-            assert [t.loop.rounds_contributed for t in threads] == [rounds] * 4
+    run = run_over_grpc(config, parse_faults(faults), tmp_path / "network")
+    assert run.error is None, run.error
+    assert run.participant_errors() == [], run.participant_errors()
+    assert [t.loop.masked.refusals for t in run.threads] == [[]] * 4  # type: ignore[union-attr]
+    assert _outcome(run.records) == expected
+    if not faults:  # every participant answered every stage of every round
+        rounds = [(r, 0) for r in range(config.federation.rounds)]
+        assert [t.loop.rounds_contributed for t in run.threads] == [rounds] * 4
     if "delay" in faults:  # the silent one is named, the round committed without it
         assert any(
             state == "closed" and "masking_dropped" in excluded.values()
@@ -179,31 +162,15 @@ def test_groups_drawn_from_the_present_set_commit_the_in_process_hashes(tmp_path
         (1, 0, "aborted"),
         (1, 1, "closed"),
     ]
-    plan = parse_faults(faults)
-    with LiveCoordinator(config, output_dir=tmp_path / "network") as live:
-
-        def attempt_closed(round_index: int, attempt: int) -> bool:
-            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
-            return (round_index, attempt) in done or not live.thread.is_alive()
-
-        threads = [
-            FaultyParticipantThread(config, pid, tmp_path / "network", plan, attempt_closed)
-            for pid in config.participant_ids
-        ]
-        live.thread.join(240)
-        assert not live.thread.is_alive(), "the coordinator did not finish"
-        assert live.error is None, live.error
-        for t in threads:
-            t.thread.join(30)
-            t.close()
-        errors = [t.error for t in threads if not isinstance(t.error, ShutdownRequested | None)]
-        assert errors == [], errors
-        assert all(t.loop.masked.refusals == [] for t in threads)  # type: ignore[union-attr]
-        records = list(live.coordinator.records)
-        assert _outcome(records) == expected
-        presents = [r.defences["masking"].get("present") for r in records]
-        assert presents == [
-            [p for p in NINE if p != absent],
-            None,
-            [p for p in NINE if p not in silent],
-        ]
+    run = run_over_grpc(config, parse_faults(faults), tmp_path / "network", timeout_s=240)
+    assert run.error is None, run.error
+    assert run.participant_errors() == [], run.participant_errors()
+    assert all(t.loop.masked.refusals == [] for t in run.threads)  # type: ignore[union-attr]
+    records = run.records
+    assert _outcome(records) == expected
+    presents = [r.defences["masking"].get("present") for r in records]
+    assert presents == [
+        [p for p in NINE if p != absent],
+        None,
+        [p for p in NINE if p not in silent],
+    ]

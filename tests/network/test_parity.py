@@ -19,10 +19,9 @@ from lensemble.config.load import validate_mapping
 from lensemble.errors import LensembleError
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
-from lensemble.network.shared.transport_errors import ShutdownRequested
-from tests.support.faulty_network import FaultyParticipantThread
+from tests.support.faulty_network import run_over_grpc
 from tests.support.federation import build
-from tests.support.network import LiveCoordinator, network_mapping, write_config
+from tests.support.network import network_mapping, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -113,28 +112,9 @@ def _in_process(config: LensembleConfig, faults: str, out: Path) -> dict[str, An
 
 
 def _network(config: LensembleConfig, faults: str, out: Path) -> dict[str, Any]:
-    plan = parse_faults(faults)
-    with LiveCoordinator(config, output_dir=out) as live:
-
-        def attempt_closed(round_index: int, attempt: int) -> bool:
-            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
-            return (round_index, attempt) in done or not live.thread.is_alive()
-
-        threads = [
-            FaultyParticipantThread(config, pid, out, plan, attempt_closed)
-            for pid in config.participant_ids
-        ]
-        live.thread.join(180)
-        assert not live.thread.is_alive(), "the coordinator did not finish"
-        for t in threads:
-            if live.error is None:
-                t.thread.join(30)
-            t.close()
-        errors = [
-            t.error for t in threads if not isinstance(t.error, (ShutdownRequested, type(None)))
-        ]
-        assert errors == [], errors
-        return _outcome(live.coordinator.records, live.error)
+    run = run_over_grpc(config, parse_faults(faults), out)
+    assert run.participant_errors() == [], run.participant_errors()
+    return _outcome(run.records, run.error)
 
 
 @pytest.mark.parametrize(("faults", "federation"), SCHEDULES)

@@ -28,11 +28,13 @@ from typing import Any
 
 from lensemble.config import LensembleConfig
 from lensemble.federation.faults import FaultPlan, damage
+from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution, Participant
 from lensemble.federation.payload import manifest
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.loop import ParticipantLoop
+from lensemble.network.shared.transport_errors import ShutdownRequested
 from tests.support.federation import QuadraticLearner, initial_params
 
 #: How often a delayed participant looks whether its attempt has closed (seconds).
@@ -122,3 +124,45 @@ class FaultyParticipantThread:
         self.loop.stop.set()
         self.thread.join(10)
         self.client.close()
+
+
+@dataclasses.dataclass
+class LiveRun:
+    """A fault plan's run over gRPC: the coordinator's records, its error, every participant."""
+
+    records: list[RoundRecord]
+    error: BaseException | None
+    threads: list[FaultyParticipantThread]
+
+    def participant_errors(self) -> list[BaseException]:
+        """Errors the participants ended with, a requested shutdown aside."""
+        return [t.error for t in self.threads if not isinstance(t.error, ShutdownRequested | None)]
+
+
+def run_over_grpc(
+    config: LensembleConfig, plan: FaultPlan, out: Path, timeout_s: float = 180.0
+) -> LiveRun:
+    """Run ``config`` with a live gRPC coordinator and one :class:`FaultyParticipantThread` each.
+
+    Raises:
+        AssertionError: The coordinator did not finish within ``timeout_s`` (seconds).
+    """
+    from tests.support.network import LiveCoordinator
+
+    with LiveCoordinator(config, output_dir=out) as live:
+
+        def attempt_closed(round_index: int, attempt: int) -> bool:
+            done = {(r.round, r.attempt) for r in list(live.coordinator.records)}
+            return (round_index, attempt) in done or not live.thread.is_alive()
+
+        threads = [
+            FaultyParticipantThread(config, pid, out, plan, attempt_closed)
+            for pid in config.participant_ids
+        ]
+        live.thread.join(timeout_s)
+        assert not live.thread.is_alive(), "the coordinator did not finish"
+        for t in threads:
+            if live.error is None:
+                t.thread.join(30)
+            t.close()
+        return LiveRun(list(live.coordinator.records), live.error, threads)
