@@ -217,3 +217,15 @@ def test_children_die_with_their_launcher_and_teardown_happens_once(tmp_path: Pa
     with fed:
         pass
     assert fed.teardowns == 1 and proc.returncode is not None
+
+
+def test_free_ports_lie_below_the_kernels_ephemeral_range() -> None:
+    # An outgoing connection (any test's, any process's) takes ports from the ephemeral range:
+    # a port picked there could be taken before the child binds it (CI met that twice).
+    from lensemble.network.launch.launcher import EPHEMERAL_RANGE_FILE, free_port
+
+    if not EPHEMERAL_RANGE_FILE.exists():
+        pytest.skip(f"{EPHEMERAL_RANGE_FILE} is not on this system")
+    low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(port < low for port in ports) and len(ports) > 1

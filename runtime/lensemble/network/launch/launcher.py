@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,8 +54,37 @@ def die_with_parent(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
+#: Where the kernel says its ephemeral ports (those of outgoing connections) lie.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port :func:`free_port` picks below the ephemeral range.
+LOWEST_PICKED_PORT = 10_000
+
+
+def _below_ephemeral() -> range | None:
+    """Ports under the kernel's ephemeral range (None when it cannot be read or leaves none)."""
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(LOWEST_PICKED_PORT, low) if low - LOWEST_PICKED_PORT >= 1000 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host`` (for ports every child must know)."""
+    """A TCP port that was free a moment ago on ``host`` (for ports every child must know).
+
+    Picked at random below the kernel's ephemeral range where there is one, so that no
+    outgoing connection (of this process or any other) can be handed the port between this
+    call and the child's bind; port 0's choice, inside that range, could be.
+    """
+    candidates = _below_ephemeral()
+    for _ in range(64 if candidates is not None else 0):
+        port = random.choice(candidates)  # type: ignore[arg-type]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
