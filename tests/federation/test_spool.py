@@ -22,6 +22,7 @@ from lensemble.durable import DiskFull
 from lensemble.errors import IntegrityError, PayloadError
 from lensemble.federation import robustness
 from lensemble.federation import spool as spool_module
+from lensemble.federation import spool_reader as spool_reader_module
 from lensemble.federation.diloco import canonical_mean
 from lensemble.federation.payload import bytes_hash, decode, encode, manifest
 from lensemble.federation.quantization import dequantize, quantize
@@ -78,7 +79,7 @@ def spool_of(
     into: UpdateSpool | None = None,
 ) -> tuple[UpdateSpool, dict[str, float]]:
     """Judge-like norms of ``payloads`` and a spool (``into``, or a new one) holding them."""
-    spool = into if into is not None else UpdateSpool(folder)
+    spool = into if into is not None else UpdateSpool(folder, memory_budget=0)
     norms = {}
     arch = manifest({k: torch.zeros(s) for k, s in SHAPES.items()})
     for pid in order:  # arrival order
@@ -249,7 +250,7 @@ def test_a_deleted_spilled_update_fails_closed(tmp_path: Path, named_files: None
 
 def test_reset_removes_leftovers_of_an_earlier_process(tmp_path: Path) -> None:
     (tmp_path / "update-0007.safetensors").write_bytes(b"left by a crash")
-    UpdateSpool(tmp_path).reset()
+    UpdateSpool(tmp_path, memory_budget=0).reset()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -300,7 +301,7 @@ def test_an_unnamed_file_read_back_gives_the_same_blocks(block: int, scheme: str
         for pid in IDS[:2]
     }
     # tmpfs makes unnamed files on any Linux machine (the CI's /tmp may be overlayfs).
-    mapped = UpdateSpool(Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}")
+    mapped = UpdateSpool(Path("/dev/shm") / f"lensemble-spool-test-{os.getpid()}", memory_budget=0)
     held = UpdateSpool(None)
     for pid, data in payloads.items():
         for spool in (mapped, held):
@@ -378,7 +379,7 @@ def test_a_landed_stream_becomes_its_spool_entry_without_a_second_write(
     )
     before = open_descriptors()
     try:
-        spool = UpdateSpool(folder)
+        spool = UpdateSpool(folder, memory_budget=0)
         norms = landed_spool_of(spool, payloads)
         assert spilled == []  # adopted as landed, never written again
         assert open_descriptors() == before + 3 and list(folder.iterdir()) == []
@@ -397,7 +398,7 @@ def test_a_landing_nobody_keeps_goes_back_once_its_last_view_is_gone() -> None:
     folder = shm_folder("refused")
     before = open_descriptors()
     try:
-        spool = UpdateSpool(folder)
+        spool = UpdateSpool(folder, memory_budget=0)
         truncated = spool.land(len(data))  # a stream that broke off half way
         assert truncated is not None
         truncated.write(data[:10])
@@ -415,10 +416,60 @@ def test_a_landing_nobody_keeps_goes_back_once_its_last_view_is_gone() -> None:
         assert len(spool._free) == 1 and open_descriptors() == before + 1
         spool.close()
         assert open_descriptors() == before
-        late = UpdateSpool(folder)
+        late = UpdateSpool(folder, memory_budget=0)
         landing = late.land(len(data))
         late.close()  # a stream still landing when the spool closed closes its own file
         del landing
+        assert open_descriptors() == before
+    finally:
+        folder.rmdir()
+
+
+def test_small_updates_are_held_in_memory_within_the_budget_and_the_rest_spill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Within the budget nothing is written or hashed again; past it, updates spill as before."""
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(4).items()}
+    size = len(payloads["alpha"])
+    assert all(len(p) == size for p in payloads.values())
+    spilled: list[int] = []
+    real_spill = UpdateSpool._spill
+    monkeypatch.setattr(
+        UpdateSpool,
+        "_spill",
+        lambda self, view: spilled.append(len(view)) or real_spill(self, view),
+    )
+    folder = shm_folder("held")
+    before = open_descriptors()
+    try:
+        spool = UpdateSpool(folder, memory_budget=2 * size)  # room for two of the four
+        assert spool.land(size) is None  # a stream that fits is received in memory
+        order = sorted(payloads)
+        _, norms = spool_of(None, payloads, order, into=spool)
+        assert spilled == [size, size]  # the third and fourth, in arrival order
+        assert open_descriptors() == before + 2
+        hashes: list[int] = []
+        real_sha256 = spool_reader_module.hashlib.sha256
+        monkeypatch.setattr(
+            spool_reader_module.hashlib,
+            "sha256",
+            lambda *a: hashes.append(1) or real_sha256(*a),
+        )
+        assert_reduces_as_in_memory(spool, payloads, norms, "none")
+        held_two = len(hashes)
+        hashes.clear()
+        all_files, _ = spool_of(None, payloads, order, into=UpdateSpool(folder, memory_budget=0))
+        assert_reduces_as_in_memory(all_files, payloads, norms, "none")
+        all_files.close()
+        monkeypatch.setattr(spool_reader_module.hashlib, "sha256", real_sha256)
+        # Only the two files are hashed again on use, not the two payloads held in memory.
+        assert held_two > 0 and held_two * 4 == len(hashes) * 2
+        assert spool.land(size) is not None  # the budget is full: a new stream lands
+        spool.reset()  # the budget is free again for the next attempt
+        assert spool.land(size) is None
+        monkeypatch.setattr(spool_module, "MEMORY_PAYLOAD_BYTES", size - 1)
+        assert spool.land(size) is not None  # larger than any held payload: a file
+        spool.close()
         assert open_descriptors() == before
     finally:
         folder.rmdir()
@@ -429,7 +480,9 @@ def test_no_folder_no_room_or_no_unnamed_files_land_nothing(
 ) -> None:
     assert UpdateSpool(None).land(1000) is None
     monkeypatch.setattr(spool_module, "_unnamed_file", lambda folder: None)
-    assert UpdateSpool(tmp_path / "named").land(1000) is None  # would be a named file: memory
+    assert (
+        UpdateSpool(tmp_path / "named", memory_budget=0).land(1000) is None
+    )  # would be a named file: memory
     monkeypatch.undo()
 
     def no_room(where: Path, n: int) -> None:
@@ -437,7 +490,7 @@ def test_no_folder_no_room_or_no_unnamed_files_land_nothing(
 
     monkeypatch.setattr(spool_module, "check_free_space", no_room)
     with caplog.at_level("WARNING", logger="lensemble.federation.spool"):
-        assert UpdateSpool(shm_folder("full")).land(1000) is None
+        assert UpdateSpool(shm_folder("full"), memory_budget=0).land(1000) is None
     assert "holding it in memory" in caplog.text and "no room for 1000 bytes" in caplog.text
     shm_folder("full").rmdir()
 
@@ -497,7 +550,7 @@ def test_a_landed_stream_rewritten_before_it_is_judged_is_not_accepted() -> None
     folder = shm_folder("judged")
     try:
         coordinator, _, participants = build(small_config(rounds=1))
-        coordinator.admission.spool = UpdateSpool(folder)
+        coordinator.admission.spool = UpdateSpool(folder, memory_budget=0)
         from lensemble.federation.messages import RoundOpening
 
         opening = RoundOpening(0, 0, 0, coordinator.model_hash, 30.0)

@@ -12,6 +12,7 @@ import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.errors import EXIT_FAIL_CLOSED, ConfigError
+from lensemble.federation import spool as spool_module
 from lensemble.federation.coordinator import Coordinator
 from lensemble.federation.intake import Landing
 from lensemble.federation.ledger import committed_chain
@@ -85,8 +86,10 @@ def test_updates_landed_in_the_spool_commit_the_same_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: str
 ) -> None:
     # Every update stream lands in a spool file (the test model's payloads are far below the
-    # 1 MiB a stream needs to land): on tmpfs, which always makes unnamed files.
+    # 1 MiB a stream needs to land, and small enough to be held in memory): on tmpfs, which
+    # always makes unnamed files.
     monkeypatch.setattr(streams, "LARGE", 1)
+    monkeypatch.setattr(spool_module, "MEMORY_PAYLOAD_BYTES", 0)
     failed: list[str] = []
     if disk == "full once":  # the coordinator's disk, not the sender: refused as busy, resent
         real_write = Landing.write

@@ -262,7 +262,7 @@ def test_a_large_stream_is_assembled_into_the_released_payload_of_the_last_one()
 
 def test_a_large_update_stream_lands_in_the_spool_and_a_small_one_stays_in_memory() -> None:
     folder = Path("/dev/shm") / f"lensemble-assembler-{os.getpid()}"
-    spool = UpdateSpool(folder)
+    spool = UpdateSpool(folder, memory_budget=0)
     try:
         large, small = os.urandom(LARGE + 1), os.urandom(LARGE - 1)
         for data, lands in ((large, True), (small, False)):

@@ -28,6 +28,13 @@ cost more than the write itself (docs/performance.md#block-sizes-and-buffers-of-
 Without an output folder, or when the folder has no room, the payload bytes are kept in memory
 instead (same reader).
 
+Small updates stay in memory: a payload of at most :data:`MEMORY_PAYLOAD_BYTES` is held as
+bytes while the held payloads total at most :data:`MEMORY_BUDGET_BYTES`. Memory is not a file
+another process of the user can rewrite, so such an update is hashed once, on receipt, and
+never written, read back or hashed again; with a 1M-parameter model that was most of the
+coordinator's CPU time per round (docs/performance.md#small-updates-held-in-memory). The
+memory this costs is bounded by the budget, whatever the number of participants.
+
 A transport that receives updates as streams (the network one) can also write each stream
 straight into a spool file as it arrives (:meth:`UpdateSpool.land`), so that an update being
 received or waiting for its verdict is not held in memory either: with N participants
@@ -59,6 +66,13 @@ _log = logging.getLogger("lensemble.federation.spool")
 
 #: Name of a spilled payload: acceptance order, so no sender text reaches a path.
 _FILE = "update-{index:04d}.safetensors"
+
+#: The largest payload (bytes) the spool holds in memory instead of a file: 8 MiB, a 2M-parameter
+#: float32 update. Streams this small are also received in memory (:meth:`UpdateSpool.land`).
+MEMORY_PAYLOAD_BYTES = 8 << 20
+
+#: The most payload bytes the spool holds in memory at once (32 MiB); later ones spill.
+MEMORY_BUDGET_BYTES = 32 << 20
 
 
 def _unnamed_file(folder: Path) -> int | None:
@@ -105,12 +119,16 @@ class UpdateSpool:
 
     Args:
         folder: Where to spill payloads (created on first use), or None to keep them in memory.
+        memory_budget: Payload bytes held in memory at most (bytes); a payload of at most
+            :data:`MEMORY_PAYLOAD_BYTES` that fits is held, not spilled. 0 spills every one.
     """
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, memory_budget: int = MEMORY_BUDGET_BYTES) -> None:
         self.folder = folder
+        self.memory_budget = memory_budget
         self._entries: dict[str, SpoolEntry] = {}
         self._count = 0
+        self._held = 0  # payload bytes of the entries held in memory
         # Unnamed files of earlier attempts, open and ready to be overwritten; closed by close()
         # or when the spool is garbage. Streams land from the transport's threads: the lock
         # guards the list (and _closed) against the coordinator's own thread.
@@ -137,6 +155,7 @@ class UpdateSpool:
                     self._free.append(entry.fd)
         self._entries.clear()
         self._count = 0
+        self._held = 0
         if self.folder is not None and self.folder.is_dir():
             try:
                 for path in self.folder.glob("update-*.safetensors"):
@@ -166,17 +185,24 @@ class UpdateSpool:
                 return
         os.close(fd)
 
+    def _holds(self, size: int) -> bool:
+        """Whether a payload of ``size`` bytes is held in memory rather than spilled now."""
+        return size <= MEMORY_PAYLOAD_BYTES and self._held + size <= self.memory_budget
+
     def land(self, size: int) -> Landing | None:
         """A spool file for one incoming stream of ``size`` bytes, or None to use memory.
 
-        Thread-safe. None when there is no folder, the file system cannot make unnamed files,
-        or the folder has no room for ``size`` more bytes (a warning says so); the caller then
-        assembles the stream in memory, as :meth:`add` then keeps it.
+        Thread-safe. None when the spool would hold the payload in memory (see
+        :data:`MEMORY_PAYLOAD_BYTES`; streams in flight are not counted against the budget, so
+        at most one such stream per participant is in memory besides it), there is no folder,
+        the file system cannot make unnamed files, or the folder has no room for ``size`` more
+        bytes (a warning says so); the caller then assembles the stream in memory, as
+        :meth:`add` then keeps it (or spills it, when the budget has filled meanwhile).
 
         Args:
             size: The stream's declared size (bytes), already checked against its cap.
         """
-        if self.folder is None or size <= 0:
+        if self.folder is None or size <= 0 or self._holds(size):
             return None
         fd = None
         try:
@@ -199,7 +225,10 @@ class UpdateSpool:
         decoded: Decoded,
         landed: Landing | None = None,
     ) -> None:
-        """Keep ``pid``'s accepted payload: spill it, or hold its bytes when there is no room.
+        """Keep ``pid``'s accepted payload: hold it when small, else spill it (or hold it).
+
+        A payload that did not land is held in memory when it fits the budget (without a copy
+        when it is ``bytes``), spilled otherwise, and held after all when spilling fails.
 
         Args:
             pid: The contributor.
@@ -215,7 +244,7 @@ class UpdateSpool:
         data = None
         if landed is not None:
             fd = landed.adopt()
-        elif self.folder is not None:
+        elif self.folder is not None and not self._holds(len(view)):
             try:
                 path, fd = self._spill(view)
             except (DiskFull, OSError) as exc:
@@ -226,7 +255,8 @@ class UpdateSpool:
                     getattr(exc, "message", None) or exc,
                 )
         if path is None and fd is None:
-            data = bytes(view)
+            data = payload if type(payload) is bytes else bytes(view)
+            self._held += len(view)
         self._entries[pid] = SpoolEntry(
             digest.removeprefix("sha256:"),
             len(view),
