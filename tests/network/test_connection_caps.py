@@ -144,9 +144,10 @@ def _closed(sock: socket.socket) -> bool:
 def test_running_out_of_descriptors_refuses_an_upload_and_the_run_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every update lands in a spool file (streams.LARGE = 1); mapping the first one for judging
-    # fails with EMFILE, as when connections had taken every descriptor. And clearing the
-    # spool folder fails once the same way.
+    # Every update lands in a spool file (streams.LARGE = 1, and none is held in memory);
+    # mapping the first one for judging fails with EMFILE, as when connections had taken every
+    # descriptor. And clearing the spool folder fails once the same way.
+    from lensemble.federation import spool as spool_module
     from lensemble.federation.intake import Landing
     from lensemble.network.shared import streams
     from lensemble.network.shared.transport_errors import BUSY
@@ -154,6 +155,7 @@ def test_running_out_of_descriptors_refuses_an_upload_and_the_run_goes_on(
     from tests.support.network import LiveCoordinator, ParticipantThread
 
     monkeypatch.setattr(streams, "LARGE", 1)
+    monkeypatch.setattr(spool_module, "MEMORY_PAYLOAD_BYTES", 0)
     failed: list[str] = []
     real_finish, real_glob = Landing.finish, Path.glob
 
