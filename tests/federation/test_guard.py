@@ -18,7 +18,7 @@ from lensemble.federation.checkpoint import CheckpointStore
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.guard import DivergenceGuard, GuardState, summary
 from lensemble.federation.ledger import Ledger, build_line, committed_chain
-from lensemble.federation.suspicion import Suspicion, evidence
+from lensemble.federation.suspicion import MAX_EVIDENCE, Suspicion, evidence
 from lensemble.federation.verify import verify_run
 from tests.support.federation import build, small_config
 
@@ -80,7 +80,9 @@ def test_a_better_model_becomes_the_best_a_steady_one_does_not() -> None:
 def test_suspicion_grows_with_excess_norm_and_negative_cosine() -> None:
     assert evidence(1.0, 1.0, 0.5) == 0.0
     assert evidence(9.5, 1.0, -0.3) == pytest.approx(2.5513, rel=1e-3)
-    assert evidence(None, 1.0, None) > 60  # a norm the ledger could not record
+    # A norm the ledger could not record counts as the most one round may give.
+    assert evidence(None, 1.0, None) == MAX_EVIDENCE
+    assert evidence(None, 1.0, None, cap=None) > 60  # the uncapped rule of older ledgers
     scores = Suspicion()
     for _ in range(3):
         scores.apply(scores.updated({"a": 1.0, "b": 1.1, "c": 0.9, "d": 9.5}, {"d": -0.3}))

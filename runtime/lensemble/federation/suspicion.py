@@ -10,8 +10,8 @@ ledger's ``defences.norms``) and its cosine with the outer momentum before the s
 ``pull_i = (norm_i / median norm) * cosine_i`` the update's component along the momentum in
 units of the round's median norm:
 
-    evidence_i = max(0, ln(norm_i / median norm)) + max(0, -cosine_i)
-                 + PULL_WEIGHT * max(0, pull_i - median pull - PULL_SLACK)
+    evidence_i = min(MAX_EVIDENCE, max(0, ln(norm_i / median norm)) + max(0, -cosine_i)
+                 + PULL_WEIGHT * max(0, pull_i - median pull - PULL_SLACK))
     score_i    = (1 - DECAY) * score_i + DECAY * evidence_i      (rounds it contributed to)
 
 so an honest participant, whose norm stays within about 0.5-1.5 x the median and whose cosine
@@ -23,8 +23,12 @@ larger than the median, so their pull along the momentum is 0.5 to 2 median norm
 round's median pull, round after round, where an honest update's stayed within 0.34 of it in
 every clean run measured, 0.37 under attack (docs/security.md#the-pull-along-the-momentum). The
 round's median pull, not a fixed cosine, is the reference: in the first rounds every honest
-update points along the young momentum. A participant is a **suspect** once its score reaches
-:data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
+update points along the young momentum. One round's evidence is capped at
+:data:`MAX_EVIDENCE`: the pull grows linearly with the norm, so one absurd update (a poison of
+1e4s, or a bug) scored 7e4-1.6e5 and kept its sender set aside for the rest of a run; capped,
+a participant that sent one is set aside for a few rounds (5-9 measured, docs/security.md) and
+then weighed again, while one that keeps attacking keeps its score above the threshold. A participant is a **suspect** once
+its score reaches :data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
 (docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
 line (``defences.suspicion``), computed from the rounded values the line itself records, so a
 resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
@@ -52,6 +56,10 @@ PULL_SLACK = 0.5
 PULL_WEIGHT = 2.0
 #: Score from which a participant is named a suspect.
 SUSPECT_SCORE = 1.0
+#: The most evidence one round adds: that of an update about 3,000 x the median norm
+#: (ln 3000 = 8.0). With :data:`DECAY` 0.5 one such round gives a score of at most 4, which
+#: halves towards the participant's own honest evidence in the rounds after it.
+MAX_EVIDENCE = 8.0
 #: The excess of a norm the ledger could not record (not finite): that of 1e30 x the median.
 _UNBOUNDED_EXCESS = math.log(1e30)
 _TINY = 1e-300
@@ -79,7 +87,11 @@ def pull(norm: float | None, median: float, cosine: float | None) -> float:
 
 
 def evidence(
-    norm: float | None, median: float, cosine: float | None, median_pull: float | None = None
+    norm: float | None,
+    median: float,
+    cosine: float | None,
+    median_pull: float | None = None,
+    cap: float | None = MAX_EVIDENCE,
 ) -> float:
     """One round's evidence against an update: excess log norm, negative cosine, excess pull.
 
@@ -88,6 +100,8 @@ def evidence(
         median: The round's median norm (0: no excess can be judged).
         cosine: Its cosine with the outer momentum, or None when there was no momentum.
         median_pull: The round's median :func:`pull` (None: no pull term).
+        cap: The most one round may give (None: uncapped, as ledgers written before
+            2026-12-05 11:00 UTC were scored).
     """
     if median <= 0:
         excess = 0.0
@@ -98,7 +112,7 @@ def evidence(
     seen = max(0.0, excess) + max(0.0, -(cosine or 0.0))
     if median_pull is not None:
         seen += PULL_WEIGHT * max(0.0, pull(norm, median, cosine) - median_pull - PULL_SLACK)
-    return seen
+    return seen if cap is None else min(cap, seen)
 
 
 class Suspicion:
@@ -108,16 +122,19 @@ class Suspicion:
         scores: Participant id -> score (unitless, >= 0), for those that contributed.
     """
 
-    def __init__(self, *, pull_evidence: bool = True) -> None:
+    def __init__(self, *, pull_evidence: bool = True, capped: bool = True) -> None:
         """A history with no scores yet.
 
         Args:
             pull_evidence: Count the pull along the momentum (the third term). Off only to
                 verify ledgers written before that term existed (before 2026-12-05), whose
                 scores were computed without it.
+            capped: Cap one round's evidence at :data:`MAX_EVIDENCE`. Off only to verify
+                ledgers written before the cap, whose scores were computed without it.
         """
         self.scores: dict[str, float] = {}
         self.pull_evidence = pull_evidence
+        self.cap = MAX_EVIDENCE if capped else None
 
     def updated(
         self, norms: Mapping[str, float | None], cosines: Mapping[str, float | None]
@@ -137,7 +154,7 @@ class Suspicion:
         median_pull = statistics.median(pulls) if pulls and self.pull_evidence else None
         scores = dict(self.scores)
         for pid in sorted(norms):
-            seen = evidence(norms[pid], median, cosines.get(pid), median_pull)
+            seen = evidence(norms[pid], median, cosines.get(pid), median_pull, self.cap)
             before = scores.get(pid)
             scores[pid] = _short(seen if before is None else (1 - DECAY) * before + DECAY * seen)
         return dict(sorted(scores.items()))

@@ -47,9 +47,14 @@ class HistoryReplay:
     """
 
     def __init__(self) -> None:
-        # The suspicion rules the lines so far agree with: the current one, and the one
-        # before the pull term (older ledgers). Each line drops those it contradicts.
-        self.rules = [Suspicion(), Suspicion(pull_evidence=False)]
+        # The suspicion rules the lines so far agree with: the current one, the one before
+        # one round's evidence was capped, and the one before the pull term (older ledgers).
+        # Each line drops those it contradicts.
+        self.rules = [
+            Suspicion(),
+            Suspicion(capped=False),
+            Suspicion(pull_evidence=False, capped=False),
+        ]
         self.aside: list[str] = []  # whom the last committed line set aside
         self.guard = DivergenceGuard(DivergenceGuardConfig())
         self.best = BestReported(1)  # each line records the quorum it was scored with
