@@ -27,11 +27,12 @@ update points along the young momentum. One round's evidence is capped at
 :data:`MAX_EVIDENCE`: the pull grows linearly with the norm, so one absurd update (a poison of
 1e4s, or a bug) scored 7e4-1.6e5 and kept its sender set aside for the rest of a run; capped,
 a participant that sent one is set aside for a few rounds (5-9 measured, docs/security.md) and
-then weighed again, while one that keeps attacking keeps its score above the threshold. A participant is a **suspect** once
-its score reaches :data:`SUSPECT_SCORE`, above what honest participants reached in our measurements
-(docs/security.md#suspicion-from-history). The scores are plain JSON in each committed ledger
-line (``defences.suspicion``), computed from the rounded values the line itself records, so a
-resume replays them (:meth:`Suspicion.replay`) and ``lensemble verify`` checks them.
+then weighed again, while one that keeps attacking keeps its score above the threshold. A
+participant is a **suspect** once its score reaches :data:`SUSPECT_SCORE`, above what honest
+participants reached in our measurements (docs/security.md#suspicion-from-history). The
+scores are plain JSON in each committed ledger line (``defences.suspicion``), computed from the
+rounded values the line itself records, so a resume replays them (:meth:`Suspicion.replay`)
+and ``lensemble verify`` checks them.
 
 A suspect's update is left out of the next rounds' mean (:mod:`lensemble.federation.set_aside`).
 ALIE and the omniscient min-max and min-sum are built to look like honest updates: they mostly
@@ -100,8 +101,8 @@ def evidence(
         median: The round's median norm (0: no excess can be judged).
         cosine: Its cosine with the outer momentum, or None when there was no momentum.
         median_pull: The round's median :func:`pull` (None: no pull term).
-        cap: The most one round may give (None: uncapped, as ledgers written before
-            2026-12-05 11:00 UTC were scored).
+        cap: The most one round may give (None: uncapped, as ledgers written before the
+            cap, on 2026-12-05, were scored).
     """
     if median <= 0:
         excess = 0.0
