@@ -365,11 +365,8 @@ def shm_folder(name: str) -> Path:
     return Path("/dev/shm") / f"lensemble-{name}-{os.getpid()}"
 
 
-def test_a_landed_stream_becomes_its_spool_entry_without_a_second_write(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
-    folder = shm_folder("land")
+def spills_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the payloads written to spool files from now on (a list that grows)."""
     spilled: list[int] = []
     real_spill = UpdateSpool._spill
     monkeypatch.setattr(
@@ -377,6 +374,15 @@ def test_a_landed_stream_becomes_its_spool_entry_without_a_second_write(
         "_spill",
         lambda self, view: spilled.append(len(view)) or real_spill(self, view),
     )
+    return spilled
+
+
+def test_a_landed_stream_becomes_its_spool_entry_without_a_second_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    payloads = {pid: payload(d, "none", pid) for pid, d in updates(3).items()}
+    folder = shm_folder("land")
+    spilled = spills_counted(monkeypatch)
     before = open_descriptors()
     try:
         spool = UpdateSpool(folder, memory_budget=0)
@@ -432,13 +438,7 @@ def test_small_updates_are_held_in_memory_within_the_budget_and_the_rest_spill(
     payloads = {pid: payload(d, "none", pid) for pid, d in updates(4).items()}
     size = len(payloads["alpha"])
     assert all(len(p) == size for p in payloads.values())
-    spilled: list[int] = []
-    real_spill = UpdateSpool._spill
-    monkeypatch.setattr(
-        UpdateSpool,
-        "_spill",
-        lambda self, view: spilled.append(len(view)) or real_spill(self, view),
-    )
+    spilled = spills_counted(monkeypatch)
     folder = shm_folder("held")
     before = open_descriptors()
     try:
