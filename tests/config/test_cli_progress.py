@@ -42,7 +42,7 @@ def test_without_terminals_the_progress_is_plain_lines() -> None:
         progress.closed(1, round_line(1, 1, "aborted", ["a"], 2, quorum=2, excluded={"b": "x"}))
     first, second = stream.getvalue().splitlines()
     assert first.startswith("round 0 committed: 1/2 contributors, up 0.0 kB")
-    assert first.endswith("s]") and "[1/3 committed, " in first
+    assert first.endswith(" s since start]") and "[1/3 committed, " in first
     assert second.startswith("round 1 attempt 1 aborted: 1 of 2 required contributors")
     assert "excluded b=x" in second
 

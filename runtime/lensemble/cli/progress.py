@@ -125,7 +125,7 @@ class LineProgress:
     def closed(self, committed: int, line: str) -> None:
         """``line``, then the run's committed count and elapsed time."""
         elapsed = time.monotonic() - self._start
-        self._write(f"{line} [{committed}/{self.rounds} committed, {elapsed:.0f} s]")
+        self._write(f"{line} [{committed}/{self.rounds} committed, {elapsed:.0f} s since start]")
 
     def note(self, line: str) -> None:
         """``line`` as it is, indented under the round lines."""
