@@ -18,6 +18,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.federation.verify import verify_run
 from lensemble.simulation.in_process import run_in_process
 from lensemble.simulation.summary import summary
+from tests.support.cli import run_cli
 from tests.support.small_world import SMALL_WORLD_MODEL
 
 pytestmark = pytest.mark.integration  # three short federated runs
@@ -62,6 +63,20 @@ def test_the_run_stops_at_its_budget_says_why_and_reruns_to_the_same_hashes(
     assert entry["clipped"]
     assert entry["noise_std"] == pytest.approx(1.0 * 0.02 / 3)
     assert verify_run(tmp_path / "a").ok
+    # lensemble verify says what the record vouches for: the epsilon it recomputed.
+    shown = run_cli("verify", str(tmp_path / "a"))
+    assert shown.code == 0, shown.err
+    assert f"user-level epsilon {entry['epsilon']:.3g} at delta 1e-05 after 1 release" in shown.out
+    assert "(recomputed from every line)" in shown.out
+    assert json.loads(run_cli("verify", str(tmp_path / "a"), "--json").out)["privacy"] == entry
+    with pytest.MonkeyPatch.context() as no_opacus:  # where the [dp] extra is missing
+
+        def missing(entry: object) -> None:
+            raise ImportError("No module named 'opacus'")
+
+        no_opacus.setattr("lensemble.federation.central_privacy.recorded_epsilon_problem", missing)
+        unchecked = run_cli("verify", str(tmp_path / "a"))
+    assert unchecked.code == 0 and "epsilon not recomputed: install the [dp] extra" in unchecked.out
     # The run's summary says what it spent, in the terminal too.
     spent = summary(result, None)["central_privacy"]
     assert spent == entry

@@ -153,5 +153,14 @@ def _print(report: VerifyReport) -> None:
             f"{', '.join(f'v{v}' for v in report.checkpoints) or 'none'} match{macs}; "
             f"final model {report.model_hash or '(none)'}\n"
         )
+    if report.first_break is None and report.privacy is not None:
+        from lensemble.cli.run_summary import central_privacy_line
+
+        how = (
+            "recomputed from every line"
+            if report.privacy_recomputed
+            else "release count checked; epsilon not recomputed: install the [dp] extra"
+        )
+        sys.stdout.write(f"{central_privacy_line(report.privacy)} ({how})\n")
     if report.repair is not None:
         sys.stdout.write(f"note: a resume {report.repair.reason}.\n")

@@ -71,6 +71,7 @@ def walk(report: VerifyReport, parsed: ParsedLedger, path: Path, signer: Signer 
         prev = line.line_hash
         report.lines += 1
     report.model_hash = model
+    report.privacy, report.privacy_recomputed = history.privacy, history.privacy_recomputed
 
 
 def _check_link(line: LedgerLine, prev: str, path: Path) -> None:

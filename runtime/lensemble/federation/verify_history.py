@@ -24,6 +24,8 @@ before, the one without that term, so an older run record still verifies.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lensemble.config.schema import DivergenceGuardConfig
 from lensemble.federation.guard import DivergenceGuard
 from lensemble.federation.keep_best import BestReported
@@ -60,6 +62,8 @@ class HistoryReplay:
         self.best = BestReported(1)  # each line records the quorum it was scored with
         self.hashes: list[str] = []
         self.releases = 0  # central-privacy releases so far
+        self.privacy: dict[str, Any] | None = None  # the newest central-privacy entry
+        self.privacy_recomputed = True  # every entry's epsilon recomputed (Opacus present)
         self.rolled_back = False  # the last committed line was a rollback
 
     def check(self, record: RoundRecord) -> str | None:
@@ -101,6 +105,7 @@ class HistoryReplay:
         from lensemble.federation.central_privacy import recorded_epsilon_problem
 
         self.releases += 1
+        self.privacy = dict(entry)
         if entry.get("releases") != self.releases:
             return (
                 f"round {record.round} counts central-privacy release {entry.get('releases')} "
@@ -109,6 +114,7 @@ class HistoryReplay:
         try:
             problem = recorded_epsilon_problem(entry)
         except ImportError:  # no Opacus here: the count is checked, the epsilon cannot be
+            self.privacy_recomputed = False
             return None
         return None if problem is None else f"round {record.round}: {problem}"
 

@@ -80,6 +80,10 @@ class VerifyReport:
         first_break: The first broken link, or None when the record holds.
         repair: A crash-torn tail a resume restores from the checkpoint (the record is valid
             once it is applied), or None.
+        privacy: The newest line's ``defences.central_privacy`` (epsilon, delta, releases,
+            noise), its release count checked, or None for a run without central DP.
+        privacy_recomputed: Whether every line's epsilon was recomputed from its own fields
+            (it is not where Opacus, the ``[dp]`` extra, is missing).
     """
 
     run_dir: str
@@ -92,6 +96,8 @@ class VerifyReport:
     model_hash: str = ""
     first_break: Break | None = None
     repair: Repair | None = None
+    privacy: dict[str, Any] | None = None
+    privacy_recomputed: bool = True
 
     @property
     def ok(self) -> bool:
