@@ -12,7 +12,9 @@ coordinator's own tracker from the reports the run computes).
 Nothing trained depends on ``federation.rounds`` (without differential privacy, which the grid
 refuses), so one run per ``(N, seed, wire)`` to the largest ``R`` gives every smaller ``R``
 as its first rounds; each site alone and the pooled oracle do not depend on the wire format and
-are trained once per ``(N, seed)`` (or read back from an earlier line of ``--out``).
+are trained once per ``(N, seed)`` (or read back from an earlier line of ``--out``, or of
+another run's output named by ``--baselines``, as long as its ``--set`` touches only the
+federation's settings).
 
 One JSON line per ``(N, R, wire, seed)`` is appended to ``--out`` as soon as it is known; a
 line already there is not trained again, so a stopped run resumes where it was (the key is
@@ -157,10 +159,11 @@ def run_grid(args: argparse.Namespace) -> None:
         with args.out.open("a", encoding="utf-8") as f:
             f.write("\n")  # after a line cut short by a stopped run
     rounds_all = sorted(int(r) for r in args.rounds.split(","))
+    borrowed = [row for path in args.baselines for row in read_rows(path)]
     with tempfile.TemporaryDirectory() as tmp:
         for seed in (int(s) for s in args.seeds.split(",")):
             for n in (int(c) for c in args.participants.split(",")):
-                sites = SiteBaselines(rows, n, seed)
+                sites = SiteBaselines(rows + borrowed, n, seed)
                 datasets: dict[str, Any] | None = None
                 for wire in args.wire.split(","):
                     todo = [r for r in rounds_all if (n, r, wire, seed) not in done]
@@ -265,6 +268,14 @@ def main() -> None:
         "--set", action="append", default=[], help="PATH=VALUE on top of the config (repeat)."
     )
     parser.add_argument("--out", type=Path, default=Path("runs/payoff-grid.jsonl"))
+    parser.add_argument(
+        "--baselines",
+        type=Path,
+        action="append",
+        default=[],
+        help="Another run's --out whose site-alone and pooled scores to reuse (repeat): they do "
+        "not depend on --set's federation settings.",
+    )
     parser.add_argument("--table", action="store_true", help="Print --out's table and stop.")
     args = parser.parse_args()
     unknown = set(args.wire.split(",")) - set(WIRES)

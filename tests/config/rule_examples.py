@@ -147,6 +147,11 @@ BREAKING: dict[str, Breaking] = {
     "overlap-without-outer-momentum": Breaking(
         LOCAL, (("federation.overlap.mode", "one_round"),), "federation.outer_optimizer.momentum"
     ),
+    "lr-hold-without-half-life": Breaking(
+        LOCAL,
+        (("federation.outer_optimizer.lr_hold_rounds", 20),),
+        "federation.outer_optimizer.lr_hold_rounds",
+    ),
     "masking-needs-client-certificates": Breaking(
         LOCAL,
         (*MASKING, ("network.auth", "token"), ("network.tls.client_auth", False)),

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lensemble.config.hashing import config_hash
+from lensemble.errors import ConfigError
 from lensemble.federation.diloco import OuterStep
 from lensemble.federation.ledger import committed_chain
 from tests.support.federation import build, small_config
@@ -20,6 +21,22 @@ def test_each_coefficient_halves_every_half_life_and_none_keeps_it() -> None:
     assert outer.at(3, 3.0, None) == OuterStep(0.4, 0.6, True)
     assert outer.at(4, None, 2.0) == OuterStep(0.8, 0.15, True)
     assert outer.at(7, None, None) == outer
+
+
+def test_a_held_learning_rate_starts_halving_after_the_hold() -> None:
+    outer = OuterStep(1.2, 0.5, True)
+    assert [outer.at(v, 2.0, None, 3).lr for v in (0, 3, 5, 7)] == pytest.approx(
+        [1.2, 1.2, 0.6, 0.3]
+    )
+    assert outer.at(9, 2.0, 4.0, 3).momentum == pytest.approx(0.5 * 0.5 ** (9 / 4.0))
+    assert outer.at(5, None, None, 3) == outer  # a hold without a decay holds nothing
+
+
+def test_a_hold_without_a_half_life_is_refused_naming_both_fields() -> None:
+    with pytest.raises(ConfigError, match="lr_half_life_rounds.*lr_hold_rounds"):
+        small_config(outer_optimizer={**SCHEDULE, "lr_half_life_rounds": None, "lr_hold_rounds": 4})
+    held = small_config(outer_optimizer={**SCHEDULE, "lr_hold_rounds": 4})
+    assert held.federation.outer_optimizer.lr_hold_rounds == 4
 
 
 def test_an_unset_schedule_leaves_the_config_hash_as_it_was() -> None:

@@ -107,6 +107,7 @@ def test_a_resumed_grid_trains_only_the_lines_missing(grid: ModuleType, tmp_path
         wire="none",
         seeds="7",
         out=out,
+        baselines=[],
     )
     grid.run_grid(args)
     rows = grid.read_rows(out)
@@ -122,6 +123,11 @@ def test_a_resumed_grid_trains_only_the_lines_missing(grid: ModuleType, tmp_path
     added = grid.read_rows(out)[2:]
     assert [grid.key(r) for r in added] == [(3, 1, "int8", 7)]
     assert added[0]["pooled"] == 8.0  # the wire format does not change the baselines
+    # Another candidate's run borrows these baselines instead of training its own.
+    args.out, args.wire, args.baselines = tmp_path / "other.jsonl", "none", [out]
+    grid.run_grid(args)
+    (borrowed,) = grid.read_rows(args.out)
+    assert grid.key(borrowed) == (3, 1, "none", 7) and borrowed["pooled"] == 8.0
 
 
 def test_the_best_reported_model_is_the_coordinators_choice(

@@ -150,6 +150,10 @@ checks on chart knobs are lensemble.validate in _helpers.tpl.
 {{- if (and (eq $c.federation.overlap.mode "one_round") (not (eq (float64 $c.federation.outer_optimizer.momentum) 0.0))) -}}
 {{- fail (printf "config.federation.outer_optimizer.momentum: %v with federation.overlap.mode one_round: outer momentum on a base one round old ended worse than momentum 0 in every run measured (1.01-1.9x the error, docs/performance.md); set federation.outer_optimizer.momentum: 0." $c.federation.outer_optimizer.momentum) -}}
 {{- end -}}
+{{- /* lr-hold-without-half-life */ -}}
+{{- if (and (not (kindIs "invalid" $c.federation.outer_optimizer.lr_hold_rounds)) (kindIs "invalid" $c.federation.outer_optimizer.lr_half_life_rounds)) -}}
+{{- fail (printf "config.federation.outer_optimizer.lr_hold_rounds: %v holds the outer learning rate before a decay that is not set; set federation.outer_optimizer.lr_half_life_rounds or remove lr_hold_rounds." $c.federation.outer_optimizer.lr_hold_rounds) -}}
+{{- end -}}
 {{- /* masking-threshold */ -}}
 {{- if (and (and (eq $c.federation.aggregation "masking") (not (kindIs "invalid" $c.federation.masking.threshold))) (not (and (lt (float64 $half) (float64 $c.federation.masking.threshold)) (le (float64 $c.federation.masking.threshold) (float64 $n))))) -}}
 {{- fail (printf "config.federation.masking.threshold: %v is not above half of the %v participants or exceeds them; set it above %v and at most %v, or null for the default floor(2n/3) + 1." $c.federation.masking.threshold $n $half $n) -}}

@@ -303,6 +303,14 @@ class OuterOptimizerConfig(_Section):
         description="The momentum coefficient halves every this many rounds; null keeps it "
         "constant.",
     )
+    lr_hold_rounds: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="The outer learning rate stays at lr for this many rounds before "
+        "lr_half_life_rounds starts halving it (lr * 0.5 ** (max(0, version - hold) / "
+        "half-life)); null starts the decay at round 0. Needs lr_half_life_rounds.",
+    )
 
 
 class DivergenceGuardConfig(_Section):

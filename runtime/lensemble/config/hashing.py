@@ -44,7 +44,7 @@ EXCLUDED_PATHS: tuple[str, ...] = (
 
 #: ``federation.outer_optimizer`` fields left out while unset (null: no schedule), so adding them
 #: kept the hash of every config without one.
-OPTIONAL_SCHEDULES = ("lr_half_life_rounds", "momentum_half_life_rounds")
+OPTIONAL_SCHEDULES = ("lr_half_life_rounds", "momentum_half_life_rounds", "lr_hold_rounds")
 
 
 def hashed_view(config: LensembleConfig) -> dict[str, Any]:

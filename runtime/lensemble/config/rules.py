@@ -154,6 +154,16 @@ RULES: tuple[Rule, ...] = (
         "(1.01-1.9x the error, docs/performance.md); set federation.outer_optimizer.momentum: 0.",
         when="c.federation.overlap.mode == 'one_round'",
     ),
+    Rule(
+        "lr-hold-without-half-life",
+        "config",
+        "federation.outer_optimizer.lr_hold_rounds",
+        "c.federation.outer_optimizer.lr_half_life_rounds is not None",
+        "{c.federation.outer_optimizer.lr_hold_rounds} holds the outer learning rate before a "
+        "decay that is not set; set federation.outer_optimizer.lr_half_life_rounds or remove "
+        "lr_hold_rounds.",
+        when="c.federation.outer_optimizer.lr_hold_rounds is not None",
+    ),
     # Secure aggregation (docs/security.md#secure-aggregation-masking-the-protocol).
     Rule(
         "masking-threshold",

@@ -48,7 +48,9 @@ def scheduled(
     opt = config.federation.outer_optimizer
     if opt.lr_half_life_rounds is None and opt.momentum_half_life_rounds is None:
         return outer
-    step = outer.at(version, opt.lr_half_life_rounds, opt.momentum_half_life_rounds)
+    step = outer.at(
+        version, opt.lr_half_life_rounds, opt.momentum_half_life_rounds, opt.lr_hold_rounds
+    )
     defences["outer"] = {"lr": step.lr, "momentum": step.momentum}
     return step
 

@@ -112,16 +112,23 @@ class OuterStep:
     nesterov: bool
 
     def at(
-        self, version: int, lr_half_life: float | None, momentum_half_life: float | None
+        self,
+        version: int,
+        lr_half_life: float | None,
+        momentum_half_life: float | None,
+        lr_hold: int | None = None,
     ) -> OuterStep:
         """This step as scheduled for the model ``version`` (the version it steps from).
 
         Each coefficient halves every ``*_half_life`` rounds (``c * 0.5 ** (version / h)``,
         computed in float64 and rounded once to float32 by :meth:`step`); None keeps it
-        constant. A function of the version alone, so a resumed run and every substrate take
-        the same steps.
+        constant. ``lr_hold`` rounds pass before the learning rate starts to halve
+        (``lr * 0.5 ** (max(0, version - hold) / h)``). A function of the version alone, so a
+        resumed run and every substrate take the same steps.
         """
-        lr = self.lr if lr_half_life is None else self.lr * 0.5 ** (version / lr_half_life)
+        lr = self.lr
+        if lr_half_life is not None:
+            lr = self.lr * 0.5 ** (max(0, version - (lr_hold or 0)) / lr_half_life)
         momentum = (
             self.momentum
             if momentum_half_life is None

@@ -140,7 +140,9 @@ class DilocoRun:
         self.outer = outer
         opt = fed.outer_optimizer
         self.half_lives = (
-            (opt.lr_half_life_rounds, opt.momentum_half_life_rounds) if scheduled else (None, None)
+            (opt.lr_half_life_rounds, opt.momentum_half_life_rounds, opt.lr_hold_rounds)
+            if scheduled
+            else (None, None, None)
         )
         self.steps = fed.inner_steps
         self.robustness = fed.robustness if robust else None
