@@ -80,7 +80,12 @@ class _Stage:
     """A transport with every participant present, collecting one stage in a thread."""
 
     def __init__(
-        self, tmp: Path, stage: str, addressed: list[str], fetched: list[str] | None = None
+        self,
+        tmp: Path,
+        stage: str,
+        addressed: list[str],
+        fetched: list[str] | None = None,
+        groups: dict[str, int] | None = None,
     ) -> None:
         config = _config(tmp)
         self.transport = GrpcCoordinatorTransport(config, next_round=0)
@@ -94,16 +99,18 @@ class _Stage:
         service = CoordinatorService(self.transport, Authenticator(config, IDS), 1 << 20)
         self.masking = MaskingService(service, answer_limits(config, arch))
         self.answers: list[tuple[str, bytes]] = []
-        outgoing = dict.fromkeys(addressed, b"message")
+        # Each addressed participant in its group's session (group 0 unless ``groups`` says).
+        sessions = {p: SessionKey(0, 0, (groups or {}).get(p, 0)) for p in addressed}
+        outgoing = {p: (sessions[p], b"message") for p in addressed}
         self.thread = threading.Thread(
-            target=lambda: self.answers.extend(self.transport.exchange(SESSION, stage, outgoing))
+            target=lambda: self.answers.extend(self.transport.exchange(stage, outgoing))
         )
         self.started = time.monotonic()
         self.thread.start()
         for pid in addressed if fetched is None else fetched:  # each fetches its message
             message = self.transport.masking.next_message(pid, 0, 0, time.monotonic() + 5)
             assert message is not None and message.stage == stage
-            assert message.payload == b"message"
+            assert message.payload == b"message" and message.session == sessions[pid]
 
     def send(
         self,
@@ -170,6 +177,21 @@ def test_hostile_answers_are_refused_by_name_and_the_stage_keeps_only_honest_one
     _refused(stage.send("bravo", b"late"), nerr.UNKNOWN_SESSION)  # the stage is over
 
 
+def test_one_stage_collects_every_groups_session_and_each_answer_counts_in_its_own(
+    tmp_path: Path,
+) -> None:
+    # All groups' sessions run each stage at once (one deadline); an answer names its session,
+    # and one sent for another group's session, or for a group not running, never counts.
+    groups = {"alpha": 0, "bravo": 0, "charlie": 1, "delta": 1}
+    stage = _Stage(tmp_path, "share", IDS, groups=groups)
+    _refused(stage.send("charlie", b"x", group=0), nerr.NOT_ADDRESSED)
+    _refused(stage.send("alpha", b"x", group=2), nerr.UNKNOWN_SESSION)
+    for pid in reversed(IDS):
+        reply = stage.send(pid, pid.encode(), group=groups[pid])
+        assert reply == pb.MaskingAnswerReply(outcome="accepted", current_round=0)
+    assert stage.finish() == [(pid, pid.encode()) for pid in reversed(IDS)]
+
+
 def test_a_masked_vector_is_bounded_by_d_and_carries_its_report(tmp_path: Path) -> None:
     stage = _Stage(tmp_path, "mask", ["alpha", "bravo", "charlie"])
     vector = MaskedInput(b"\0" * 32, "alpha", np.zeros(stage.d + 2, "<u8"))
@@ -198,7 +220,7 @@ def test_a_stage_ends_at_its_deadline_without_the_silent(tmp_path: Path) -> None
         transport.presence_opened(pid)
     transport.open_round(RoundOpening(0, 0, 0, "sha256:" + "0" * 64, time.monotonic()), b"m")
     started = time.monotonic()
-    assert list(transport.exchange(SESSION, "share", dict.fromkeys(IDS, b"m"))) == []
+    assert list(transport.exchange("share", dict.fromkeys(IDS, (SESSION, b"m")))) == []
     assert time.monotonic() - started >= 2 * 0.5  # the stage's deadline, not forever
 
 

@@ -378,7 +378,7 @@ class InProcessTransport(CoordinatorTransport):
         return {pid for pid, client in self._masking.items() if client.holds(t, a)}
 
     def exchange(
-        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+        self, stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]
     ) -> Iterator[tuple[str, bytes]]:
         """Each addressed participant's answer, in rank order (reversed by ``reorder``).
 
@@ -386,17 +386,19 @@ class InProcessTransport(CoordinatorTransport):
         upload on; ``corrupt`` cuts its masked vector short (refused as ``bad_message``) and
         ``duplicate`` sends it twice.
         """
-        t, a = session.round_index, session.attempt
+        if not outgoing:
+            return
+        some = next(iter(outgoing.values()))[0]
+        t, a = some.round_index, some.attempt
         order = sorted(outgoing, reverse=bool(self.faults.active("reorder", t, a)))
         for pid in order:
             client = self._masking.get(pid)
+            session, message = outgoing[pid]
             late = stage not in ("advertise", "share") and pid in self._late_masked
-            answer = (
-                None if client is None or late else client.answer(session, stage, outgoing[pid])
-            )
+            answer = None if client is None or late else client.answer(session, stage, message)
             if answer is None:
                 continue
-            self._down += len(outgoing[pid])
+            self._down += len(message)
             if stage == "mask" and self.faults.hits("corrupt", pid, t, a):
                 # Bytes changed on the way are refused before they count (over the network by
                 # the upload's SHA-256, here as a vector cut short): never summed in silence.

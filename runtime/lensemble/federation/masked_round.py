@@ -1,8 +1,10 @@
 """The coordinator's side of a masked attempt: one secure sum per group, then their mean.
 
 Under ``federation.aggregation: masking`` the coordinator never holds a single participant's
-update: it drives one session per group (:func:`lensemble.federation.secagg.driver.drive`)
-through the transport, and gets each group's sum of the survivors' fixed-point updates. What it
+update: it drives one session per group through the transport, every group's stage at once
+under one deadline (:func:`lensemble.federation.secagg.driver.drive_together`, so silent members
+in k groups cost one stage deadline, not k), and gets each group's sum of the survivors'
+fixed-point updates. What it
 keeps of the attempt (:class:`MaskedAttempt`):
 
 - the combined pseudo-gradient: the survivors' mean (one group, or two), or with three or more
@@ -50,7 +52,7 @@ from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.robustness import update_norm
 from lensemble.federation.secagg.context import SessionContext
-from lensemble.federation.secagg.driver import Exchange, drive
+from lensemble.federation.secagg.driver import SessionsExchange, drive_together
 from lensemble.federation.secagg.errors import Reason, SecAggAbort
 from lensemble.federation.secagg.server import SecureSum, ServerSession
 from lensemble.federation.transport import CoordinatorTransport
@@ -168,21 +170,25 @@ def masked_attempt(
     contexts = session_contexts(
         config, opening.round_index, opening.attempt, architecture, present or None
     )
+    servers = {
+        SessionKey(opening.round_index, opening.attempt, ctx.group): ServerSession(
+            ctx, {p: verifiers[p] for p in ctx.roster if p in verifiers}
+        )
+        for ctx in contexts
+    }
+    # Every group's sessions in lock-step: silent members in k groups cost one deadline.
+    outcomes = drive_together(servers, _recording(transport, col))
     combiner = _Combiner(config.federation.robustness.aggregator)
     groups: list[dict[str, object]] = []
-    for ctx in contexts:
-        key = SessionKey(opening.round_index, opening.attempt, ctx.group)
-        server = ServerSession(ctx, {p: verifiers[p] for p in ctx.roster if p in verifiers})
-        try:
-            result = drive(server, _recording(transport, key, col))
-        except SecAggAbort as abort:
-            groups.append(_aborted(ctx, abort, col))
+    for key, ctx in zip(list(servers), contexts, strict=True):
+        outcome = outcomes.pop(key)
+        del servers[key]  # each group's d-word sum goes as soon as it is folded in
+        if isinstance(outcome, SecAggAbort):
+            groups.append(_aborted(ctx, outcome, col))
             continue
-        finally:
-            del server  # its d-word sum goes with it, before the next group's session starts
-        groups.append(_summed(ctx, result, col))
-        combiner.add(ctx, result)
-        del result
+        groups.append(_summed(ctx, outcome, col))
+        combiner.add(ctx, outcome)
+        del outcome
     survivors = sorted(combiner.survivors)
     col.survivors = tuple(survivors)
     reports = transport.masked_reports()
@@ -255,17 +261,17 @@ def dropped_earlier(history: Sequence[RoundRecord], round_index: int) -> frozens
     return frozenset(dropped)
 
 
-def _recording(transport: CoordinatorTransport, key: SessionKey, col: Collection) -> Exchange:
-    """The transport's exchange for ``key``, noting each masked vector's hash and size.
+def _recording(transport: CoordinatorTransport, col: Collection) -> SessionsExchange[SessionKey]:
+    """The transport's exchange of the attempt's sessions, noting each masked vector's hash, size.
 
     Lazy, and holds no answer while it waits for the next: the session adds each masked vector
     to its running sum and drops it, so at most one is ever in the coordinator's memory.
     """
 
     def exchange(
-        stage: str, outgoing: Mapping[str, bytes]
+        stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]
     ) -> Iterator[tuple[str, bytes | memoryview]]:
-        for sender, data in transport.exchange(key, stage, outgoing):
+        for sender, data in transport.exchange(stage, outgoing):
             if stage == "mask":
                 col.hashes[sender] = "sha256:" + hashlib.sha256(data).hexdigest()
                 col.sizes[sender] = len(data)

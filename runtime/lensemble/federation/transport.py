@@ -125,14 +125,16 @@ class CoordinatorTransport(Protocol):
         return {}
 
     def exchange(
-        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+        self, stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]
     ) -> Iterable[tuple[str, bytes | memoryview]]:
-        """Send ``stage``'s message of ``session`` to each participant; yield their answers.
+        """Send ``stage``'s message of each participant's session to it; yield their answers.
+
+        Every group's session of the attempt runs this stage at once, under one deadline.
 
         Args:
-            session: The session (round, attempt, group).
             stage: One of ``lensemble.federation.secagg.driver.STAGES``.
-            outgoing: Participant id -> the message bytes for it.
+            outgoing: Participant id -> its session (round, attempt, group) and the message
+                bytes for it.
 
         Returns:
             ``(participant, answer bytes)`` pairs as they arrive, by the stage's deadline; the

@@ -15,11 +15,11 @@ cannot speak for another even before the signatures are checked.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from lensemble.federation.secagg.errors import Reason, SecAggRefusal
+from lensemble.federation.secagg.errors import Reason, SecAggAbort, SecAggRefusal
 from lensemble.federation.secagg.messages import (
     ConsistencySignature,
     EncryptedShares,
@@ -34,6 +34,10 @@ from lensemble.federation.secagg.messages import (
 from lensemble.federation.secagg.participant import ParticipantSession
 from lensemble.federation.secagg.present import PresentSet
 from lensemble.federation.secagg.server import SecureSum, ServerSession
+
+K = TypeVar("K")
+#: One answer: the participant the transport authenticated, and its bytes.
+Answer = tuple[str, bytes | memoryview]
 
 #: The protocol's stages, in order (Bonawitz et al., CCS'17, rounds 0-4 of Figure 4).
 STAGES = ("advertise", "share", "mask", "consistency", "unmask")
@@ -61,6 +65,12 @@ ANSWERED: dict[str, type[Any]] = {
 #: session keeps nothing of it once handed over, so produce answers lazily: a masked vector is
 #: added to the running sum and dropped before the next one is asked for.
 Exchange = Callable[[str, Mapping[str, bytes]], Iterable[tuple[str, bytes | memoryview]]]
+#: :data:`Exchange` for several sessions at once: each addressed participant's message comes
+#: with the session it belongs to (``{participant: (session, message bytes)}``); one deadline
+#: covers the stage of every session.
+SessionsExchange = Callable[
+    [str, Mapping[str, tuple[K, bytes]]], Iterable[tuple[str, bytes | memoryview]]
+]
 
 
 def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
@@ -77,41 +87,93 @@ def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
         SecAggAbort: A stage closed with too few participants, or no shares reconstruct a
             secret; the round cannot use this session.
     """
-    present = server.context.present
-    # advertise carries the attempt's present set when the groups were drawn from one.
-    start = dict.fromkeys(server.context.roster, PresentSet(present).encode() if present else b"")
-    _receive(server, "advertise", exchange("advertise", start), server.receive_advert)
-    roster = server.close_advertising()
-    sent = roster.encode()
-    invited = {advert.sender: sent for advert in roster.adverts}
-    _receive(server, "share", exchange("share", invited), server.receive_shares)
-    deliveries = server.close_sharing()
-    addressed = {p: delivery.encode() for p, delivery in deliveries.items()}
-    _receive(server, "mask", exchange("mask", addressed), server.receive_masked)
-    survivors = server.close_masking()
-    sent = survivors.encode()
-    asked = dict.fromkeys(survivors.survivors, sent)
-    _receive(server, "consistency", exchange("consistency", asked), server.receive_consistency)
-    request = server.close_consistency()
-    sent = request.encode()
-    signers = {signer: sent for signer, _ in request.signatures}
-    _receive(server, "unmask", exchange("unmask", signers), server.receive_unmask)
-    return server.finish()
+
+    def one(stage: str, outgoing: Mapping[str, tuple[None, bytes]]) -> Iterable[Answer]:
+        return exchange(stage, {p: data for p, (_, data) in outgoing.items()})
+
+    outcome = drive_together({None: server}, one)[None]
+    if isinstance(outcome, SecAggAbort):
+        raise outcome
+    return outcome
 
 
-def _receive(
-    server: ServerSession,
-    stage: str,
-    answers: Iterable[tuple[str, bytes | memoryview]],
-    receive: Callable[[Any], None],
-) -> None:
-    """Decode and hand over each answer; a refused one leaves its sender out (a dropout).
+def drive_together(
+    servers: Mapping[K, ServerSession], exchange: SessionsExchange[K]
+) -> dict[K, SecureSum | SecAggAbort]:
+    """Run several sessions (one per group) stage by stage in lock-step, to their ends.
 
-    No answer is referenced while the next one is awaited (a masked vector would stay resident).
+    Each stage of every session still running goes out in one :data:`SessionsExchange` call,
+    so the participants of all groups answer under one deadline: silent members in k groups
+    cost one stage deadline, not k. Sessions share nothing: each answer goes to its sender's
+    session (a participant is in one session at a time), and a session that aborts is left out
+    of the later stages while the others go on. Each session's sum depends on its own answers
+    only, whatever the order they arrive in.
+
+    Memory: every running session holds its d-word sum (8 d bytes each) until the last stage.
+
+    Args:
+        servers: Fresh sessions (nothing received yet) by any key; their rosters are disjoint.
+        exchange: Carries each stage's messages of every session and brings the answers back.
+
+    Returns:
+        Each key's outcome: its sum (:class:`~.server.SecureSum`), or the
+        :class:`~.errors.SecAggAbort` that ended it.
     """
-    for sender, data in answers:
-        _hand_over(server, stage, sender, data, receive)
-        del data
+    outcomes: dict[K, SecureSum | SecAggAbort] = {}
+    outgoing: dict[K, dict[str, bytes]] = {}
+    for key, server in servers.items():
+        present = server.context.present
+        # advertise carries the attempt's present set when the groups were drawn from one.
+        start = PresentSet(present).encode() if present else b""
+        outgoing[key] = dict.fromkeys(server.context.roster, start)
+    for stage in STAGES:
+        running = [key for key in servers if key not in outcomes]
+        addressed = {p: (key, data) for key in running for p, data in outgoing[key].items()}
+        for sender, data in exchange(stage, addressed):
+            if sender in addressed:  # the transport brings only addressed senders
+                server = servers[addressed[sender][0]]
+                _hand_over(server, stage, sender, data, getattr(server, _RECEIVE[stage]))
+            del data
+        for key in running:
+            try:
+                outgoing[key] = _close(servers[key], stage)
+                if stage == STAGES[-1]:
+                    outcomes[key] = servers[key].finish()
+            except SecAggAbort as abort:
+                outcomes[key] = abort
+    return {key: outcomes[key] for key in servers}
+
+
+#: The session's method that takes each stage's answers.
+_RECEIVE = {
+    "advertise": "receive_advert",
+    "share": "receive_shares",
+    "mask": "receive_masked",
+    "consistency": "receive_consistency",
+    "unmask": "receive_unmask",
+}
+
+
+def _close(server: ServerSession, stage: str) -> dict[str, bytes]:
+    """Close ``stage`` of ``server``'s session: the next stage's message to each participant.
+
+    Raises:
+        SecAggAbort: The stage closed with too few participants.
+    """
+    if stage == "advertise":
+        roster = server.close_advertising()
+        sent = roster.encode()
+        return {advert.sender: sent for advert in roster.adverts}
+    if stage == "share":
+        return {p: delivery.encode() for p, delivery in server.close_sharing().items()}
+    if stage == "mask":
+        survivors = server.close_masking()
+        return dict.fromkeys(survivors.survivors, survivors.encode())
+    if stage == "consistency":
+        request = server.close_consistency()
+        sent = request.encode()
+        return {signer: sent for signer, _ in request.signatures}
+    return {}  # unmask: the session finishes
 
 
 def _hand_over(

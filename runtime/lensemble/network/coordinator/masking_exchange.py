@@ -1,11 +1,12 @@
 """The coordinator's side of masked rounds over gRPC: each stage's messages out, answers in.
 
 Under ``federation.aggregation: masking`` the coordinator's thread drives one secure-aggregation
-session per group (:mod:`lensemble.federation.masked_round`) through
-:meth:`MaskingExchange.exchange`: it posts the stage's message for each addressed participant,
-then yields the answers as the handler threads land them, until every addressed participant
-still present has answered or the stage's deadline passed. Who does not answer in time is simply
-absent from the answers: the session counts it as dropped.
+session per group (:mod:`lensemble.federation.masked_round`), all groups in lock-step, through
+:meth:`MaskingExchange.exchange`: it posts the stage's message of each addressed participant's
+session, then yields the answers as the handler threads land them, until every addressed
+participant still present has answered or the stage's deadline passed. One deadline covers the
+stage of every group. Who does not answer in time is simply absent from the answers: its
+session counts it as dropped.
 
 Handler threads meet the coordinator's thread here, under the attempt board's lock (so a broken
 presence stream wakes a waiting stage at once):
@@ -13,10 +14,10 @@ presence stream wakes a waiting stage at once):
 - :meth:`next_message` hands a participant its message of the stage being collected
   (``MaskingStages``), once;
 - :meth:`precheck` and :meth:`land` judge and keep an answer (``AnswerStage``): an answer for
-  another session (``unknown_session``), a stage name outside ``STAGES`` (``unknown_stage``), a
-  stage that is not the one being collected (``closed_stage``), a participant the stage did not
-  address (``not_addressed``) or a second answer (``duplicate_answer``) is refused and never
-  reaches the session.
+  a session not being collected (``unknown_session``), a stage name outside ``STAGES``
+  (``unknown_stage``), a stage that is not the one being collected (``closed_stage``), a
+  participant the stage did not address in that session (``not_addressed``) or a second answer
+  (``duplicate_answer``) is refused and never reaches a session.
 
 Identities: each participant's certificate, as the mTLS handshake of its ``Join`` authenticated
 it, is kept (:meth:`remember`); its public key is the participant's identity key
@@ -70,12 +71,18 @@ class StageMessage:
 
 @dataclass
 class _Stage:
-    """The stage being collected: who it addresses, who got its message, who answered."""
+    """The stage being collected in every session of the attempt.
 
-    session: SessionKey
+    Whom it addresses (each in its session), who got its message, who answered.
+    """
+
+    round_index: int
+    attempt: int
     stage: str
+    sessions: dict[str, SessionKey]
     outgoing: dict[str, bytes]
-    peers: dict[str, bytes]
+    #: With ``advertise``: per session, its addressed members' certificates (PEM).
+    peers: dict[SessionKey, dict[str, bytes]]
     deadline_s: float
     delivered: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
@@ -144,9 +151,12 @@ class MaskingExchange:
 
     # ------------------------------------------------------------ the coordinator's thread
     def exchange(
-        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+        self, stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]
     ) -> Iterator[tuple[str, bytes | memoryview]]:
-        """Post ``stage``'s messages of ``session``; yield ``(participant, answer)`` as they land.
+        """Post ``stage``'s message to each participant in its session; yield answers as they land.
+
+        ``outgoing`` maps each addressed participant to its session and message; all sessions
+        are of the open attempt, and every one's stage shares one deadline.
 
         Ends when every addressed participant still present has answered, or at the stage's
         deadline; the stage is then closed (later answers are refused ``closed_stage``). Answers
@@ -160,7 +170,7 @@ class MaskingExchange:
         board = self._board
         with board.cond:
             board.check_stop()
-            self._stage = self._posted(session, stage, outgoing)
+            self._stage = self._posted(stage, outgoing)
             board.cond.notify_all()
         try:
             while True:
@@ -179,19 +189,32 @@ class MaskingExchange:
             with board.cond:
                 self._stage = None
 
-    def _posted(self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]) -> _Stage:
+    def _posted(self, stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]) -> _Stage:
         """The stage to collect (caller holds the lock)."""
         now = self._board.now()
         timeout = self.mask_timeout_s if stage == "mask" else self._stage_timeout_s
         deadline = now + timeout
         opening = self._board.opening
-        peers: dict[str, bytes] = {}
+        sessions = {p: session for p, (session, _) in outgoing.items()}
+        peers: dict[SessionKey, dict[str, bytes]] = {}
         if stage == "advertise":
             # Participants train before they advertise: wait for the attempt's deadline.
             if opening is not None:
                 deadline = max(deadline, opening.deadline_s)
-            peers = {p: self._certificates[p] for p in outgoing if p in self._certificates}
-        return _Stage(session, stage, dict(outgoing), peers, deadline)
+            for p, session in sessions.items():
+                if p in self._certificates:
+                    peers.setdefault(session, {})[p] = self._certificates[p]
+        # An attempt with no session to run addresses no one: any round index names it.
+        some = next(iter(sessions.values()), SessionKey(-1, -1, -1))
+        return _Stage(
+            some.round_index,
+            some.attempt,
+            stage,
+            sessions,
+            {p: message for p, (_, message) in outgoing.items()},
+            peers,
+            deadline,
+        )
 
     def _over(self, stage: _Stage) -> bool:
         """The stage waits no more: its deadline passed, or every one present answered."""
@@ -265,16 +288,16 @@ class MaskingExchange:
                     board.cond.notify_all()
                 if (
                     stage is not None
-                    and (stage.session.round_index, stage.session.attempt) == (round_index, attempt)
+                    and (stage.round_index, stage.attempt) == (round_index, attempt)
                     and participant in stage.outgoing
                     and participant not in stage.delivered
                 ):
                     stage.delivered.add(participant)
                     payload = stage.outgoing[participant]
                     self.bytes_down += len(payload)
-                    return StageMessage(
-                        stage.session, stage.stage, payload, dict(stage.peers), stage.deadline_s
-                    )
+                    session = stage.sessions[participant]
+                    peers = dict(stage.peers.get(session, {}))
+                    return StageMessage(session, stage.stage, payload, peers, stage.deadline_s)
                 remaining = until_s - board.now()
                 if remaining <= 0:
                     return None
@@ -299,7 +322,7 @@ class MaskingExchange:
                 current,
             )
         collected = self._stage
-        if collected is None or collected.session != session:
+        if collected is None or session not in collected.sessions.values():
             return Rejection(
                 nerr.UNKNOWN_SESSION,
                 f"round {session.round_index} attempt {session.attempt} group {session.group} "
@@ -312,7 +335,7 @@ class MaskingExchange:
                 f"the session collects {collected.stage!r} answers, not {stage!r}.",
                 current,
             )
-        if participant not in collected.delivered:
+        if participant not in collected.delivered or collected.sessions[participant] != session:
             return Rejection(
                 nerr.NOT_ADDRESSED,
                 f"{participant} was not sent a {stage!r} message in this session.",

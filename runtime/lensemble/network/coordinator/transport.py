@@ -212,13 +212,13 @@ class GrpcCoordinatorTransport(CoordinatorTransport):
         return self.masking.identities()
 
     def exchange(
-        self, session: SessionKey, stage: str, outgoing: Mapping[str, bytes]
+        self, stage: str, outgoing: Mapping[str, tuple[SessionKey, bytes]]
     ) -> Iterator[tuple[str, bytes | memoryview]]:
         """Hand each participant its stage message; yield the answers until the stage deadline.
 
         See :meth:`MaskingExchange.exchange`.
         """
-        return self.masking.exchange(session, stage, outgoing)
+        return self.masking.exchange(stage, outgoing)
 
     def masking_present(self) -> set[str]:
         """Who is present for the open attempt's sessions (:meth:`MaskingExchange.present`)."""
