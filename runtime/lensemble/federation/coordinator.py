@@ -43,7 +43,7 @@ from typing import Literal, Protocol
 import torch
 
 from lensemble.config import LensembleConfig
-from lensemble.errors import PrecommitCheckFailed, QuorumNotReached
+from lensemble.errors import QuorumNotReached
 from lensemble.federation.admission import Admission
 from lensemble.federation.attempt import Attempt, RecordContext, attempt_record
 from lensemble.federation.central_privacy import CentralPrivacy
@@ -59,13 +59,14 @@ from lensemble.federation.diloco import OuterStep
 from lensemble.federation.final_model import FinalModel, KeptModel
 from lensemble.federation.intake import Intake
 from lensemble.federation.ledger import RoundRecord
-from lensemble.federation.masked_round import collect_masked
+from lensemble.federation.masked_round import collect_masked, retry_possible
 from lensemble.federation.masking import unflatten_into
 from lensemble.federation.messages import RoundOpening, Submission, Verdict
 from lensemble.federation.overlap import round_base_hash
 from lensemble.federation.payload import TensorSpec, manifest, model_hash
 from lensemble.federation.resume_record import coordinator_signer, record_to_resume
 from lensemble.federation.robustness import Screening, aggregate_spooled, lift_to_floor
+from lensemble.federation.round_failure import round_failed
 from lensemble.federation.rounds import RoundMachine, RoundState
 from lensemble.federation.signing import Signer
 from lensemble.federation.spool import UpdateSpool
@@ -333,8 +334,7 @@ class Coordinator(CommittedModel):
                 both durable.
 
         Raises:
-            QuorumNotReached: Still below quorum after ``max_round_retries`` retries.
-            PrecommitCheckFailed: The new model failed the pre-commit check in every attempt.
+            QuorumNotReached, PrecommitCheckFailed: No attempt committed (:func:`round_failed`).
         """
         fed = self.config.federation
         transport.attach(self.intake)
@@ -343,8 +343,10 @@ class Coordinator(CommittedModel):
             record = self.run_attempt(transport, attempt, write_behind=write_behind)
             if record.state == RoundState.CLOSED:
                 return record
+            if not retry_possible(self.config, self.history, record.round):  # masking: signed
+                raise round_failed(record, fed.quorum, attempt + 1, signed_out=True)
         assert record is not None
-        raise _round_failed(record, fed.quorum, fed.max_round_retries + 1)
+        raise round_failed(record, fed.quorum, fed.max_round_retries + 1)
 
     def run_attempt(
         self, transport: CoordinatorTransport, attempt: int, *, write_behind: bool = False
@@ -565,22 +567,3 @@ def _wait_for_quorum(transport: CoordinatorTransport, config: LensembleConfig, o
             f"federation.join_timeout_s ({fed.join_timeout_s} s); quorum is {fed.quorum}.",
             remediation="start more participants, check their logs, or lower federation.quorum.",
         )
-
-
-def _round_failed(record: RoundRecord, quorum: int, attempts: int) -> Exception:
-    """Why a round's last attempt ended the run: the pre-commit check, or too few updates."""
-    if record.defences.get("precommit"):
-        return PrecommitCheckFailed(
-            f"round {record.round}'s new global model failed the pre-commit check in "
-            f"{attempts} attempts: {record.defences['precommit']}",
-            remediation="see the ledger's defences field for the updates' norms; tighten "
-            "federation.robustness (norm_bound, median_factor, aggregator) or exclude the "
-            "participant.",
-        )
-    return QuorumNotReached(
-        f"round {record.round} reached only {len(record.contributors)} of "
-        f"{quorum} required contributors in {attempts} attempts "
-        f"(excluded: {', '.join(f'{k}={v}' for k, v in sorted(record.excluded.items()))}).",
-        remediation="check the excluded participants' logs, raise "
-        "federation.round_timeout_s, or lower federation.quorum.",
-    )

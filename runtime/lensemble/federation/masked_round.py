@@ -51,7 +51,7 @@ from lensemble.federation.masking import (
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import TensorSpec
 from lensemble.federation.robustness import update_norm
-from lensemble.federation.secagg.context import SessionContext
+from lensemble.federation.secagg.context import MIN_INPUTS, SessionContext
 from lensemble.federation.secagg.driver import SessionsExchange, drive_together
 from lensemble.federation.secagg.errors import Reason, SecAggAbort
 from lensemble.federation.secagg.server import SecureSum, ServerSession
@@ -67,6 +67,9 @@ ABSENT = "masking_absent"
 #: The ledger's exclusion reason of a participant left out of a retry's groups: it dropped out
 #: of an earlier attempt's session of the round.
 LEFT_OUT = "masking_left_out"
+#: The ledger's exclusion reason of a participant left out of a retry: it signed a survivor set
+#: in an earlier attempt of the round, so its update may be in that sum and stays out of others.
+SIGNED = "masking_signed_earlier"
 #: The aggregate bound's window: the last committed masked rounds whose median it scales, and
 #: how many it needs before it applies.
 AGGREGATE_WINDOW = 5
@@ -123,7 +126,8 @@ def collect_masked(
     """
     config, architecture, history = owner.config, owner.architecture, owner.history
     dropped = dropped_earlier(history, opening.round_index)
-    masked = masked_attempt(config, opening, transport, architecture, dropped)
+    signed = signed_earlier(history, opening.round_index)
+    masked = masked_attempt(config, opening, transport, architecture, dropped, signed=signed)
     if masked.mean is not None:
         factor = config.federation.masking.aggregate_factor
         masked.mean, masked.record["aggregate"] = bounded(masked.mean, history, factor)
@@ -139,6 +143,8 @@ def masked_attempt(
     transport: CoordinatorTransport,
     architecture: Mapping[str, TensorSpec],
     dropped: frozenset[str] = frozenset(),
+    *,
+    signed: frozenset[str] = frozenset(),
 ) -> MaskedAttempt:
     """Run every group's session of the open attempt and combine the sums.
 
@@ -149,6 +155,8 @@ def masked_attempt(
         architecture: The global model's tensor specs (d).
         dropped: Who dropped out of an earlier attempt's sessions of this round
             (:func:`dropped_earlier`): left out of the groups while enough remain.
+        signed: Who signed a survivor set in an earlier attempt of this round
+            (:func:`signed_earlier`): always left out of the groups (each would refuse).
     """
     col = Collection(opening, frozenset(config.participant_ids))
     # Who is present first: over the network it waits for the training, and a participant
@@ -157,7 +165,7 @@ def masked_attempt(
     # Who sent nothing for a known reason (its ranks failed, it left) is named as such.
     absence = transport.absence_reasons()
     col.rejected.update(absence)
-    here, left_out = present_now(config, known, absence, dropped)
+    here, left_out = present_now(config, known, absence, dropped, signed)
     for pid, reason in left_out.items():
         col.rejected.setdefault(pid, reason)
         col.details.setdefault(pid, _LEFT_OUT_DETAIL[reason])
@@ -166,29 +174,11 @@ def masked_attempt(
         return MaskedAttempt(col, None, {"present": list(here), "groups": []})
     present = present_set(config, here)
     record: dict[str, object] = {"present": list(present)} if present else {}
-    verifiers = transport.masking_identities()
     contexts = session_contexts(
         config, opening.round_index, opening.attempt, architecture, present or None
     )
-    servers = {
-        SessionKey(opening.round_index, opening.attempt, ctx.group): ServerSession(
-            ctx, {p: verifiers[p] for p in ctx.roster if p in verifiers}
-        )
-        for ctx in contexts
-    }
-    # Every group's sessions in lock-step: silent members in k groups cost one deadline.
-    outcomes = drive_together(servers, _recording(transport, col))
     combiner = _Combiner(config.federation.robustness.aggregator)
-    groups: list[dict[str, object]] = []
-    for key, ctx in zip(list(servers), contexts, strict=True):
-        outcome = outcomes.pop(key)
-        del servers[key]  # each group's d-word sum goes as soon as it is folded in
-        if isinstance(outcome, SecAggAbort):
-            groups.append(_aborted(ctx, outcome, col))
-            continue
-        groups.append(_summed(ctx, outcome, col))
-        combiner.add(ctx, outcome)
-        del outcome
+    groups = _run_sessions(config, contexts, transport, col, combiner)
     survivors = sorted(combiner.survivors)
     col.survivors = tuple(survivors)
     reports = transport.masked_reports()
@@ -199,9 +189,47 @@ def masked_attempt(
     return MaskedAttempt(col, mean, {**record, "groups": groups})
 
 
+def _run_sessions(
+    config: LensembleConfig,
+    contexts: Sequence[SessionContext],
+    transport: CoordinatorTransport,
+    col: Collection,
+    combiner: _Combiner,
+) -> list[dict[str, object]]:
+    """Drive every group's session in lock-step; fold each sum into ``combiner`` in order.
+
+    Returns:
+        Each group's ledger entry, in group order.
+    """
+    verifiers = transport.masking_identities()
+    servers = {
+        SessionKey(ctx.round, ctx.attempt, ctx.group): ServerSession(
+            ctx, {p: verifiers[p] for p in ctx.roster if p in verifiers}
+        )
+        for ctx in contexts
+    }
+    # Every group's sessions in lock-step: silent members in k groups cost one deadline.
+    # With several groups the quorum is the round's, over all groups (one group: its session's).
+    gate = config.federation.quorum if regroups(config) else 0
+    outcomes = drive_together(servers, _recording(transport, col), gate)
+    groups: list[dict[str, object]] = []
+    for key, ctx in zip(list(servers), contexts, strict=True):
+        outcome = outcomes.pop(key)
+        signers = servers.pop(key).signers  # its d-word sum goes as soon as it is folded in
+        if isinstance(outcome, SecAggAbort):
+            groups.append(_aborted(ctx, outcome, col, signers))
+            continue
+        groups.append(_summed(ctx, outcome, col))
+        combiner.add(ctx, outcome)
+        del outcome
+    return groups
+
+
 _LEFT_OUT_DETAIL = {
     ABSENT: "absent when the attempt's groups were drawn",
     LEFT_OUT: "dropped out of an earlier attempt's session of this round; left out of the groups",
+    SIGNED: "signed a survivor set in an earlier attempt of this round; its update is in no "
+    "second sum",
 }
 
 
@@ -210,29 +238,34 @@ def present_now(
     known: Iterable[str] | None,
     absence: Mapping[str, str],
     dropped: Iterable[str],
+    signed: Iterable[str] = (),
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """The attempt's present set, and why each configured participant outside it is out.
 
     With one group there is none (every configured participant is on the roster). Otherwise
     the present set is the transport's (``known``; None: everyone without an absence reason),
-    less ``dropped`` unless that leaves fewer than :func:`least_present`.
+    less ``signed``, and less ``dropped`` unless that leaves fewer than :func:`least_present`.
 
     Args:
         config: The run's config.
         known: Who the transport counts present (``masking_present``), or None.
         absence: The transport's absence reasons (participant id -> reason).
         dropped: Who dropped out of an earlier attempt's sessions of this round.
+        signed: Who signed a survivor set in an earlier attempt of this round.
 
     Returns:
         The present set, sorted (every configured participant with one group), and participant
-        id -> ``masking_absent`` or ``masking_left_out`` for the others (the caller keeps a
-        transport's reason before these).
+        id -> ``masking_absent``, ``masking_signed_earlier`` or ``masking_left_out`` for the
+        others (the caller keeps a transport's reason before these).
     """
     ids = sorted(config.participant_ids)
     if not regroups(config):
         return tuple(ids), {}
     here = set(ids) & set(known) if known is not None else set(ids) - set(absence)
     out = {pid: ABSENT for pid in ids if pid not in here}
+    burned = here & set(signed)
+    out.update(dict.fromkeys(sorted(burned), SIGNED))
+    here -= burned
     kept = here - set(dropped)
     if kept != here and len(kept) >= least_present(config):
         out.update(dict.fromkeys(sorted(here - kept), LEFT_OUT))
@@ -256,9 +289,49 @@ def dropped_earlier(history: Sequence[RoundRecord], round_index: int) -> frozens
             roster = set(group.get("roster", []))
             if "survivors" in group:
                 dropped |= roster - set(group["survivors"])
-            elif group.get("aborted") == Reason.BELOW_THRESHOLD.value:
+            elif group.get("aborted") in _NAMED_THE_REST:
                 dropped |= roster - set(group.get("named", []))
     return frozenset(dropped)
+
+
+def retry_possible(
+    config: LensembleConfig, history: Sequence[RoundRecord], round_index: int
+) -> bool:
+    """Whether a retry of ``round_index`` could commit under masking, from the ledger.
+
+    Who signed a survivor set in an earlier attempt of the round takes part in no later one
+    (:func:`signed_earlier`), so a retry needs enough others: the fewest a present set may hold
+    (several groups), or the session's fewest survivors, max(quorum, 3, t) (one group; once a
+    session of t > n / 2 signers was unmasked, never). True without masking.
+    """
+    if config.federation.aggregation != "masking":
+        return True
+    ids = config.participant_ids
+    fresh = len(set(ids) - signed_earlier(history, round_index))
+    if regroups(config):
+        return fresh >= least_present(config)
+    fed = config.federation
+    return fresh >= max(fed.quorum, MIN_INPUTS, fed.masking.resolved_threshold(len(ids)))
+
+
+#: Aborts whose ``named`` are the members still in the session (the rest dropped out).
+_NAMED_THE_REST = (Reason.BELOW_THRESHOLD.value, Reason.BELOW_QUORUM.value)
+
+
+def signed_earlier(history: Sequence[RoundRecord], round_index: int) -> frozenset[str]:
+    """Who signed a survivor set in an earlier attempt of ``round_index``, from the ledger.
+
+    Each may have its update in that session's sum, so it takes part in no later attempt of
+    the round (its :class:`~lensemble.federation.masking_client.MaskingClient` refuses).
+    """
+    signed: set[str] = set()
+    for record in history:
+        masking = record.defences.get("masking") if record.round == round_index else None
+        groups = masking.get("groups") if isinstance(masking, dict) else None
+        for group in groups if isinstance(groups, list) else []:
+            if isinstance(group, dict) and isinstance(group.get("signed"), list):
+                signed |= {p for p in group["signed"] if isinstance(p, str)}
+    return frozenset(signed)
 
 
 def _recording(transport: CoordinatorTransport, col: Collection) -> SessionsExchange[SessionKey]:
@@ -304,12 +377,18 @@ def _summed(ctx: SessionContext, result: SecureSum, col: Collection) -> dict[str
     }
 
 
-def _aborted(ctx: SessionContext, abort: SecAggAbort, col: Collection) -> dict[str, object]:
-    """An aborted session's ledger entry; every member is excluded with its reason."""
+def _aborted(
+    ctx: SessionContext, abort: SecAggAbort, col: Collection, signers: Sequence[str] = ()
+) -> dict[str, object]:
+    """An aborted session's ledger entry; every member is excluded with its reason.
+
+    ``signed`` (who signed its survivor set, when it got that far) is recorded: they stay out
+    of the round's later attempts (:func:`signed_earlier`).
+    """
     for pid in ctx.roster:
         col.rejected.setdefault(pid, f"{ABORTED}:{abort.reason.value}")
         col.details.setdefault(pid, str(abort)[:240])
-    return {
+    entry: dict[str, object] = {
         "group": ctx.group,
         "roster": list(ctx.roster),
         "threshold": ctx.threshold,
@@ -317,6 +396,9 @@ def _aborted(ctx: SessionContext, abort: SecAggAbort, col: Collection) -> dict[s
         "stage": abort.stage,
         "named": list(abort.participants),
     }
+    if signers:
+        entry["signed"] = list(signers)
+    return entry
 
 
 class _Combiner:

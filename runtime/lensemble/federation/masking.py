@@ -126,6 +126,7 @@ def session_contexts(
             codec=codec,
             quorum=fed.quorum if single else 0,
             present=members,
+            every_signs=not single,
         )
         for index, group in enumerate(grouping.groups)
     ]

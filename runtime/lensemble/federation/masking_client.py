@@ -12,8 +12,12 @@ With several groups the ``advertise`` message carries the attempt's present set
 (:mod:`lensemble.federation.secagg.present`): the client checks it before it derives the
 contexts from it. It takes part in one session per attempt at most: a second ``advertise`` of
 the same attempt (another group, or the same group under another present set) gets no answer,
-so its update never enters two sums the coordinator could unmask. Under central privacy the
-noise share is drawn once the present set is known (its groups set the share's size).
+so its update never enters two sums the coordinator could unmask. Nor across attempts: once it
+has signed a survivor set in a round (so its masked input may be unmasked in that session), it
+takes part in no later attempt of the round (``round_already_signed``). A retry trains the same
+update from the same model and batches, and two sums of it with other partners would expose it
+(docs/security.md, *one sum per update*). Under central privacy the noise share is drawn once
+the present set is known (its groups set the share's size).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class MaskingClient:
         self._architecture = dict(architecture)
         self._update: tuple[int, int, np.ndarray] | None = None
         self._parties: dict[SessionKey, Party] = {}
+        #: The session of the latest round in which this participant signed a survivor set.
+        self._signed: SessionKey | None = None
         #: Every refusal of this participant's sessions, in order (for the run's log and tests).
         self.refusals: list[SecAggRefusal] = []
 
@@ -100,7 +106,10 @@ class MaskingClient:
             party = self._party(key, data) if stage == "advertise" else self._parties.get(key)
             if party is None:
                 return None
-            return party.answer(stage, data)
+            answer = party.answer(stage, data)
+            if stage == "consistency":
+                self._signed = key  # its input may now be unmasked in this session
+            return answer
         except SecAggRefusal as refusal:
             self.refusals.append(refusal)
             return None
@@ -109,13 +118,26 @@ class MaskingClient:
         """A fresh party for ``key`` when this participant trained that attempt and is in it.
 
         Raises:
-            SecAggRefusal: ``present_set_refused`` (or ``bad_message``): the announced present
-                set fails a check (:func:`~lensemble.federation.secagg.present.check_present`).
+            SecAggRefusal: ``round_already_signed``: it signed a survivor set in an earlier
+                attempt of the round. ``present_set_refused`` (or ``bad_message``): the
+                announced present set fails a check
+                (:func:`~lensemble.federation.secagg.present.check_present`).
         """
         if self._update is None or self._update[:2] != (key.round_index, key.attempt):
             return None
         if any((k.round_index, k.attempt) == (key.round_index, key.attempt) for k in self._parties):
             return None  # one session per attempt: the first stands, its update in one sum only
+        signed = self._signed
+        if signed is not None and signed.round_index == key.round_index:
+            raise SecAggRefusal(
+                Reason.ROUND_ALREADY_SIGNED,
+                f"{self.me} signed the survivor set of round {key.round_index} attempt "
+                f"{signed.attempt}; masking the same update again in attempt {key.attempt} would "
+                "put it in a second sum.",
+                stage="advertise",
+                remediation="The participant answers nothing in this attempt; the round needs "
+                "the others, or its next round.",
+            )
         present = self._present(announced)
         contexts = session_contexts(
             self.config, key.round_index, key.attempt, self._architecture, present

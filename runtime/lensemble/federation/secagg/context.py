@@ -52,6 +52,10 @@ class SessionContext:
         present: The attempt's present set the groups were drawn from, sorted, unique; empty
             when they were drawn from every configured participant (the digest is then the one
             a context without a present set always had).
+        every_signs: Every survivor must sign the survivor set before anything is revealed
+            (not only t of them): set with several groups, whose retries regroup updates with
+            other partners (docs/security.md, *one sum per update*). In the digest only when
+            set, as ``present``.
     """
 
     run_id: str
@@ -64,6 +68,7 @@ class SessionContext:
     codec: FixedPoint
     quorum: int = 0
     present: tuple[str, ...] = ()
+    every_signs: bool = False
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _digest: bytes = field(init=False, repr=False, compare=False)
 
@@ -161,4 +166,6 @@ class SessionContext:
             out.u8(1).u32(len(self.present))
             for participant in self.present:
                 out.text(participant)
+        if self.every_signs:
+            out.u8(2)  # a tag after the optional present set: each encoding stays unambiguous
         return hashlib.sha256(out.finish()).digest()

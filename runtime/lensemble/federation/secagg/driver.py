@@ -98,7 +98,7 @@ def drive(server: ServerSession, exchange: Exchange) -> SecureSum:
 
 
 def drive_together(
-    servers: Mapping[K, ServerSession], exchange: SessionsExchange[K]
+    servers: Mapping[K, ServerSession], exchange: SessionsExchange[K], quorum: int = 0
 ) -> dict[K, SecureSum | SecAggAbort]:
     """Run several sessions (one per group) stage by stage in lock-step, to their ends.
 
@@ -109,11 +109,16 @@ def drive_together(
     of the later stages while the others go on. Each session's sum depends on its own answers
     only, whatever the order they arrive in.
 
+    When the masked uploads close with fewer than ``quorum`` survivors in all sessions, every
+    session is abandoned (``below_quorum``) before anyone is asked to sign a survivor set: the
+    attempt cannot commit, and a participant that signed nothing may mask again in its retry.
+
     Memory: every running session holds its d-word sum (8 d bytes each) until the last stage.
 
     Args:
         servers: Fresh sessions (nothing received yet) by any key; their rosters are disjoint.
         exchange: Carries each stage's messages of every session and brings the answers back.
+        quorum: The fewest survivors the sessions' sums must hold in all (0: no gate).
 
     Returns:
         Each key's outcome: its sum (:class:`~.server.SecureSum`), or the
@@ -141,7 +146,27 @@ def drive_together(
                     outcomes[key] = servers[key].finish()
             except SecAggAbort as abort:
                 outcomes[key] = abort
+        if stage == "mask":
+            _gate(servers, outgoing, outcomes, quorum)
     return {key: outcomes[key] for key in servers}
+
+
+def _gate(
+    servers: Mapping[K, ServerSession],
+    survivors: Mapping[K, Mapping[str, bytes]],
+    outcomes: dict[K, SecureSum | SecAggAbort],
+    quorum: int,
+) -> None:
+    """Abandon every running session when their survivors (U3) are fewer than ``quorum``."""
+    running = [key for key in servers if key not in outcomes]
+    total = sum(len(survivors[key]) for key in running)
+    if total >= quorum:
+        return
+    for key in running:
+        outcomes[key] = servers[key].abandon(
+            f"{total} masked inputs in all groups, fewer than the quorum of {quorum}; no one "
+            "is asked to sign the survivor set."
+        )
 
 
 #: The session's method that takes each stage's answers.

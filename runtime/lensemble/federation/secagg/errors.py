@@ -35,6 +35,9 @@ class Reason(StrEnum):
     UNMASK_CHECK_FAILED = "unmask_check_failed"
     SESSION_CLOSED = "session_closed"
     PRESENT_SET_REFUSED = "present_set_refused"
+    UNSIGNED_SURVIVOR = "unsigned_survivor"
+    ROUND_ALREADY_SIGNED = "round_already_signed"
+    BELOW_QUORUM = "below_quorum"
 
 
 class SecAggRefusal(LensembleError):

@@ -366,7 +366,9 @@ class ParticipantSession:
         Raises:
             SecAggRefusal: ``double_reveal`` (a peer asked for as survivor and as dropped, named),
                 ``survivor_set_inconsistent`` (not the set signed here, or a signature over
-                another set, naming the signer), ``below_threshold`` (fewer than t signatures).
+                another set, naming the signer), ``below_threshold`` (fewer than t signatures),
+                ``unsigned_survivor`` (with ``every_signs``: a survivor's signature is missing,
+                naming it).
         """
         stage = "unmask"
         self._enter(Step.CHECKED, stage, request.context)
@@ -425,6 +427,18 @@ class ParticipantSession:
                 f"{len(request.signatures)} survivors signed the survivor set, fewer than "
                 f"t = {self.context.threshold}.",
                 stage=stage,
+            )
+        unsigned = sorted(set(self._survivors) - {signer for signer, _ in request.signatures})
+        if unsigned and self.context.every_signs:
+            # With several groups a retry regroups updates with other partners: an input must
+            # be unmasked only where its owner signed (and so will mask nothing more this round).
+            raise self._refuse(
+                Reason.UNSIGNED_SURVIVOR,
+                f"{unsigned[0]} did not sign the survivor set ({len(unsigned)} survivors "
+                "unsigned); with several groups every survivor signs before anything is "
+                "revealed.",
+                stage=stage,
+                peer=unsigned[0],
             )
 
     def _record(self, owner: str, secret: str, stage: str) -> None:

@@ -301,11 +301,26 @@ class ServerSession:
         self._signatures[signature.sender] = signature.signature
 
     def close_consistency(self) -> UnmaskRequest:
-        """U4: the survivors that signed; at least t of them, or the session aborts.
+        """U4: the survivors that signed; at least t of them, or every one of U3.
+
+        With ``context.every_signs`` (several groups) every survivor must sign: an honest
+        participant then reveals nothing unless each survivor's signature is shown, so an input
+        is unmasked only in a session whose survivor set its owner signed, and an owner signs in
+        one attempt of a round at most
+        (:class:`~lensemble.federation.masking_client.MaskingClient`). A survivor that does not
+        sign then costs the session (docs/security.md, *one sum per update*).
 
         Raises:
-            SecAggAbort: ``below_threshold``.
+            SecAggAbort: ``below_threshold``, or ``unsigned_survivor`` (naming who did not).
         """
+        unsigned = tuple(p for p in self._u3 if p not in self._signatures)
+        if unsigned and self.context.every_signs:
+            raise self._abort(
+                Reason.UNSIGNED_SURVIVOR,
+                f"{len(unsigned)} of the {len(self._u3)} survivors did not sign the survivor "
+                f"set ({', '.join(unsigned[:5])}); no share is asked for.",
+                unsigned,
+            )
         self._u4 = self._enough(
             tuple(sorted(self._signatures)), self.context.threshold, "signed the survivor set"
         )
@@ -314,6 +329,22 @@ class ServerSession:
         return UnmaskRequest(
             self._digest, self._u3, dropped, tuple((p, self._signatures[p]) for p in self._u4)
         )
+
+    @property
+    def signers(self) -> tuple[str, ...]:
+        """U4: who signed the survivor set (empty until the consistency stage closed)."""
+        return self._u4
+
+    def abandon(self, message: str) -> SecAggAbort:
+        """End the session after its masked upload: the attempt cannot commit (below quorum).
+
+        Called before anyone is asked to sign the survivor set, so no participant has agreed to
+        an unmasking and each may mask again in the round's next attempt.
+
+        Returns:
+            The ``below_quorum`` abort, naming the session's survivors (U3).
+        """
+        return self._abort(Reason.BELOW_QUORUM, message, self._u3)
 
     # ------------------------------------------------------------------------------ Unmasking
     def receive_unmask(self, shares: UnmaskShares) -> None:
