@@ -19,7 +19,7 @@ from lensemble.config import LensembleConfig
 from lensemble.errors import QuorumNotReached
 from lensemble.federation.masked_round import retry_possible, signed_earlier
 from lensemble.federation.masking import SessionKey, session_contexts
-from lensemble.federation.masking_client import MaskingClient
+from lensemble.federation.masking_client import MaskingClient, SignedRounds
 from lensemble.federation.payload import manifest
 from lensemble.federation.secagg.context import SessionContext
 from lensemble.federation.secagg.driver import drive
@@ -37,7 +37,9 @@ VICTIM = "alpha"
 EIGHT = [{"id": f"site-{i}"} for i in range(8)]
 
 
-def _clients(config: LensembleConfig) -> dict[str, MaskingClient]:
+def _clients(
+    config: LensembleConfig, signed: Mapping[str, SignedRounds] | None = None
+) -> dict[str, MaskingClient]:
     keys = {p: simulation_identity(3, p) for p in config.participant_ids}
     verifiers = {p: k.public_key() for p, k in keys.items()}
     arch = manifest(initial_params())
@@ -49,6 +51,7 @@ def _clients(config: LensembleConfig) -> dict[str, MaskingClient]:
             identity_key=keys[p],
             verifiers=verifiers,
             architecture=arch,
+            signed=signed[p] if signed is not None else None,
         )
         for p in config.participant_ids
     }
@@ -131,6 +134,29 @@ def test_a_rerun_without_the_victim_would_expose_its_update_and_is_refused() -> 
     assert caught.value.reason is Reason.BELOW_THRESHOLD and caught.value.stage == "advertise"
     for pid in sorted(set(clients) - {VICTIM}):
         assert [r.reason for r in clients[pid].refusals] == [Reason.ROUND_ALREADY_SIGNED]
+
+
+def test_a_new_client_for_each_attempt_remembers_through_the_shared_record() -> None:
+    # Over the network each attempt gets a client of its own (its peers' keys come with the
+    # attempt); the record of what the participant signed is the process's, shared by them.
+    config = small_config(aggregation="masking")
+    arch = manifest(initial_params())
+    first = _clients(config)
+    (ctx0,) = session_contexts(config, 0, 0, arch)
+    _hold(first, 0, ctx0.dimension)
+    _session(ctx0, first)
+    (ctx1,) = session_contexts(config, 0, 1, arch)
+    again = _clients(config, signed={p: c.signed for p, c in first.items()})
+    _hold(again, 1, ctx1.dimension)
+    with pytest.raises(SecAggAbort):
+        _session(ctx1, again, leave_out=VICTIM)
+    refusals = [again[p].refusals for p in sorted(set(again) - {VICTIM})]
+    assert all([r.reason for r in refused] == [Reason.ROUND_ALREADY_SIGNED] for refused in refusals)
+    # The next round is a new one: everyone masks again.
+    (next_round,) = session_contexts(config, 1, 0, arch)
+    for client in again.values():
+        client.hold(1, 0, np.zeros(next_round.dimension, dtype=np.float32))
+    assert _session(next_round, again).survivors == tuple(sorted(config.participant_ids))
 
 
 def test_with_one_group_a_hidden_unmasking_leaves_too_few_for_a_second_sum() -> None:

@@ -16,17 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
 from lensemble.config.load import validate_mapping
 from lensemble.federation.faults import parse_faults
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey
+from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import manifest
 from lensemble.federation.secagg.groups import assign_groups
 from lensemble.network.participant.call_errors import classify
 from lensemble.network.participant.client import CoordinatorClient
-from lensemble.network.participant.masked_round import MaskedRounds
+from lensemble.network.participant.masked_round import MaskedRounds, _Attempt
+from lensemble.network.shared.proto import lensemble_pb2 as pb
 from tests.support.faulty_network import run_over_grpc
 from tests.support.federation import build, initial_params
 from tests.support.network import (
@@ -106,6 +109,10 @@ def test_hostile_answers_over_grpc_are_refused_by_name_and_the_run_goes_on(
         hostile = CoordinatorClient(config, "alpha")  # alpha's own certificate, misbehaving
         assert hostile.join().accepted
         masked = MaskedRounds(config, hostile, manifest(initial_params(3)), threading.Event())
+        # Each attempt's client shares the process's record of the survivor sets it signed.
+        opening = RoundOpening(0, 0, 0, "sha256:" + "0" * 64, 0.0)
+        attempt_client = masked._client_for(_Attempt(opening, np.zeros(1), {}), pb.MaskingStage())
+        assert attempt_client is not None and attempt_client.signed is masked.signed
         for key, stage, reason in [
             (SessionKey(0, 0, 0), "gossip", "unknown_stage"),
             (SessionKey(99, 0, 0), "share", "unknown_session"),

@@ -42,6 +42,23 @@ from lensemble.federation.secagg.participant import ParticipantSession
 from lensemble.federation.secagg.present import PresentSet, check_present
 
 
+class SignedRounds:
+    """The latest survivor set a participant signed: one round's, by its session.
+
+    Shared by every :class:`MaskingClient` of one participant process (over the network each
+    attempt gets a client of its own), so that no client of a later attempt of that round
+    masks the same update again. Kept in memory only: a restarted process forgets it.
+    """
+
+    def __init__(self) -> None:
+        self.latest: SessionKey | None = None
+
+    def in_round(self, round_index: int) -> SessionKey | None:
+        """The session of ``round_index`` whose survivor set was signed, or None."""
+        latest = self.latest
+        return latest if latest is not None and latest.round_index == round_index else None
+
+
 class MaskingClient:
     """One participant's secure-aggregation sessions.
 
@@ -52,6 +69,8 @@ class MaskingClient:
         identity_key: The participant's identity private key.
         verifiers: Every participant's identity public key.
         architecture: The global model's tensor specs (d and the vector layout).
+        signed: What this participant signed in earlier attempts (shared by its clients);
+            a fresh record when None.
     """
 
     def __init__(
@@ -63,6 +82,7 @@ class MaskingClient:
         identity_key: identity.SigningKey,
         verifiers: Mapping[str, identity.VerifyingKey],
         architecture: Mapping[str, TensorSpec],
+        signed: SignedRounds | None = None,
     ) -> None:
         self.config = config
         self.me = participant
@@ -72,8 +92,7 @@ class MaskingClient:
         self._architecture = dict(architecture)
         self._update: tuple[int, int, np.ndarray] | None = None
         self._parties: dict[SessionKey, Party] = {}
-        #: The session of the latest round in which this participant signed a survivor set.
-        self._signed: SessionKey | None = None
+        self.signed = signed if signed is not None else SignedRounds()
         #: Every refusal of this participant's sessions, in order (for the run's log and tests).
         self.refusals: list[SecAggRefusal] = []
 
@@ -108,7 +127,7 @@ class MaskingClient:
                 return None
             answer = party.answer(stage, data)
             if stage == "consistency":
-                self._signed = key  # its input may now be unmasked in this session
+                self.signed.latest = key  # its input may now be unmasked in this session
             return answer
         except SecAggRefusal as refusal:
             self.refusals.append(refusal)
@@ -127,8 +146,8 @@ class MaskingClient:
             return None
         if any((k.round_index, k.attempt) == (key.round_index, key.attempt) for k in self._parties):
             return None  # one session per attempt: the first stands, its update in one sum only
-        signed = self._signed
-        if signed is not None and signed.round_index == key.round_index:
+        signed = self.signed.in_round(key.round_index)
+        if signed is not None:
             raise SecAggRefusal(
                 Reason.ROUND_ALREADY_SIGNED,
                 f"{self.me} signed the survivor set of round {key.round_index} attempt "

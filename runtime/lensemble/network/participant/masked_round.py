@@ -30,7 +30,7 @@ import numpy as np
 
 from lensemble.config import LensembleConfig
 from lensemble.federation.masking import SessionKey, flatten
-from lensemble.federation.masking_client import MaskingClient
+from lensemble.federation.masking_client import MaskingClient, SignedRounds
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.participant import Contribution
 from lensemble.federation.payload import TensorSpec, decode
@@ -108,6 +108,8 @@ class MaskedRounds:
         self.authorities = trusted_authorities(config, client.id)
         self.silent: Callable[[SessionKey, str], bool] = lambda key, stage: False
         self.refusals: list[str] = []
+        #: The survivor set signed last, across every attempt's client: one per round.
+        self.signed = SignedRounds()
 
     # ------------------------------------------------------------------------ the attempt
     def take_part(
@@ -233,6 +235,7 @@ class MaskedRounds:
             identity_key=self.key,
             verifiers=verifiers,
             architecture=self.architecture,
+            signed=self.signed,
         )
         client.hold(state.opening.round_index, state.opening.attempt, state.update)
         return client
