@@ -48,7 +48,7 @@ from lensemble.config.schema import LensembleConfig
 from lensemble.data.trajectories import ParticipantData, load_or_collect
 from lensemble.eval.heldout import evaluate
 from lensemble.federation.diloco import OuterStep
-from lensemble.federation.keep_best import BestReported, final_choice
+from lensemble.federation.keep_best import BestReported, final_choice, median_score
 from lensemble.model.inner_loop import LocalOnlyRun
 from lensemble.simulation.baselines import FEDAVG, DilocoRun, PooledRun
 
@@ -116,7 +116,13 @@ class Federation:
         """The federated fields of a JSON line for the first ``rounds`` rounds (advanced)."""
         curve = self.errors[1 : rounds + 1]
         kept = self.kept_version(rounds)
+        quorum = self.config.federation.quorum
+        reported = [
+            median_score({p: self.reports[v][p] for p in self.run.contributors[v]}, quorum)[0]
+            for v in range(rounds)
+        ]
         return {
+            "reported": reported,  # each version's median held-out report (the tracker's score)
             "federated": curve[-1],
             "federated_best_round": min(range(len(curve)), key=curve.__getitem__),  # 0-based
             "federated_best": min(curve),

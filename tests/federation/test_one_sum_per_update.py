@@ -258,3 +258,28 @@ def test_a_round_lost_after_signing_is_not_retried_and_says_why() -> None:
         coordinator.run(transport)
     attempts = [r for r in coordinator.history if r.round == 1]
     assert [r.attempt for r in attempts] == [0]
+
+
+def test_who_signed_a_session_that_then_aborted_is_known_to_the_coordinator() -> None:
+    # With several groups a survivor that does not sign aborts its session at the consistency
+    # stage; the others did sign (and sit out the round's retries): the session names them.
+    config = small_config(
+        aggregation="masking", participants=EIGHT, quorum=6, masking={"group_size": 4}
+    )
+    clients = _clients(config)
+    ctx = session_contexts(config, 0, 0, manifest(initial_params()))[0]
+    _hold(clients, 0, ctx.dimension)
+    key = SessionKey(0, 0, ctx.group)
+    silent = ctx.roster[0]
+    server = ServerSession(ctx, {p: clients[p].identity_key.public_key() for p in ctx.roster})
+
+    def exchange(stage: str, outgoing: Mapping[str, bytes]) -> Iterator[tuple[str, bytes]]:
+        for pid, data in outgoing.items():
+            if not (stage == "consistency" and pid == silent):
+                answer = clients[pid].answer(key, stage, data)
+                if answer is not None:
+                    yield pid, answer
+
+    with pytest.raises(SecAggAbort):
+        drive(server, exchange)
+    assert server.signers == ctx.roster[1:]

@@ -332,8 +332,12 @@ class ServerSession:
 
     @property
     def signers(self) -> tuple[str, ...]:
-        """U4: who signed the survivor set (empty until the consistency stage closed)."""
-        return self._u4
+        """Who sent a valid signature of the survivor set, sorted (U4 once the stage closed).
+
+        Each of them takes part in no later attempt of the round, whatever became of the
+        session, so the coordinator leaves them out of its retries.
+        """
+        return tuple(sorted(self._signatures))
 
     def abandon(self, message: str) -> SecAggAbort:
         """End the session after its masked upload: the attempt cannot commit (below quorum).
