@@ -51,3 +51,16 @@ def test_plural() -> None:
     assert plural(1, "round") == "1 round"
     assert plural(0, "round") == "0 rounds"
     assert plural(2, "process", "processes") == "2 processes"
+
+
+def test_a_hard_clip_and_a_set_aside_participant_are_named_on_the_round_line() -> None:
+    defences = {
+        "clipped": {"alpha": 0.73, "delta": 3.58e-07},  # alpha's clip is the median's routine one
+        "set_aside": {"bravo": 2.4},
+    }
+    line = round_line(5, 0, "closed", ["alpha", "bravo", "delta"], 3, defences=defences)
+    assert line.endswith("; delta's update clipped by 3.6e-07; set aside from the mean: bravo")
+    assert "alpha" not in line.split(";", 1)[1]
+    assert round_line(5, 0, "closed", ["a"], 1, defences={"clipped": {"a": 0.5}}) == round_line(
+        5, 0, "closed", ["a"], 1
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Protocol
 
 
@@ -30,6 +30,32 @@ def megabytes(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+#: A clipped update is named on the console when the clip scaled it by this much or less (its
+#: norm was 100 x the round's bound or more); the ledger has every clip (``defences.clipped``).
+NAMED_CLIP = 0.01
+
+
+def defence_notes(defences: Mapping[str, object] | None) -> str:
+    """What the defences did to a round that a console reader should see, or ``""``.
+
+    Updates scaled by :data:`NAMED_CLIP` or less (``defences.clipped``) and participants set
+    aside from the mean (``defences.set_aside``); every other decision is in the ledger.
+    """
+    if not defences:
+        return ""
+    notes = []
+    clipped = defences.get("clipped")
+    if isinstance(clipped, Mapping):
+        strong = {
+            k: v for k, v in clipped.items() if isinstance(v, (int, float)) and v <= NAMED_CLIP
+        }
+        notes += [f"{k}'s update clipped by {float(v):.2g}" for k, v in sorted(strong.items())]
+    aside = defences.get("set_aside")
+    if isinstance(aside, Mapping) and aside:
+        notes.append("set aside from the mean: " + ", ".join(sorted(str(k) for k in aside)))
+    return "; ".join(notes)
+
+
 def round_line(
     round_index: int,
     attempt: int,
@@ -42,6 +68,7 @@ def round_line(
     mean_inner_loss: float | None = None,
     bytes_up: int | None = None,
     bytes_down: int | None = None,
+    defences: Mapping[str, object] | None = None,
 ) -> str:
     """One sentence about a closed or aborted round attempt, numbered as the ledger numbers it.
 
@@ -56,6 +83,7 @@ def round_line(
         mean_inner_loss: Mean inner loss of the contributors, if known.
         bytes_up: Update bytes received (bytes), if known.
         bytes_down: Model bytes sent (bytes), if known.
+        defences: The ledger's ``defences`` of the attempt (:func:`defence_notes`), if known.
     """
     where = f"round {round_index}" + (f" attempt {attempt}" if attempt else "")
     if state == "aborted":
@@ -68,7 +96,8 @@ def round_line(
         text += f", up {megabytes(bytes_up)}, down {megabytes(bytes_down)}"
     if excluded:
         text += "; excluded " + ", ".join(f"{k}={v}" for k, v in sorted(excluded.items()))
-    return text
+    notes = defence_notes(defences)
+    return f"{text}; {notes}" if notes else text
 
 
 def interactive(*streams: IO[str]) -> bool:

@@ -218,6 +218,7 @@ def _run_with_progress(
                 mean_inner_loss=record.mean_inner_loss,
                 bytes_up=record.bytes_up,
                 bytes_down=record.bytes_down,
+                defences=record.defences,
             )
             committed = record.round + (1 if record.state == "closed" else 0)
             progress.closed(committed, line)
@@ -266,6 +267,7 @@ def _run_network(
             excluded=excluded or None,
             bytes_up=event.get("bytes_up"),
             bytes_down=event.get("bytes_down"),
+            defences={"clipped": event.get("clipped"), "set_aside": event.get("set_aside")},
         )
         model = str(event.get("model_hash", ""))[:19]
         progress.closed(round_index + (state == "closed"), f"{line}, model {model}...")

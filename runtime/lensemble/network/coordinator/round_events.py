@@ -85,6 +85,9 @@ class CoordinatorEvents:
                 bytes_down=record.bytes_down,
                 wall_s=record.wall_s,
                 non_compute_s=record.non_compute_s,
+                # What the console names of the defences (lensemble.cli.progress.defence_notes).
+                clipped=record.defences.get("clipped") or {},
+                set_aside=record.defences.get("set_aside") or {},
             )
 
         if record.state == "closed":  # its line is durable: what waited behind it follows
