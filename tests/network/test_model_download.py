@@ -273,7 +273,7 @@ def _eventually(check: Callable[[], bool]) -> None:
 
 def test_a_participant_gets_the_exact_payload_and_the_bytes_are_counted(served: _Served) -> None:
     assert served.fetch() == served.transport.payload
-    assert served.transport.down == len(served.transport.payload)
+    _eventually(lambda: served.transport.down == len(served.transport.payload))  # counted once sent
 
 
 @pytest.mark.parametrize(
@@ -421,7 +421,8 @@ def test_one_connection_serves_every_round_and_an_idle_one_is_replaced(
         assert served.server._held == {"alpha": 1}  # one connection served all three
         _eventually(lambda: served.server._held == {"alpha": 0})  # closed once idle
         assert downloader.fetch(SESSION, MODEL_HASH, size, size) == served.transport.payload
-        assert served.transport.down == 4 * size
+        # The server counts a chunk once it is sent: the client may hold the last one first.
+        _eventually(lambda: served.transport.down == 4 * size)
         assert (
             served.transport.metrics.registry.get_sample_value(
                 "lensemble_refused_calls_total",
