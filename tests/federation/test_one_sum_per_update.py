@@ -111,20 +111,29 @@ def _encoded(ctx: SessionContext, update: np.ndarray) -> np.ndarray:
     return words
 
 
+def _first_attempt(
+    config: LensembleConfig, clients: Mapping[str, MaskingClient], **options: str | None
+) -> tuple[SecureSum, SessionContext]:
+    """Round 0's attempt 0 with every participant (``options``: :func:`_session`'s), and the
+    context of the attempt 1 a coordinator would rerun it as (one group)."""
+    arch = manifest(initial_params())
+    (ctx0,) = session_contexts(config, 0, 0, arch)
+    _hold(clients, 0, ctx0.dimension)
+    first = _session(ctx0, clients, **options)
+    (ctx1,) = session_contexts(config, 0, 1, arch)
+    return first, ctx1
+
+
 def test_a_rerun_without_the_victim_would_expose_its_update_and_is_refused() -> None:
     config = small_config(aggregation="masking")
-    arch = manifest(initial_params())
     clients = _clients(config)
-    (ctx0,) = session_contexts(config, 0, 0, arch)
-    updates = _hold(clients, 0, ctx0.dimension)
-    whole = _session(ctx0, clients)
+    whole, ctx1 = _first_attempt(config, clients)
     assert whole.survivors == tuple(sorted(config.participant_ids))
     # The coordinator says attempt 0 failed and reruns the round without the victim.
-    (ctx1,) = session_contexts(config, 0, 1, arch)
     # Participants that forgot what they signed (the attack as it stood): the difference of
     # the two sums is the victim's update, exactly.
     forgetful = _clients(config)
-    _hold(forgetful, 1, ctx1.dimension)
+    updates = _hold(forgetful, 1, ctx1.dimension)  # the same updates as attempt 0's
     rest = _session(ctx1, forgetful, leave_out=VICTIM)
     assert np.array_equal(whole.total - rest.total, _encoded(ctx1, updates[VICTIM]))
     # The participants themselves: each signed attempt 0's survivor set, so none masks again.
@@ -140,12 +149,8 @@ def test_a_new_client_for_each_attempt_remembers_through_the_shared_record() -> 
     # Over the network each attempt gets a client of its own (its peers' keys come with the
     # attempt); the record of what the participant signed is the process's, shared by them.
     config = small_config(aggregation="masking")
-    arch = manifest(initial_params())
     first = _clients(config)
-    (ctx0,) = session_contexts(config, 0, 0, arch)
-    _hold(first, 0, ctx0.dimension)
-    _session(ctx0, first)
-    (ctx1,) = session_contexts(config, 0, 1, arch)
+    _, ctx1 = _first_attempt(config, first)
     again = _clients(config, signed={p: c.signed for p, c in first.items()})
     _hold(again, 1, ctx1.dimension)
     with pytest.raises(SecAggAbort):
@@ -153,7 +158,7 @@ def test_a_new_client_for_each_attempt_remembers_through_the_shared_record() -> 
     refusals = [again[p].refusals for p in sorted(set(again) - {VICTIM})]
     assert all([r.reason for r in refused] == [Reason.ROUND_ALREADY_SIGNED] for refused in refusals)
     # The next round is a new one: everyone masks again.
-    (next_round,) = session_contexts(config, 1, 0, arch)
+    (next_round,) = session_contexts(config, 1, 0, manifest(initial_params()))
     for client in again.values():
         client.hold(1, 0, np.zeros(next_round.dimension, dtype=np.float32))
     assert _session(next_round, again).survivors == tuple(sorted(config.participant_ids))
@@ -164,13 +169,9 @@ def test_with_one_group_a_hidden_unmasking_leaves_too_few_for_a_second_sum() -> 
     # the survivor set from the victim, who did not sign and so would mask again. But the three
     # signed, and one participant cannot reach t in any later attempt of the round.
     config = small_config(aggregation="masking")
-    arch = manifest(initial_params())
     clients = _clients(config)
-    (ctx0,) = session_contexts(config, 0, 0, arch)
-    _hold(clients, 0, ctx0.dimension)
-    hidden = _session(ctx0, clients, withhold_from=VICTIM)
+    hidden, ctx1 = _first_attempt(config, clients, withhold_from=VICTIM)
     assert VICTIM in hidden.survivors and VICTIM not in hidden.signed
-    (ctx1,) = session_contexts(config, 0, 1, arch)
     _hold(clients, 1, ctx1.dimension)
     with pytest.raises(SecAggAbort) as caught:
         _session(ctx1, clients)
