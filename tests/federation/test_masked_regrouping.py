@@ -275,3 +275,18 @@ def test_the_present_set_is_bound_into_the_digest_only_when_there_is_one() -> No
         dataclasses.replace(base, present=base.roster[1:])
     with pytest.raises(ValueError, match="sorted"):
         dataclasses.replace(base, present=tuple(reversed(present)))
+
+
+def test_a_retry_reuses_each_participants_training_of_the_round() -> None:
+    # Attempt 0 of round 1 aborts (two groups lose a member); its retry trains from the same
+    # model, so each participant sends the update it trained for attempt 0: no inner step twice.
+    silent = _split(1)
+    config = _config()
+    plan = parse_faults(",".join(f"delay:{pid}@1" for pid in silent))
+    coordinator, transport, participants = build(config, faults=plan)
+    records = coordinator.run(transport).records
+    first, retry = (r for r in records if r.round == 1)
+    assert (first.state, retry.state) == ("aborted", "closed")
+    for pid, participant in participants.items():
+        trained = participant.learner.rounds_trained  # type: ignore[attr-defined]
+        assert trained == list(range(config.federation.rounds)), f"{pid} trained {trained}"

@@ -14,10 +14,10 @@ contexts from it. It takes part in one session per attempt at most: a second ``a
 the same attempt (another group, or the same group under another present set) gets no answer,
 so its update never enters two sums the coordinator could unmask. Nor across attempts: once it
 has signed a survivor set in a round (so its masked input may be unmasked in that session), it
-takes part in no later attempt of the round (``round_already_signed``). A retry trains nearly
-the same update from the same model and batches, and two sums of it with other partners would
-expose it (docs/security.md, *one sum per update*). Under central privacy the noise share is
-drawn once the present set is known (its groups set the share's size).
+takes part in no later attempt of the round (``round_already_signed``). A retry sends the same
+update (its participant's training of the round, from the same model), and two sums of it with
+other partners would expose it (docs/security.md, *one sum per update*). Under central privacy
+the noise share is drawn once the present set is known (its groups set the share's size).
 """
 
 from __future__ import annotations

@@ -157,6 +157,8 @@ class Participant:
         #: What an overlapped round's base needs (federation.overlap).
         self.overlap = OverlapState(config)
         self._ahead: _Ahead | None = None
+        #: The latest attempt's training: a retry of its round from the same model reuses it.
+        self._last: tuple[int, str, LocalRound] | None = None
 
     def take_faults(self, plan: FaultPlan) -> None:
         """Become the compromised participant ``plan`` makes of this one, if it attacks.
@@ -206,7 +208,7 @@ class Participant:
         if self.states is None:
             return False
         self.settle_snapshot()
-        self._ahead = None  # trained from the state being replaced
+        self._ahead = self._last = None  # trained from the state being replaced
         found = self.states.latest_before(round_index, attempt)
         try:
             self.learner.load_inner_state(found[1] if found else {})
@@ -267,7 +269,15 @@ class Participant:
     def _train(
         self, opening: RoundOpening, base: Mapping[str, torch.Tensor]
     ) -> tuple[LocalRound, float]:
-        """The attempt's inner steps from ``base``, or those :meth:`train_ahead` already ran."""
+        """The attempt's inner steps from ``base``, or those already run for it.
+
+        Those :meth:`train_ahead` ran, or, for a retry of the round this participant trained
+        last from the same model, that training (no inner step twice, so a retry costs no
+        training and the inner state is as if the round was trained once; compute 0 s).
+        """
+        last = self._last
+        if last is not None and last[:2] == (opening.round_index, opening.trains_from):
+            return last[2], 0.0
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             if ahead.local is not None and (ahead.round_index, 0, ahead.base_hash) == (
@@ -282,6 +292,7 @@ class Participant:
         local = self.learner.train_round(
             base, opening.round_index, self.config.federation.inner_steps
         )
+        self._last = (opening.round_index, opening.trains_from, local)
         return local, time.perf_counter() - start
 
     def train_ahead(self, sent: RoundOpening) -> bool:
