@@ -32,7 +32,7 @@ import hashlib
 import statistics
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -280,18 +280,21 @@ def dropped_earlier(history: Sequence[RoundRecord], round_index: int) -> frozens
     without being among the last stage's participants, dropped out.
     """
     dropped: set[str] = set()
+    for group in _round_groups(history, round_index):
+        roster = set(group.get("roster", []))
+        if "survivors" in group:
+            dropped |= roster - set(group["survivors"])
+        elif group.get("aborted") in _NAMED_THE_REST:
+            dropped |= roster - set(group.get("named", []))
+    return frozenset(dropped)
+
+
+def _round_groups(history: Sequence[RoundRecord], round_index: int) -> Iterator[dict[str, Any]]:
+    """Every group entry (``defences.masking.groups``) of the ledger's attempts of a round."""
     for record in history:
         masking = record.defences.get("masking") if record.round == round_index else None
         groups = masking.get("groups") if isinstance(masking, dict) else None
-        for group in groups if isinstance(groups, list) else []:
-            if not isinstance(group, dict):
-                continue
-            roster = set(group.get("roster", []))
-            if "survivors" in group:
-                dropped |= roster - set(group["survivors"])
-            elif group.get("aborted") in _NAMED_THE_REST:
-                dropped |= roster - set(group.get("named", []))
-    return frozenset(dropped)
+        yield from (g for g in (groups if isinstance(groups, list) else []) if isinstance(g, dict))
 
 
 def retry_possible(
@@ -325,12 +328,9 @@ def signed_earlier(history: Sequence[RoundRecord], round_index: int) -> frozense
     the round (its :class:`~lensemble.federation.masking_client.MaskingClient` refuses).
     """
     signed: set[str] = set()
-    for record in history:
-        masking = record.defences.get("masking") if record.round == round_index else None
-        groups = masking.get("groups") if isinstance(masking, dict) else None
-        for group in groups if isinstance(groups, list) else []:
-            if isinstance(group, dict) and isinstance(group.get("signed"), list):
-                signed |= {p for p in group["signed"] if isinstance(p, str)}
+    for group in _round_groups(history, round_index):
+        if isinstance(group.get("signed"), list):
+            signed |= {p for p in group["signed"] if isinstance(p, str)}
     return frozenset(signed)
 
 
