@@ -32,10 +32,11 @@ from tests.support.tools import require
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROUNDS = 8
-#: Rounds long enough (600 inner steps: rounds close as soon as everyone has submitted) for
-#: several scrapes (every 5 s) during the run, and a
-#: round timeout that a loaded 2-core machine does not reach.
-ROUND_SETS = ["--set", "federation.inner_steps=600", "--set", "federation.round_timeout_s=120"]
+#: Rounds long enough for several scrapes (every 5 s) during the run, and a round timeout that
+#: a loaded 2-core machine does not reach. Rounds close as soon as everyone has submitted: 600
+#: inner steps (2-3 s a round on a quiet machine) once left a single scrape at least
+#: ``AMBIGUOUS_S`` from a commit; 1,500 steps (about 6 s) leave several.
+ROUND_SETS = ["--set", "federation.inner_steps=1500", "--set", "federation.round_timeout_s=180"]
 #: A sample scraped this close to a commit (seconds) may show either count.
 AMBIGUOUS_S = 0.5
 PARTICIPANTS = ["alpine", "coastal", "delta", "highland"]
