@@ -284,3 +284,30 @@ def test_who_signed_a_session_that_then_aborted_is_known_to_the_coordinator() ->
     with pytest.raises(SecAggAbort):
         drive(server, exchange)
     assert server.signers == ctx.roster[1:]
+
+
+def test_going_back_to_an_earlier_round_is_refused() -> None:
+    # A coordinator that reopens an earlier round index after a later round was signed would
+    # have every participant retrain a round it already trained (the same batches, from a model
+    # of the coordinator's choosing) and sum it again without the victim.
+    config = small_config(aggregation="masking")
+    clients = _clients(config)
+    arch = manifest(initial_params())
+    (later,) = session_contexts(config, 1, 0, arch)
+    for client in clients.values():
+        client.hold(1, 0, np.zeros(later.dimension, dtype=np.float32))
+    assert _session(later, clients).survivors == tuple(sorted(config.participant_ids))
+    (earlier,) = session_contexts(config, 0, 0, arch)
+    _hold(clients, 0, earlier.dimension)
+    with pytest.raises(SecAggAbort) as caught:
+        _session(earlier, clients, leave_out=VICTIM)
+    assert caught.value.reason is Reason.BELOW_THRESHOLD and caught.value.stage == "advertise"
+    for pid in sorted(set(clients) - {VICTIM}):
+        (refusal,) = clients[pid].refusals
+        assert refusal.reason is Reason.ROUND_ALREADY_SIGNED
+        assert "round 0 is not after it" in str(refusal)
+    # The round after the signed one is new: everyone masks in it.
+    (after,) = session_contexts(config, 2, 0, arch)
+    for client in clients.values():
+        client.hold(2, 0, np.zeros(after.dimension, dtype=np.float32))
+    assert _session(after, clients).survivors == tuple(sorted(config.participant_ids))

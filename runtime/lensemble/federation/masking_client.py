@@ -14,7 +14,8 @@ contexts from it. It takes part in one session per attempt at most: a second ``a
 the same attempt (another group, or the same group under another present set) gets no answer,
 so its update never enters two sums the coordinator could unmask. Nor across attempts: once it
 has signed a survivor set in a round (so its masked input may be unmasked in that session), it
-takes part in no later attempt of the round (``round_already_signed``). A retry sends the same
+takes part in no later attempt of the round, nor in any earlier round index the coordinator
+goes back to (``round_already_signed``). A retry sends the same
 update (its participant's training of the round, from the same model), and two sums of it with
 other partners would expose it (docs/security.md, *one sum per update*). Under central privacy
 the noise share is drawn once the present set is known (its groups set the share's size).
@@ -53,10 +54,15 @@ class SignedRounds:
     def __init__(self) -> None:
         self.latest: SessionKey | None = None
 
-    def in_round(self, round_index: int) -> SessionKey | None:
-        """The session of ``round_index`` whose survivor set was signed, or None."""
+    def at_or_after(self, round_index: int) -> SessionKey | None:
+        """The signed session of ``round_index`` or of a later round, or None.
+
+        A later one counts too: a coordinator that goes back to an earlier round index has the
+        participant retrain a round it already trained (same batches, a model the coordinator
+        chooses), close to an update already in an unmasked sum.
+        """
         latest = self.latest
-        return latest if latest is not None and latest.round_index == round_index else None
+        return latest if latest is not None and latest.round_index >= round_index else None
 
 
 class MaskingClient:
@@ -138,24 +144,30 @@ class MaskingClient:
 
         Raises:
             SecAggRefusal: ``round_already_signed``: it signed a survivor set in an earlier
-                attempt of the round. ``present_set_refused`` (or ``bad_message``): the
-                announced present set fails a check
+                attempt of the round or in a later round. ``present_set_refused`` (or
+                ``bad_message``): the announced present set fails a check
                 (:func:`~lensemble.federation.secagg.present.check_present`).
         """
         if self._update is None or self._update[:2] != (key.round_index, key.attempt):
             return None
         if any((k.round_index, k.attempt) == (key.round_index, key.attempt) for k in self._parties):
             return None  # one session per attempt: the first stands, its update in one sum only
-        signed = self.signed.in_round(key.round_index)
+        signed = self.signed.at_or_after(key.round_index)
         if signed is not None:
+            what = (
+                f"masking the same update again in attempt {key.attempt} would put it in a "
+                "second sum"
+                if signed.round_index == key.round_index
+                else f"round {key.round_index} is not after it, and masking a retraining of an "
+                "earlier round would put an update close to one already summed in a second sum"
+            )
             raise SecAggRefusal(
                 Reason.ROUND_ALREADY_SIGNED,
-                f"{self.me} signed the survivor set of round {key.round_index} attempt "
-                f"{signed.attempt}; masking the same update again in attempt {key.attempt} would "
-                "put it in a second sum.",
+                f"{self.me} signed the survivor set of round {signed.round_index} attempt "
+                f"{signed.attempt}; {what}.",
                 stage="advertise",
                 remediation="The participant answers nothing in this attempt; the round needs "
-                "the others, or its next round.",
+                "the others, or a round after the one it signed.",
             )
         present = self._present(announced)
         contexts = session_contexts(
