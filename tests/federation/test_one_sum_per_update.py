@@ -10,6 +10,7 @@ survivor must sign before anything is revealed (docs/security.md, *one sum per u
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from lensemble.federation.secagg.identity import simulation_identity
 from lensemble.federation.secagg.keys import simulation_seed
 from lensemble.federation.secagg.messages import UnmaskRequest
 from lensemble.federation.secagg.server import SecureSum, ServerSession, Stage
+from lensemble.federation.signed_rounds import record_path
 from tests.federation.test_masked_regrouping import NINE, SEED
 from tests.federation.test_masked_regrouping import _config as nine_config
 from tests.support.federation import build, initial_params, small_config
@@ -162,6 +164,32 @@ def test_a_new_client_for_each_attempt_remembers_through_the_shared_record() -> 
     for client in again.values():
         client.hold(1, 0, np.zeros(next_round.dimension, dtype=np.float32))
     assert _session(next_round, again).survivors == tuple(sorted(config.participant_ids))
+
+
+def test_a_restarted_participant_still_refuses_the_round_it_signed(tmp_path: Path) -> None:
+    # The record is written to the participant's state folder before its signature leaves, so
+    # a process restarted between the attempts reads it back and still masks nothing.
+    config = small_config(aggregation="masking")
+    files = {p: record_path(tmp_path / p / "state") for p in config.participant_ids}
+    first = _clients(config, signed={p: SignedRounds(files[p]) for p in files})
+    _, ctx1 = _first_attempt(config, first)
+    restarted = _clients(config, signed={p: SignedRounds(files[p]) for p in files})
+    _hold(restarted, 1, ctx1.dimension)
+    with pytest.raises(SecAggAbort):
+        _session(ctx1, restarted, leave_out=VICTIM)
+    for pid in sorted(set(restarted) - {VICTIM}):
+        (refusal,) = restarted[pid].refusals
+        assert refusal.reason is Reason.ROUND_ALREADY_SIGNED
+        assert str(files[pid]) in refusal.remediation
+
+
+def test_a_participant_keeps_its_record_beside_its_inner_state(tmp_path: Path) -> None:
+    config = small_config(aggregation="masking")
+    _, transport, participants = build(config, output_dir=tmp_path)
+    for pid, participant in participants.items():
+        assert participant.states is not None
+        assert participant.masking_record == participant.states.folder / "masking-signed.json"
+        assert transport._masking[pid].signed.path == participant.masking_record
 
 
 def test_with_one_group_a_hidden_unmasking_leaves_too_few_for_a_second_sum() -> None:

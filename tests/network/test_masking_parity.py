@@ -26,6 +26,7 @@ from lensemble.federation.masking import SessionKey
 from lensemble.federation.messages import RoundOpening
 from lensemble.federation.payload import manifest
 from lensemble.federation.secagg.groups import assign_groups
+from lensemble.federation.signed_rounds import SignedRounds
 from lensemble.network.participant.call_errors import classify
 from lensemble.network.participant.client import CoordinatorClient
 from lensemble.network.participant.masked_round import MaskedRounds, _Attempt
@@ -84,6 +85,11 @@ def test_a_masked_network_run_commits_the_in_process_hashes(
     assert run.participant_errors() == [], run.participant_errors()
     assert [t.loop.masked.refusals for t in run.threads] == [[]] * 4  # type: ignore[union-attr]
     assert _outcome(run.records) == expected
+    # What each signed is on disk beside its inner state, as a restarted process reads it.
+    for t in run.threads:
+        signed = t.loop.masked.signed  # type: ignore[union-attr]
+        assert signed.path == t.loop.participant.masking_record and signed.path is not None
+        assert signed.latest is not None and SignedRounds(signed.path).latest == signed.latest
     if not faults:  # every participant answered every stage of every round
         rounds = [(r, 0) for r in range(config.federation.rounds)]
         assert [t.loop.rounds_contributed for t in run.threads] == [rounds] * 4

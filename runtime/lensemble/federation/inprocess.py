@@ -57,7 +57,7 @@ from lensemble.federation.fault_kinds import OMNISCIENT_ATTACKS
 from lensemble.federation.faults import FaultPlan, damage, poison_payload
 from lensemble.federation.ledger import RoundRecord
 from lensemble.federation.masking import SessionKey, flatten
-from lensemble.federation.masking_client import MaskingClient
+from lensemble.federation.masking_client import MaskingClient, SignedRounds
 from lensemble.federation.messages import (
     LEFT,
     NO_BASE_MODEL,
@@ -519,6 +519,7 @@ def _masking_clients(participants: Mapping[str, Participant]) -> dict[str, Maski
             identity_key=keys[pid],
             verifiers=verifiers,
             architecture=p.architecture,
+            signed=SignedRounds(p.masking_record),
         )
         for pid, p in participants.items()
     }

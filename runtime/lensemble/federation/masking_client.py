@@ -41,28 +41,9 @@ from lensemble.federation.secagg.driver import Party
 from lensemble.federation.secagg.errors import Reason, SecAggRefusal
 from lensemble.federation.secagg.participant import ParticipantSession
 from lensemble.federation.secagg.present import PresentSet, check_present
+from lensemble.federation.signed_rounds import SignedRounds
 
-
-class SignedRounds:
-    """The latest survivor set a participant signed: one round's, by its session.
-
-    Shared by every :class:`MaskingClient` of one participant process (over the network each
-    attempt gets a client of its own), so that no client of a later attempt of that round
-    masks the same update again. Kept in memory only: a restarted process forgets it.
-    """
-
-    def __init__(self) -> None:
-        self.latest: SessionKey | None = None
-
-    def at_or_after(self, round_index: int) -> SessionKey | None:
-        """The signed session of ``round_index`` or of a later round, or None.
-
-        A later one counts too: a coordinator that goes back to an earlier round index has the
-        participant retrain a round it already trained (same batches, a model the coordinator
-        chooses), close to an update already in an unmasked sum.
-        """
-        latest = self.latest
-        return latest if latest is not None and latest.round_index >= round_index else None
+__all__ = ["MaskingClient", "SignedRounds"]
 
 
 class MaskingClient:
@@ -133,7 +114,7 @@ class MaskingClient:
                 return None
             answer = party.answer(stage, data)
             if stage == "consistency":
-                self.signed.latest = key  # its input may now be unmasked in this session
+                self.signed.record(key)  # before the signature leaves: it may be unmasked
             return answer
         except SecAggRefusal as refusal:
             self.refusals.append(refusal)
@@ -167,7 +148,8 @@ class MaskingClient:
                 f"{signed.attempt}; {what}.",
                 stage="advertise",
                 remediation="The participant answers nothing in this attempt; the round needs "
-                "the others, or a round after the one it signed.",
+                f"the others, or a round after the one it signed (recorded in "
+                f"{self.signed.where()}; a new run needs a new run.output_dir).",
             )
         present = self._present(announced)
         contexts = session_contexts(

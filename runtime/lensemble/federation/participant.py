@@ -40,6 +40,7 @@ from lensemble.federation.payload import (
 )
 from lensemble.federation.quantization import quantize, wire_specs
 from lensemble.federation.residency import ResidencyGuard
+from lensemble.federation.signed_rounds import record_path
 from lensemble.learner import Learner, LocalRound
 
 
@@ -159,6 +160,9 @@ class Participant:
         self._ahead: _Ahead | None = None
         #: The latest attempt's training: a retry of its round from the same model reuses it.
         self._last: tuple[int, str, LocalRound] | None = None
+        #: Under masking, the file of the survivor sets it signed, beside its inner state (None
+        #: without an output folder: kept in memory only).
+        self.masking_record = record_path(self.states.folder if self.states else None)
 
     def take_faults(self, plan: FaultPlan) -> None:
         """Become the compromised participant ``plan`` makes of this one, if it attacks.

@@ -147,7 +147,9 @@ class ParticipantLoop:
         # Masked rounds: the update stays here, only the secure-aggregation answers leave.
         self._out_of_budget = False  # said once in the log, then it abstains every round
         self.masked = (
-            MaskedRounds(config, client, participant.architecture, self.stop)
+            MaskedRounds(
+                config, client, participant.architecture, self.stop, participant.masking_record
+            )
             if config.federation.aggregation == "masking"
             else None
         )

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -82,6 +83,8 @@ class MaskedRounds:
         client: Calls to the coordinator (its channel, session and metadata).
         architecture: The global model's tensor specs (d and the vector layout).
         stop: Set to stop (the loop's stop event).
+        signed_record: The file of the survivor sets this participant signed
+            (:mod:`lensemble.federation.signed_rounds`); None keeps them in memory only.
 
     Attributes:
         silent: ``(session, stage) -> True`` to answer nothing from then on (tests make a
@@ -98,6 +101,7 @@ class MaskedRounds:
         client: CoordinatorClient,
         architecture: Mapping[str, TensorSpec],
         stop: threading.Event,
+        signed_record: Path | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -108,8 +112,9 @@ class MaskedRounds:
         self.authorities = trusted_authorities(config, client.id)
         self.silent: Callable[[SessionKey, str], bool] = lambda key, stage: False
         self.refusals: list[str] = []
-        #: The survivor set signed last, across every attempt's client: one per round.
-        self.signed = SignedRounds()
+        #: The survivor set signed last, across every attempt's client and restarts: one per
+        #: round.
+        self.signed = SignedRounds(signed_record)
 
     # ------------------------------------------------------------------------ the attempt
     def take_part(
