@@ -15,9 +15,10 @@ the same attempt (another group, or the same group under another present set) ge
 so its update never enters two sums the coordinator could unmask. Nor across attempts: once it
 has signed a survivor set in a round (so its masked input may be unmasked in that session), it
 takes part in no later attempt of the round, nor in any earlier round index the coordinator
-goes back to (``round_already_signed``). A retry sends the same
-update (its participant's training of the round, from the same model), and two sums of it with
-other partners would expose it (docs/security.md, *one sum per update*). Under central privacy
+goes back to (``round_already_signed``; the record outlives the process:
+:mod:`lensemble.federation.signed_rounds`). A retry sends the same update (its participant's
+training of the round, from the same model), and two sums of it with other partners would
+expose it (docs/security.md, *one sum per update*). Under central privacy
 the noise share is drawn once the present set is known (its groups set the share's size).
 """
 
