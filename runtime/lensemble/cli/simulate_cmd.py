@@ -62,8 +62,9 @@ def simulate(
         None,
         "--workers",
         min=1,
-        help="Participants trained at once, on threads (default: one per core this process is "
-        "given). Any count commits the same hashes; 1 trains them one after another.",
+        help="Worker processes that train the participants and the baselines (default: one "
+        "per core this process is given). Any count commits the same hashes; 1 trains "
+        "everything in this process, one after another.",
     ),
 ) -> None:
     """Train a world model with DiLoCo across the config's participants, deterministically.

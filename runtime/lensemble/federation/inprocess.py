@@ -1,7 +1,8 @@
 """The in-process transport: deterministic, event-driven, with a virtual clock and faults.
 
 When the coordinator opens a round, every participant that is not dropped trains immediately
-(side by side on threads, one per core; the order of everything else is sorted id order) and its
+(side by side on threads, whose learners `lensemble simulate` puts in worker processes:
+:mod:`lensemble.simulation.workers`; the order of everything else is sorted id order) and its
 submission is scheduled to arrive at a virtual time:
 ``1 + 0.01 * rank`` seconds after opening, or a fault's delay. :meth:`InProcessTransport.receive`
 pops arrivals in time order and advances the virtual clock; a timeout costs no wall time. A

@@ -36,7 +36,12 @@ from lensemble.federation.robustness import (
     screen,
     update_norm,
 )
-from lensemble.model.inner_loop import SoloRun, WorldModelLearner, initial_global_parameters
+from lensemble.model.inner_loop import (
+    LocalOnlyRun,
+    SoloRun,
+    WorldModelLearner,
+    initial_global_parameters,
+)
 
 if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
@@ -46,6 +51,9 @@ Params = dict[str, torch.Tensor]
 
 #: FedAvg as a DiLoCo outer step: the new global model is the mean of the local models.
 FEDAVG = OuterStep(lr=1.0, momentum=0.0, nesterov=False)
+
+#: The prefix of a local-only baseline's name (:func:`baseline_run`).
+LOCAL_ONLY = "local_only:"
 
 #: The pooled oracle's learner id; it seeds the oracle's batches.
 POOLED_ID = "pooled-oracle"
@@ -194,3 +202,25 @@ class DilocoRun:
         combined = aggregate(screening.kept, self.robustness)
         lift_to_floor(combined, self.momentum, screening)
         return combined
+
+
+def baseline_run(
+    config: LensembleConfig, datasets: Mapping[str, ParticipantData], name: str
+) -> LocalOnlyRun | PooledRun | DilocoRun:
+    """The baseline called ``name``: ``local_only:<participant id>``, ``pooled`` or ``fedavg``.
+
+    Each has ``train_until(rounds) -> params``
+    (:class:`~lensemble.model.inner_loop.LocalOnlyRun`,
+    :class:`PooledRun`, :class:`DilocoRun` with :data:`FEDAVG`).
+
+    Raises:
+        ValueError: No baseline has that name.
+    """
+    pid = name.removeprefix(LOCAL_ONLY)
+    if name.startswith(LOCAL_ONLY) and pid in datasets:
+        return LocalOnlyRun(config, pid, datasets[pid], config.federation.inner_steps)
+    if name == "pooled":
+        return PooledRun(config, datasets)
+    if name == "fedavg":
+        return DilocoRun(config, datasets, FEDAVG, robust=False)
+    raise ValueError(f"no baseline is called {name!r}")

@@ -15,6 +15,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lensemble.machinery.cpus import cores_given
+from lensemble.simulation.baselines import LOCAL_ONLY
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from lensemble.config import LensembleConfig
     from lensemble.data.trajectories import ParticipantData
     from lensemble.simulation.summary import RoundMetrics
+    from lensemble.simulation.workers import SimulationWorkers
 
 
 class Evaluation:
@@ -34,6 +36,12 @@ class Evaluation:
         workers: Baselines trained at once, on threads (default: one per core this process is
             given). Each baseline trains single-threaded on its own generators, so any count
             gives the same scores.
+        processes: Train and score the baselines in these worker processes instead of here
+            (:class:`~lensemble.simulation.workers.SimulationWorkers`); the same scores.
+
+    Attributes:
+        names: The enabled baselines' names (``local_only:<participant id>`` per participant,
+            ``pooled``, ``fedavg``), in the order the metrics list them.
     """
 
     def __init__(
@@ -42,27 +50,28 @@ class Evaluation:
         datasets: Mapping[str, ParticipantData] | None = None,
         *,
         workers: int | None = None,
+        processes: SimulationWorkers | None = None,
     ) -> None:
         from lensemble.data.trajectories import load_or_collect
-        from lensemble.model.inner_loop import LocalOnlyRun
-        from lensemble.simulation.baselines import FEDAVG, DilocoRun, PooledRun
 
         self.config = config
         self.datasets = dict(
             datasets or {pid: load_or_collect(config, pid) for pid in config.participant_ids}
         )
-        steps = config.federation.inner_steps
-        self.baselines = (
-            {pid: LocalOnlyRun(config, pid, data, steps) for pid, data in self.datasets.items()}
-            if config.evaluation.local_only_baseline
-            else {}
-        )
         ev = config.evaluation
-        self.pooled = PooledRun(config, self.datasets) if ev.pooled_oracle else None
-        self.fedavg = (
-            DilocoRun(config, self.datasets, FEDAVG, robust=False) if ev.fedavg_ablation else None
-        )
+        self.local_ids = list(self.datasets) if ev.local_only_baseline else []
+        self.names = [f"{LOCAL_ONLY}{pid}" for pid in self.local_ids]
+        self.names += [
+            name
+            for name, on in (("pooled", ev.pooled_oracle), ("fedavg", ev.fedavg_ablation))
+            if on
+        ]
         self.workers = cores_given() if workers is None else workers
+        self._processes = processes
+        #: Baseline name -> its run, when trained here (built on first use).
+        self._runs: dict[str, Any] = {}
+        if processes is not None:
+            processes.deal_baselines(self.names)
 
     def federated(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """``EvalReport.to_dict()`` of the global model ``params``."""
@@ -71,41 +80,50 @@ class Evaluation:
         result: dict[str, Any] = evaluate(self.config, params, self.datasets).to_dict()
         return result
 
+    def baseline(self, name: str, rounds: int) -> dict[str, Any] | None:
+        """``EvalReport.to_dict()`` of baseline ``name`` after ``rounds`` (trained first).
+
+        Rounds already trained are not repeated. None when that baseline is off in
+        ``evaluation``.
+        """
+        if name not in self.names:
+            return None
+        if self._processes is not None:
+            return self._processes.baseline(name, rounds)
+        from lensemble.eval.heldout import evaluate
+        from lensemble.simulation.baselines import baseline_run
+
+        if name not in self._runs:
+            self._runs[name] = baseline_run(self.config, self.datasets, name)
+        params = self._runs[name].train_until(rounds)
+        report: dict[str, Any] = evaluate(self.config, params, self.datasets).to_dict()
+        return report
+
     def local_only(self, rounds: int) -> dict[str, dict[str, Any]]:
         """``EvalReport.to_dict()`` of each participant's local-only model after ``rounds``.
 
-        Empty when ``evaluation.local_only_baseline`` is off. Trains each baseline up to
-        ``rounds`` first (rounds already trained are not repeated).
+        Empty when ``evaluation.local_only_baseline`` is off.
         """
-        return {pid: self.local_only_of(pid, rounds) for pid in self.baselines}
+        return {pid: self.local_only_of(pid, rounds) for pid in self.local_ids}
+
+    def local_only_of(self, participant: str, rounds: int) -> dict[str, Any]:
+        """``EvalReport.to_dict()`` of ``participant``'s local-only model after ``rounds``.
+
+        Raises:
+            KeyError: The local-only baselines are off, or no participant has that id.
+        """
+        report = self.baseline(f"{LOCAL_ONLY}{participant}", rounds)
+        if report is None:
+            raise KeyError(participant)
+        return report
 
     def pooled_oracle(self, rounds: int) -> dict[str, Any] | None:
-        """``EvalReport.to_dict()`` of the pooled-data oracle after ``rounds`` (trained first).
-
-        None when ``evaluation.pooled_oracle`` is off.
-        """
-        from lensemble.eval.heldout import evaluate
-
-        if self.pooled is None:
-            return None
-        report: dict[str, Any] = evaluate(
-            self.config, self.pooled.train_until(rounds), self.datasets
-        ).to_dict()
-        return report
+        """The pooled-data oracle's scores after ``rounds``; None when it is off."""
+        return self.baseline("pooled", rounds)
 
     def fedavg_ablation(self, rounds: int) -> dict[str, Any] | None:
-        """``EvalReport.to_dict()`` of the FedAvg federation after ``rounds`` (trained first).
-
-        None when ``evaluation.fedavg_ablation`` is off.
-        """
-        from lensemble.eval.heldout import evaluate
-
-        if self.fedavg is None:
-            return None
-        report: dict[str, Any] = evaluate(
-            self.config, self.fedavg.train_until(rounds), self.datasets
-        ).to_dict()
-        return report
+        """The FedAvg federation's scores after ``rounds``; None when it is off."""
+        return self.baseline("fedavg", rounds)
 
     def score(self, line: RoundMetrics, params: Mapping[str, torch.Tensor], rounds: int) -> None:
         """Fill ``line`` with the global model's scores and every enabled baseline's."""
@@ -117,26 +135,20 @@ class Evaluation:
 
         The baselines depend only on the config, the seed and the participants' data, never on
         the federated run, so a line rebuilt on resume gets exactly the values the lost line had.
-        They train side by side (``workers``); each one's scores are its own either way.
+        They train side by side (``workers`` threads, or every worker process); each one's
+        scores are its own either way.
         """
         jobs: list[Callable[[], Any]] = [
-            partial(self.local_only_of, pid, rounds) for pid in self.baselines
+            partial(self.baseline, name, rounds) for name in self.names
         ]
-        jobs += [partial(self.pooled_oracle, rounds), partial(self.fedavg_ablation, rounds)]
-        if self.workers > 1 and len(jobs) > 1:
-            with ThreadPoolExecutor(min(self.workers, len(jobs))) as pool:
+        # In worker processes a thread only waits on a pipe: one per baseline.
+        threads = len(jobs) if self._processes is not None else min(self.workers, len(jobs))
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:
                 results = [future.result() for future in [pool.submit(job) for job in jobs]]
         else:
             results = [job() for job in jobs]
-        local = dict(zip(self.baselines, results[: len(self.baselines)], strict=True))
+        scores = dict(zip(self.names, results, strict=True))
+        local = {pid: scores[f"{LOCAL_ONLY}{pid}"] for pid in self.local_ids}
         line.local_only = local or None
-        line.pooled_oracle, line.fedavg = results[len(self.baselines) :]
-
-    def local_only_of(self, participant: str, rounds: int) -> dict[str, Any]:
-        """``EvalReport.to_dict()`` of ``participant``'s local-only model after ``rounds``."""
-        from lensemble.eval.heldout import evaluate
-
-        result: dict[str, Any] = evaluate(
-            self.config, self.baselines[participant].train_until(rounds), self.datasets
-        ).to_dict()
-        return result
+        line.pooled_oracle, line.fedavg = scores.get("pooled"), scores.get("fedavg")

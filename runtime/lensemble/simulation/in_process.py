@@ -25,11 +25,14 @@ from lensemble.federation.coordinator import (
 from lensemble.federation.faults import FaultPlan
 from lensemble.federation.inprocess import InProcessTransport
 from lensemble.federation.participant import Participant
+from lensemble.learner import Learner
+from lensemble.machinery.cpus import cores_given
 from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
 from lensemble.simulation.output import fresh_output, read_round_metrics, recover_metrics
 from lensemble.simulation.scoring import RoundScoring, rebuild_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
+from lensemble.simulation.workers import SimulationWorkers
 
 if TYPE_CHECKING:
     from lensemble.data.trajectories import ParticipantData
@@ -111,9 +114,59 @@ def _run(
     out.mkdir(parents=True, exist_ok=True)
     datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
     check_rank_faults(config, faults)
-    coordinator, participants = _federation(config, out, datasets, verified, observer)
+    count = workers if workers is not None else min(len(datasets), cores_given())
+    processes = _worker_processes(config, count)
+    try:
+        return _federate(
+            config,
+            out,
+            start,
+            datasets,
+            (faults, verified, observer, on_metrics),
+            resume=resume,
+            workers=workers,
+            processes=processes,
+        )
+    finally:
+        if processes is not None:
+            processes.close()
+
+
+def _worker_processes(config: LensembleConfig, workers: int) -> SimulationWorkers | None:
+    """Worker processes for the learners and the baselines; None with one worker.
+
+    A participant with a rank group keeps its learner here: its launcher must run on this
+    process's main thread.
+    """
+    if workers <= 1:
+        return None
+    single = [p for p in config.participant_ids if config.rank_layout(p).world_size == 1]
+    return SimulationWorkers(config, single, workers)
+
+
+def _federate(
+    config: LensembleConfig,
+    out: Path,
+    start: float,
+    datasets: Mapping[str, ParticipantData],
+    given: tuple[
+        FaultPlan | None,
+        VerifiedRecord | None,
+        CoordinatorObserver | None,
+        Callable[[RoundMetrics], None] | None,
+    ],
+    *,
+    resume: bool,
+    workers: int | None,
+    processes: SimulationWorkers | None,
+) -> SimulationResult:
+    """The federation itself, once the data is collected (``processes``: its workers)."""
+    faults, verified, observer, on_metrics = given
+    coordinator, participants = _federation(
+        config, out, datasets, verified, observer, remote=processes.learners if processes else {}
+    )
     resumed_from = coordinator.version if resume and coordinator.version > 0 else None
-    evaluation = Evaluation(config, datasets, workers=workers)
+    evaluation = Evaluation(config, datasets, workers=workers, processes=processes)
     if resume:
         for p in participants.values():
             p.restore(coordinator.version)
@@ -123,7 +176,10 @@ def _run(
             coordinator.version,
             lambda record: rebuild_metrics(config, out, evaluation, record),
         )
-    transport = InProcessTransport(participants, faults, workers=workers)
+    # Learners in worker processes: a thread per participant only waits on its pipe.
+    transport = InProcessTransport(
+        participants, faults, workers=len(participants) if processes else workers
+    )
     scoring = RoundScoring(config, out, evaluation, coordinator, on_metrics)
     ran = coordinator.run(transport, after_commit=scoring.committed)
     _raise_if_left(transport, out)
@@ -176,15 +232,23 @@ def _federation(
     datasets: Mapping[str, ParticipantData],
     verified: VerifiedRecord | None,
     observer: CoordinatorObserver | None,
+    *,
+    remote: Mapping[str, Learner],
 ) -> tuple[Coordinator, dict[str, Participant]]:
-    """The coordinator (resuming ``verified`` when given) and every participant."""
+    """The coordinator (resuming ``verified`` when given) and every participant.
+
+    A participant in ``remote`` trains with that learner (in a worker process); the others
+    with one built here.
+    """
     from lensemble.model.inner_loop import initial_global_parameters
     from lensemble.ranks.learner import learner_for
 
     theta0 = initial_global_parameters(config)
     arch = global_architecture(theta0)
     participants = {
-        pid: Participant(config, pid, learner_for(config, pid, datasets[pid]), arch, out)
+        pid: Participant(
+            config, pid, remote.get(pid) or learner_for(config, pid, datasets[pid]), arch, out
+        )
         for pid in config.participant_ids
     }
     resume = verified if verified is not None else False
