@@ -33,6 +33,7 @@ from lensemble.federation.final_model import KeptModel, kept_in_record
 from lensemble.federation.ledger import Ledger, RoundRecord
 from lensemble.federation.signing import signer_from_env
 from lensemble.federation.verify import require_valid
+from lensemble.machinery.cpus import cores_given
 from lensemble.network.launch.launcher import (
     LENSEMBLE_PROGRAM,
     LocalFederation,
@@ -46,6 +47,7 @@ from lensemble.run_lock import coordinator_lock
 from lensemble.simulation.evaluation import Evaluation
 from lensemble.simulation.output import fresh_output, write_metrics
 from lensemble.simulation.summary import RoundMetrics, SimulationResult
+from lensemble.simulation.workers import SimulationWorkers
 
 #: Extra time (seconds) for process start-up (imports) on top of the config's own timeouts.
 STARTUP_S = 120.0
@@ -273,10 +275,17 @@ def _summarise(
         scored = metrics[-1] if metrics else scored
         # The baselines train as many rounds as the model has (not ledger lines: a resume may
         # have recorded a round's commit twice).
-        evaluation = Evaluation(config)
-        evaluation.score(scored, checkpoint.params, checkpoint.version)
-        if kept is not None and kept.choice.version != checkpoint.version:
-            scored.federated = evaluation.federated(kept.params)
+        # The run is over: its baselines train in worker processes, one per core.
+        cores = cores_given()
+        processes = SimulationWorkers(config, (), cores) if cores > 1 else None
+        try:
+            evaluation = Evaluation(config, processes=processes)
+            evaluation.score(scored, checkpoint.params, checkpoint.version)
+            if kept is not None and kept.choice.version != checkpoint.version:
+                scored.federated = evaluation.federated(kept.params)
+        finally:
+            if processes is not None:
+                processes.close()
     write_metrics(out, metrics)
     return SimulationResult(
         config_hash=config_hash(config),
