@@ -56,11 +56,19 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(out: Path) -> tuple[subprocess.Popen[str], set[int]]:
     """A long simulation with 2 workers, once its third round committed; its descendants."""
     command = [sys.executable, "-c", "from lensemble.cli import main; main()", "simulate"]
     command += ["config/local.yaml", "-o", str(out), "--workers", "2", *LONG_RUN]
-    run = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal sends it: a shell's background job (CI's) starts with it ignored,
+    # and Python keeps an ignored SIGINT ignored, so the child gets the default back.
+    run = subprocess.Popen(
+        command, cwd=REPO, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint
+    )
     assert run.stderr is not None
     deadline = time.monotonic() + PATIENCE_S
     for line in run.stderr:

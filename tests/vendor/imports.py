@@ -42,11 +42,25 @@ def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
+def parse(path: Path) -> ast.Module:
+    """The file's syntax tree.
+
+    CPython 3.11 before 3.11.8 can fail an ``ast.parse`` with "SystemError: AST constructor
+    recursion depth mismatch" while another thread of the process builds a tree too (an import
+    compiling a module: python/cpython#106905); the tree itself is fine, so one retry gives it.
+    """
+    source = path.read_text(encoding="utf-8")
+    try:
+        return ast.parse(source, filename=str(path))
+    except SystemError:
+        return ast.parse(source, filename=str(path))
+
+
 def import_sites(path: Path, package_root: Path) -> Iterator[ImportSite]:
     """Every import in one file, with whether it is lazy or type-only."""
     module = module_name(path, package_root)
     is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parse(path)
 
     def visit(node: ast.AST, in_function: bool, type_only: bool) -> Iterator[ImportSite]:
         if isinstance(node, ast.Import):
