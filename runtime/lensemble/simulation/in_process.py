@@ -141,7 +141,9 @@ def _worker_processes(config: LensembleConfig, workers: int) -> SimulationWorker
     if workers <= 1:
         return None
     single = [p for p in config.participant_ids if config.rank_layout(p).world_size == 1]
-    return SimulationWorkers(config, single, workers)
+    # No more workers than jobs that keep state: each learner, each site alone, oracle, FedAvg.
+    jobs = len(single) + len(config.participant_ids) + 2
+    return SimulationWorkers(config, single, min(workers, jobs))
 
 
 def _federate(
