@@ -11,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_simulate import NO_BASELINES
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: Long enough to be stopped mid-run; no baselines (they would only add time).
-LONG_RUN = [
-    "--set",
-    "federation.rounds=200",
-    "--set",
-    "evaluation.local_only_baseline=false",
-    "--set",
-    "evaluation.pooled_oracle=false",
-    "--set",
-    "evaluation.fedavg_ablation=false",
-]
+LONG_RUN = ["--set", "federation.rounds=200", *NO_BASELINES]
 #: Seconds any wait here may take before the test fails (a bound on a hang, not a timing).
 PATIENCE_S = 120.0
 

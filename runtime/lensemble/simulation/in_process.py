@@ -58,8 +58,10 @@ def run_in_process(
             each participant's data cache).
         observer: Round-state callbacks (progress display).
         on_metrics: Called with each committed round's metrics.
-        workers: Participants trained at once (threads; default one per core this process is
-            given). Any count gives the same hashes.
+        workers: Worker processes that train the participants and the baselines
+            (:mod:`lensemble.simulation.workers`; default one per core this process is given,
+            at most one per participant); 1 trains everything in this process. Any count gives
+            the same hashes.
 
     Returns:
         The result; files ``ledger.jsonl``, ``metrics.jsonl``, checkpoints and per-participant

@@ -51,7 +51,7 @@ _HEADER = struct.Struct("<I")
 
 
 class TrainingProcessFailed(LensembleError):
-    """A worker process of the simulation, which trains some participants, died or misbehaved."""
+    """A worker process of the simulation (it holds learners and baselines) died or failed."""
 
     code = "training_process_failed"
     exit_code = errors.EXIT_RUN_FAILED
