@@ -130,16 +130,16 @@ def _serve(
     import torch
 
     from lensemble.config import LensembleConfig
-    from lensemble.ranks.learner import build_learner
+    from lensemble.ranks.learner import learner_for
 
     torch.set_num_threads(1)  # one job at a time, single-threaded as on a thread
     try:
         config = LensembleConfig.model_validate_json(config_json)
-        learners = {pid: build_learner(config, pid) for pid in participant_ids}
+        baselines = _Baselines(config)
+        learners = {pid: learner_for(config, pid, baselines.data(pid)) for pid in participant_ids}
     except BaseException as exc:  # reported to the simulation, then exit
         conn.send_bytes(_frame({"error": _error_reply(exc)}))
         return
-    baselines = _Baselines(config)
     conn.send_bytes(_frame({"ready": True}))
     while True:
         try:
@@ -159,28 +159,36 @@ def _serve(
 
 
 class _Baselines:
-    """The baselines a worker holds, built on first use and trained on from round to round."""
+    """The baselines a worker holds, built on first use and trained on from round to round.
+
+    It also holds the participants' data the worker has read, each read once: its learners'
+    (at start) and, once it scores a baseline, everyone's.
+    """
 
     def __init__(self, config: LensembleConfig) -> None:
         self.config = config
-        self.datasets: dict[str, Any] | None = None
+        self.datasets: dict[str, Any] = {}
         self.runs: dict[str, Any] = {}
+
+    def data(self, participant_id: str) -> Any:
+        """The participant's data, read from its cache (or collected) on first use."""
+        if participant_id not in self.datasets:
+            from lensemble.data.trajectories import load_or_collect
+
+            self.datasets[participant_id] = load_or_collect(self.config, participant_id)
+        return self.datasets[participant_id]
 
     def report(self, name: str, rounds: int) -> dict[str, Any]:
         """``EvalReport.to_dict()`` of baseline ``name`` after ``rounds`` (trained first)."""
         from lensemble.eval.heldout import evaluate
 
-        if self.datasets is None:
-            from lensemble.data.trajectories import load_or_collect
-
-            config = self.config
-            self.datasets = {pid: load_or_collect(config, pid) for pid in config.participant_ids}
+        datasets = {pid: self.data(pid) for pid in self.config.participant_ids}
         if name not in self.runs:
             from lensemble.simulation.baselines import baseline_run
 
-            self.runs[name] = baseline_run(self.config, self.datasets, name)
+            self.runs[name] = baseline_run(self.config, datasets, name)
         params = self.runs[name].train_until(int(rounds))
-        report: dict[str, Any] = evaluate(self.config, params, self.datasets).to_dict()
+        report: dict[str, Any] = evaluate(self.config, params, datasets).to_dict()
         return report
 
 
